@@ -1,0 +1,285 @@
+"""One task's state file: operator state and per-key-group keyed state of its operators.
+
+Writing is the asynchronous part of a checkpoint: it runs in a background thread on
+the immutable blobs captured synchronously (``OperatorSnapshot``), while the task goes
+on processing.
+
+File format (all integers big-endian)::
+
+    offset  size
+    0       8     magic  b"ABSFSTAT"
+    8       2     format version (1)
+    10      2     flags (0)
+    12      4     header length H
+    16      4     crc32 of the header
+    20      H     header, msgpack: {"operators": {op: [keyed, kg_start, kg_stop]},
+                                    "sections": [[op, kind, key_group, offset, length,
+                                                  crc32, raw_length], ...],
+                                    "data_length": int}
+    20+H    ...   sections, each an lz4 block (size stored) of a msgpack blob
+
+Section offsets are relative to the end of the header; ``kind`` is ``"operator"``
+(key group -1) or ``"keyed"`` (one section per key group present). Each section's
+crc32 covers its bytes on disk; a reader verifies the header and every section it
+reads, so a truncated or bit-flipped file raises :class:`CorruptStateError`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import lz4.block
+import msgpack
+
+from statebackend._fs import fsync_dir, unlink_quietly
+from statebackend.errors import CorruptStateError, StateError
+from statebackend.keyed import KeyedStateBackend
+
+MAGIC = b"ABSFSTAT"
+FILE_VERSION = 1
+_PREFIX = struct.Struct(">8sHHII")  # magic, version, flags, header length, header crc32
+OPERATOR_SECTION = "operator"
+KEYED_SECTION = "keyed"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSnapshot:
+    """The captured state of one operator of a task (the synchronous part's output)."""
+
+    operator_state: bytes | None
+    """msgpack blob of the operator's own state (source offsets, sink transactions)."""
+    keyed_state: bytes | None
+    """:meth:`KeyedStateBackend.snapshot` blob, or None."""
+    key_groups: range | None
+    """Key groups this instance owned (None if the operator is not keyed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateFileInfo:
+    """What the checkpoint metadata records about a written state file."""
+
+    path: str
+    size: int
+    crc32: int
+    sections: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Section:
+    operator: str
+    kind: str
+    key_group: int
+    offset: int
+    length: int
+    crc32: int
+    raw_length: int
+
+    def describe(self) -> str:
+        where = "operator state" if self.kind == OPERATOR_SECTION else f"key group {self.key_group}"
+        return f"section {self.operator!r} {where} (offset {self.offset}, {self.length} bytes)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    operators: dict[str, list[Any]]
+    sections: list[_Section]
+    data_start: int
+    data_length: int
+
+
+def write_task_snapshot(
+    path: str,
+    operators: Mapping[str, OperatorSnapshot],
+    key_group_fns: Mapping[str, Callable[[Any], int]] | None = None,
+) -> StateFileInfo:
+    """Write one task's state file atomically (asynchronous part; any thread).
+
+    ``key_group_fns[op]`` maps a key of keyed operator ``op`` to its key group; it is
+    required for every operator with ``keyed_state``. The file is written to
+    ``path + ".tmp"``, fsynced, renamed to ``path`` and the directory fsynced, so
+    ``path`` either does not exist or is complete. The returned crc32 covers the whole
+    file and is computed while writing.
+    """
+    fns = key_group_fns or {}
+    payloads: list[tuple[str, str, int, bytes]] = []  # operator, kind, key group, raw blob
+    op_index: dict[str, list[Any]] = {}
+    for op, snap in operators.items():
+        kgs = snap.key_groups
+        keyed = kgs is not None or snap.keyed_state is not None
+        op_index[op] = [keyed, kgs.start if kgs else None, kgs.stop if kgs else None]
+        if snap.operator_state is not None:
+            payloads.append((op, OPERATOR_SECTION, -1, snap.operator_state))
+        if snap.keyed_state is not None:
+            fn = fns.get(op)
+            if fn is None:
+                raise StateError(
+                    f"cannot write {path!r}: operator {op!r} has keyed state but no "
+                    f"key_group_fns entry; pass key_group_fns={{{op!r}: key_group_of}}"
+                )
+            for kg, blob in KeyedStateBackend.split_by_key_group(snap.keyed_state, fn).items():
+                payloads.append((op, KEYED_SECTION, kg, blob))
+
+    sections: list[list[Any]] = []
+    bodies: list[bytes] = []
+    offset = 0
+    for op, kind, kg, raw in payloads:
+        body = lz4.block.compress(raw, store_size=True)
+        sections.append([op, kind, kg, offset, len(body), zlib.crc32(body), len(raw)])
+        bodies.append(body)
+        offset += len(body)
+    header = msgpack.packb(
+        {"operators": op_index, "sections": sections, "data_length": offset},
+        use_bin_type=True,
+    )
+    prefix = _PREFIX.pack(MAGIC, FILE_VERSION, 0, len(header), zlib.crc32(header))
+
+    tmp = path + ".tmp"
+    crc = 0
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in (prefix, header, *bodies):
+                f.write(chunk)
+                crc = zlib.crc32(chunk, crc)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+    fsync_dir(os.path.dirname(path) or ".")
+    size = len(prefix) + len(header) + offset
+    return StateFileInfo(path=path, size=size, crc32=crc, sections=len(sections))
+
+
+def read_operator_state(path: str, operator: str) -> bytes | None:
+    """The operator-state blob of ``operator``, or None if the file has none for it."""
+    with _open(path) as f:
+        header = _read_header(f, path)
+        for section in header.sections:
+            if section.operator == operator and section.kind == OPERATOR_SECTION:
+                return _read_section(f, path, header, section)
+    return None
+
+
+def read_keyed_state(path: str, operator: str, key_groups: range) -> list[bytes]:
+    """Keyed-state blobs of ``operator`` for those of ``key_groups`` present in the file,
+    in key-group order (feed them to :meth:`KeyedStateBackend.restore`)."""
+    with _open(path) as f:
+        header = _read_header(f, path)
+        wanted = [
+            s
+            for s in header.sections
+            if s.operator == operator and s.kind == KEYED_SECTION and s.key_group in key_groups
+        ]
+        wanted.sort(key=lambda s: s.key_group)
+        return [_read_section(f, path, header, s) for s in wanted]
+
+
+def list_operators(path: str) -> dict[str, dict[str, Any]]:
+    """operator -> {"keyed": bool, "key_groups": [first, last] or None} (header only)."""
+    with _open(path) as f:
+        header = _read_header(f, path)
+    result: dict[str, dict[str, Any]] = {}
+    for op, (keyed, start, stop) in header.operators.items():
+        groups = [start, stop - 1] if start is not None and stop > start else None
+        result[op] = {"keyed": bool(keyed), "key_groups": groups}
+    return result
+
+
+def verify_state_file(path: str, expected_crc32: int | None = None) -> None:
+    """Check the whole file: header, every section's crc32, the exact size, and (if
+    given) the whole-file crc32 recorded in the checkpoint metadata.
+
+    Raises CorruptStateError naming the path and the first failed check.
+    """
+    with _open(path) as f:
+        header = _read_header(f, path)
+        for section in sorted(header.sections, key=lambda s: s.offset):
+            _read_section(f, path, header, section, decompress=False)
+        end = header.data_start + header.data_length
+        actual = os.fstat(f.fileno()).st_size
+        if actual != end:
+            raise CorruptStateError(
+                path, f"size is {actual} bytes, the header says {end} (trailing bytes)"
+            )
+        if expected_crc32 is not None:
+            f.seek(0)
+            crc = 0
+            while chunk := f.read(_CHUNK):
+                crc = zlib.crc32(chunk, crc)
+            if crc != expected_crc32:
+                raise CorruptStateError(
+                    path,
+                    f"file crc32 is {crc:#010x}, the checkpoint recorded {expected_crc32:#010x}",
+                )
+
+
+def _open(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise StateError(
+            f"state file {path!r} does not exist; the checkpoint is incomplete — restore "
+            f"another one (list them with `python -m jobmanager checkpoints DIR`)"
+        ) from None
+
+
+def _read_header(f: BinaryIO, path: str) -> _Header:
+    raw = f.read(_PREFIX.size)
+    if len(raw) < _PREFIX.size:
+        raise CorruptStateError(path, f"truncated: {len(raw)} bytes, shorter than the file prefix")
+    magic, version, _flags, header_len, header_crc = _PREFIX.unpack(raw)
+    if magic != MAGIC:
+        raise CorruptStateError(path, f"bad magic {magic!r}, expected {MAGIC!r}: not a state file")
+    if version != FILE_VERSION:
+        raise CorruptStateError(
+            path, f"format version {version}, this absflow reads version {FILE_VERSION}"
+        )
+    header_bytes = f.read(header_len)
+    if len(header_bytes) < header_len:
+        raise CorruptStateError(
+            path, f"truncated in the header ({len(header_bytes)} of {header_len} bytes)"
+        )
+    if zlib.crc32(header_bytes) != header_crc:
+        raise CorruptStateError(path, "header crc32 mismatch")
+    try:
+        decoded = msgpack.unpackb(header_bytes, use_list=True)
+        sections = [_Section(*entry) for entry in decoded["sections"]]
+        return _Header(
+            operators=decoded["operators"],
+            sections=sections,
+            data_start=_PREFIX.size + header_len,
+            data_length=decoded["data_length"],
+        )
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as err:
+        raise CorruptStateError(path, f"header does not decode: {err}") from err
+
+
+def _read_section(
+    f: BinaryIO, path: str, header: _Header, section: _Section, decompress: bool = True
+) -> bytes:
+    f.seek(header.data_start + section.offset)
+    body = f.read(section.length)
+    if len(body) < section.length:
+        raise CorruptStateError(
+            path, f"truncated in {section.describe()}: only {len(body)} bytes left"
+        )
+    crc = zlib.crc32(body)
+    if crc != section.crc32:
+        raise CorruptStateError(
+            path,
+            f"crc32 mismatch in {section.describe()}: {crc:#010x}, expected {section.crc32:#010x}",
+        )
+    if not decompress:
+        return body
+    try:
+        raw: bytes = lz4.block.decompress(body)
+    except lz4.block.LZ4BlockError as err:
+        raise CorruptStateError(path, f"{section.describe()} does not decompress: {err}") from err
+    return raw

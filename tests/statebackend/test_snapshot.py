@@ -1,0 +1,189 @@
+import os
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from statebackend import (
+    CorruptStateError,
+    KeyedStateBackend,
+    OperatorSnapshot,
+    StateError,
+    list_operators,
+    read_keyed_state,
+    read_operator_state,
+    verify_state_file,
+    write_task_snapshot,
+)
+from statebackend import snapshot as snapshot_module
+from tests.statebackend.keygroups import MAX_PARALLELISM, crc32_key_group_of, key_group_range
+
+KG = crc32_key_group_of()
+
+
+def keyed_backend(n: int, groups: range) -> KeyedStateBackend:
+    b = KeyedStateBackend("count", MAX_PARALLELISM, groups, KG)
+    values = b.value_state()
+    for i in range(n):
+        if KG(i) in groups:
+            values[i] = i * 31
+    return b
+
+
+def write_sample(path: str) -> tuple[KeyedStateBackend, int]:
+    groups = key_group_range(1, 4)
+    b = keyed_backend(2000, groups)
+    info = write_task_snapshot(
+        path,
+        {
+            "source": OperatorSnapshot(msgpack.packb({"offset": 42}), None, None),
+            "count": OperatorSnapshot(msgpack.packb([1, 2]), b.snapshot(), groups),
+            "sink": OperatorSnapshot(None, None, None),
+        },
+        {"count": KG},
+    )
+    assert info.path == path and info.size == os.path.getsize(path)
+    return b, info.crc32
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = os.path.join(str(tmp_path), "count[1].state")
+    src, crc = write_sample(path)
+    verify_state_file(path, crc)
+    assert msgpack.unpackb(read_operator_state(path, "source")) == {"offset": 42}
+    assert read_operator_state(path, "sink") is None
+    assert read_operator_state(path, "nope") is None
+    assert list_operators(path) == {
+        "source": {"keyed": False, "key_groups": None},
+        "count": {"keyed": True, "key_groups": [32, 63]},
+        "sink": {"keyed": False, "key_groups": None},
+    }
+    blobs = read_keyed_state(path, "count", range(MAX_PARALLELISM))
+    dst = KeyedStateBackend("count", MAX_PARALLELISM, range(MAX_PARALLELISM), KG)
+    dst.restore(blobs)
+    assert dst.value_state() == src.value_state()
+    # a narrower request returns only those key groups
+    some = read_keyed_state(path, "count", range(32, 40))
+    part = KeyedStateBackend("count", MAX_PARALLELISM, range(MAX_PARALLELISM), KG)
+    part.restore(some)
+    assert part.value_state() == {k: v for k, v in src.value_state().items() if KG(k) < 40}
+    assert 0 < part.num_keys() < src.num_keys()
+
+
+def test_info_crc_is_the_file_crc(tmp_path: Path) -> None:
+    path = os.path.join(str(tmp_path), "t.state")
+    _, crc = write_sample(path)
+    with pytest.raises(CorruptStateError, match="file crc32"):
+        verify_state_file(path, crc ^ 1)
+
+
+def test_flipped_byte_in_a_section_is_detected(tmp_path: Path) -> None:
+    path = os.path.join(str(tmp_path), "count[1].state")
+    write_sample(path)
+    data = bytearray(Path(path).read_bytes())
+    data[-10] ^= 0x40  # inside the last section
+    Path(path).write_bytes(bytes(data))
+    with pytest.raises(CorruptStateError, match="crc32 mismatch in section") as err:
+        verify_state_file(path)
+    assert err.value.path == path and path in str(err.value)
+    with pytest.raises(CorruptStateError, match="crc32 mismatch in section 'count'"):
+        read_keyed_state(path, "count", range(MAX_PARALLELISM))
+
+
+def test_flipped_byte_in_header_is_detected(tmp_path: Path) -> None:
+    path = os.path.join(str(tmp_path), "t.state")
+    write_sample(path)
+    data = bytearray(Path(path).read_bytes())
+    data[25] ^= 0x01
+    Path(path).write_bytes(bytes(data))
+    with pytest.raises(CorruptStateError, match="header crc32 mismatch"):
+        read_operator_state(path, "source")
+
+
+@pytest.mark.parametrize("keep", [10, 100, -5])
+def test_truncated_file_is_detected(tmp_path: Path, keep: int) -> None:
+    path = os.path.join(str(tmp_path), "t.state")
+    write_sample(path)
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[:keep])
+    with pytest.raises(CorruptStateError, match="truncated") as err:
+        verify_state_file(path)
+    assert path in str(err.value)
+
+
+def test_bad_magic(tmp_path: Path) -> None:
+    path = os.path.join(str(tmp_path), "t.state")
+    Path(path).write_bytes(b"NOTSTATE" + bytes(40))
+    with pytest.raises(CorruptStateError, match="bad magic"):
+        list_operators(path)
+
+
+def test_trailing_bytes_are_detected(tmp_path: Path) -> None:
+    path = os.path.join(str(tmp_path), "t.state")
+    write_sample(path)
+    with open(path, "ab") as f:
+        f.write(b"x")
+    with pytest.raises(CorruptStateError, match="trailing"):
+        verify_state_file(path)
+
+
+def test_keyed_state_without_key_group_fn(tmp_path: Path) -> None:
+    b = keyed_backend(10, range(MAX_PARALLELISM))
+    with pytest.raises(StateError, match="key_group_fns"):
+        write_task_snapshot(
+            os.path.join(str(tmp_path), "t.state"),
+            {"count": OperatorSnapshot(None, b.snapshot(), range(MAX_PARALLELISM))},
+        )
+
+
+def test_final_path_never_holds_a_partial_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the writer is blocked inside fsync, only the .tmp file exists."""
+    path = os.path.join(str(tmp_path), "t.state")
+    in_fsync, release = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        in_fsync.set()
+        release.wait(5)
+        real_fsync(fd)
+
+    monkeypatch.setattr(snapshot_module.os, "fsync", slow_fsync)
+    writer = threading.Thread(target=write_sample, args=(path,))
+    writer.start()
+    assert in_fsync.wait(5)
+    assert not os.path.exists(path) and os.path.exists(path + ".tmp")
+    release.set()
+    writer.join(5)
+    assert os.path.exists(path) and not os.path.exists(path + ".tmp")
+    verify_state_file(path)
+
+
+def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = os.path.join(str(tmp_path), "t.state")
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(snapshot_module.os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        write_sample(path)
+    assert os.listdir(str(tmp_path)) == []
+
+
+def test_write_10k_keys_timing(tmp_path: Path) -> None:
+    b = keyed_backend(10_000, range(MAX_PARALLELISM))
+    assert b.num_keys() == 10_000
+    blob = b.snapshot()
+    start = time.perf_counter()
+    info = write_task_snapshot(
+        os.path.join(str(tmp_path), "t.state"),
+        {"count": OperatorSnapshot(None, blob, range(MAX_PARALLELISM))},
+        {"count": KG},
+    )
+    elapsed = time.perf_counter() - start
+    assert info.sections == MAX_PARALLELISM
+    assert elapsed < 1.0, f"write_task_snapshot of 10,000 keys took {elapsed * 1e3:.1f} ms"
