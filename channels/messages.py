@@ -1,0 +1,186 @@
+"""Data-plane wire format: record batches and in-band control events.
+
+Every message is exactly one ZeroMQ frame::
+
+    +----------------+-----------+----------------------------+
+    | channel id u32 | kind byte | payload                    |
+    +----------------+-----------+----------------------------+
+      little endian    low 4 bits: KIND_*, bit 4: FLAG_LZ4
+
+* ``KIND_DATA``: payload is a msgpack array of records, lz4-block compressed
+  (with the uncompressed size stored in front) when ``FLAG_LZ4`` is set.
+* ``KIND_BARRIER``: payload is msgpack ``[checkpoint_id, timestamp, final]``.
+* ``KIND_END_OF_INPUT``: empty payload.
+* ``KIND_CANCEL``: payload is msgpack ``checkpoint_id``.
+
+Records crossing tasks must be msgpack types (None, bool, int, float, str,
+bytes, list/tuple, dict). The decoder uses ``use_list=False``: every sequence
+inside a record arrives as a **tuple** (so tuple keys in dicts survive, and
+records are hashable where their parts are); the outer batch is a ``list``.
+
+Threading: all functions are pure and safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import lz4.block
+import msgpack
+
+from channels.errors import AbsflowError
+
+HEADER: Final = struct.Struct("<IB")
+"""(channel id u32, kind byte): the 5 bytes in front of every payload."""
+
+KIND_DATA: Final = 0
+KIND_BARRIER: Final = 1
+KIND_END_OF_INPUT: Final = 2
+KIND_CANCEL: Final = 3
+
+KIND_MASK: Final = 0x0F
+FLAG_LZ4: Final = 0x10
+
+_HEADER_SIZE: Final = HEADER.size
+_header_pack = HEADER.pack
+_header_unpack_from = HEADER.unpack_from
+_packb: Callable[..., bytes] = msgpack.packb
+_unpackb: Callable[..., Any] = msgpack.unpackb
+_lz4_compress: Callable[..., bytes] = lz4.block.compress
+_lz4_decompress: Callable[..., bytes] = lz4.block.decompress
+
+
+class RecordSerializationError(AbsflowError, TypeError):
+    """A record handed to a channel cannot be encoded as msgpack."""
+
+
+class MalformedFrameError(AbsflowError, ValueError):
+    """A frame is too short, has an unknown kind, or a payload that does not decode."""
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Checkpoint barrier; ``final`` marks the last checkpoint before shutdown."""
+
+    checkpoint_id: int
+    timestamp: float
+    final: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfInput:
+    """The sender will send nothing more on this channel."""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelBarrier:
+    """Checkpoint ``checkpoint_id`` was aborted upstream; stop aligning for it."""
+
+    checkpoint_id: int
+
+
+Event = Barrier | EndOfInput | CancelBarrier
+
+
+def _serialization_error(records: list[Any], err: Exception) -> RecordSerializationError:
+    """Find the first record msgpack rejects and build a message naming it."""
+    for index, record in enumerate(records):
+        try:
+            _packb(record, use_bin_type=True)
+        except (TypeError, OverflowError, ValueError) as record_err:
+            return RecordSerializationError(
+                f"record {index} of the batch has type {type(record).__name__!r} "
+                f"({record_err}): records crossing tasks must be msgpack types "
+                "(None, bool, int, float, str, bytes, list/tuple, dict; ints within "
+                "64 bits); convert it, e.g. a set to a sorted tuple or an object to "
+                "a dict, in the operator that emits it"
+            )
+    return RecordSerializationError(
+        f"batch of {len(records)} records cannot be encoded ({err}): records crossing "
+        "tasks must be msgpack types (None, bool, int, float, str, bytes, list/tuple, dict)"
+    )
+
+
+def encode_data(channel: int, records: list[Any], compress_min_bytes: int = 65536) -> bytes:
+    """Encode a batch of records as one data frame.
+
+    The packed batch is lz4-compressed when it is at least ``compress_min_bytes``
+    long; 0 or a negative value disables compression.
+
+    Raises:
+        RecordSerializationError: a record is not a msgpack type; the message
+            names its position and type.
+    """
+    try:
+        payload: bytes = _packb(records, use_bin_type=True)
+    except (TypeError, OverflowError, ValueError) as err:
+        raise _serialization_error(records, err) from err
+    if 0 < compress_min_bytes <= len(payload):
+        return _header_pack(channel, KIND_DATA | FLAG_LZ4) + _lz4_compress(payload, store_size=True)
+    return _header_pack(channel, KIND_DATA) + payload
+
+
+def encode_event(channel: int, event: Event) -> bytes:
+    """Encode a control event as one frame."""
+    if isinstance(event, Barrier):
+        body = (event.checkpoint_id, event.timestamp, event.final)
+        return _header_pack(channel, KIND_BARRIER) + _packb(body, use_bin_type=True)
+    if isinstance(event, EndOfInput):
+        return _header_pack(channel, KIND_END_OF_INPUT)
+    if isinstance(event, CancelBarrier):
+        return _header_pack(channel, KIND_CANCEL) + _packb(event.checkpoint_id)
+    raise TypeError(f"not a data-plane event: {event!r}")
+
+
+def decode_header(frame: bytes | memoryview) -> tuple[int, int]:
+    """Return ``(channel id, kind)`` of a frame; the kind is without flags."""
+    channel, kind = _header_unpack_from(frame)
+    return channel, kind & KIND_MASK
+
+
+def decode_records(frame: bytes | memoryview) -> list[Any]:
+    """Decode a data frame into its batch of records.
+
+    Returns a fresh ``list`` owned by the caller. Sequences inside records are
+    tuples (msgpack has one array type), dict keys may be tuples.
+
+    Raises:
+        MalformedFrameError: the frame is not a data frame or does not decode.
+    """
+    if len(frame) < _HEADER_SIZE:
+        raise MalformedFrameError(f"frame of {len(frame)} bytes is shorter than the header")
+    kind = frame[4]
+    if kind & KIND_MASK != KIND_DATA:
+        raise MalformedFrameError(f"frame kind byte {kind:#04x} is not a data frame")
+    view = memoryview(frame)[_HEADER_SIZE:]
+    try:
+        payload = _lz4_decompress(view) if kind & FLAG_LZ4 else view
+        records = _unpackb(payload, use_list=False, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException, lz4.block.LZ4BlockError) as err:
+        raise MalformedFrameError(
+            f"data frame of {len(frame)} bytes does not decode: {err}"
+        ) from err
+    return list(records)
+
+
+def decode_event(frame: bytes | memoryview) -> Event:
+    """Decode a control frame (barrier, end-of-input or cancel).
+
+    Raises:
+        MalformedFrameError: the frame is a data frame or has an unknown kind.
+    """
+    if len(frame) < _HEADER_SIZE:
+        raise MalformedFrameError(f"frame of {len(frame)} bytes is shorter than the header")
+    kind = frame[4] & KIND_MASK
+    view = memoryview(frame)[_HEADER_SIZE:]
+    if kind == KIND_BARRIER:
+        checkpoint_id, timestamp, final = _unpackb(view, use_list=False)
+        return Barrier(checkpoint_id, timestamp, final)
+    if kind == KIND_END_OF_INPUT:
+        return EndOfInput()
+    if kind == KIND_CANCEL:
+        return CancelBarrier(_unpackb(view))
+    raise MalformedFrameError(f"frame kind {kind} is not a control event")

@@ -1,0 +1,269 @@
+"""Routing of record batches to the subtasks of the next step.
+
+Keyed routing goes through key groups, as in Flink: a key hashes (stably, the
+same in every process) into one of ``max_parallelism`` key groups, and each
+subtask owns a contiguous range of key groups. State is snapshotted per key
+group, so a job can be restored with another parallelism by reassigning ranges.
+
+Every partitioner maps a batch to ``(target index, sub-batch)`` pairs: only
+non-empty sub-batches, input order preserved inside each sub-batch. Sub-batches
+may be the input list itself (forward, broadcast, single target): callers must
+treat both the input and the output lists as read-only once partitioned.
+
+Threading: a partitioner instance belongs to one task thread.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+import msgpack
+
+from channels.errors import AbsflowError
+
+DEFAULT_MAX_PARALLELISM: Final = 128
+"""Number of key groups when the job does not set one; the upper bound on parallelism."""
+
+HASH_CACHE_SIZE: Final = 65_536
+"""Entries of a HashPartitioner's key -> target cache before it is cleared."""
+
+_crc32 = zlib.crc32
+# One shared Packer: constructing one per call (msgpack.packb) costs more than the
+# packing. Safe to share across threads: it packs canonical values (plain builtins)
+# without running Python code, so each call completes under the GIL, and it resets
+# its buffer when packing raises.
+_pack_key: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
+_BIG_INT_EXT: Final = 0
+
+
+class PartitioningError(AbsflowError, ValueError):
+    """A partitioner was configured with impossible parallelism values."""
+
+
+class UnroutableKeyError(AbsflowError, TypeError):
+    """A key function returned a value that cannot be hashed stably."""
+
+
+class Partitioner(Protocol):
+    """Splits a batch into per-target sub-batches."""
+
+    def partition(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+        """Return ``(target, sub-batch)`` pairs, non-empty, order kept per target."""
+        ...
+
+
+def _canonical(value: Any) -> Any:
+    """Map values Python considers equal to one msgpack encoding.
+
+    ``True == 1 == 1.0`` and ``(1,) == (True,)`` in Python (so they share a dict
+    entry, and keyed state), but msgpack encodes them differently. Bools and
+    integral floats become ints, ints beyond 64 bits an ext type, lists tuples.
+    """
+    kind = type(value)
+    if kind is bool:
+        return int(value)
+    if kind is float:
+        return _canonical(int(value)) if value.is_integer() else value
+    if isinstance(value, int):
+        value = int(value)
+        if -(2**63) <= value < 2**64:
+            return value
+        return msgpack.ExtType(_BIG_INT_EXT, str(value).encode())
+    if kind is tuple or kind is list:
+        return tuple(_canonical(item) for item in value)
+    if kind is dict:
+        return {_canonical(k): _canonical(v) for k, v in value.items()}
+    return value
+
+
+def stable_hash(key: Any) -> int:
+    """Hash ``key`` identically in every process and Python version.
+
+    ``zlib.crc32`` of ``msgpack.packb(key, use_bin_type=True)``: Python's own
+    ``hash()`` of str/bytes is salted per process (PYTHONHASHSEED), so it cannot
+    route records between processes. Values that compare equal in Python hash
+    equally: bools and integral floats hash as the equal int (``True``, ``1``,
+    ``1.0``), lists as tuples, ints beyond 64 bits via their decimal digits.
+    Dicts hash in insertion order; do not use dicts as keys.
+
+    Raises:
+        UnroutableKeyError: the key is not made of msgpack types.
+    """
+    kind = type(key)
+    try:
+        if kind is str or kind is bytes or kind is int:
+            try:
+                return _crc32(_pack_key(key))
+            except OverflowError:  # beyond 64 bits: the canonical ext encoding
+                pass
+        return _crc32(_pack_key(_canonical(key)))
+    except (TypeError, ValueError) as err:
+        raise UnroutableKeyError(
+            f"key {key!r} of type {type(key).__name__!r} cannot be hashed stably ({err}); "
+            "key functions must return msgpack types (None, bool, int, float, str, "
+            "bytes, tuple, or tuples of these)"
+        ) from err
+
+
+def key_group_for(key: Any, max_parallelism: int) -> int:
+    """Key group of ``key``: ``stable_hash(key) % max_parallelism``."""
+    return stable_hash(key) % max_parallelism
+
+
+def subtask_for_key_group(key_group: int, max_parallelism: int, parallelism: int) -> int:
+    """Subtask owning ``key_group`` (Flink's ``keyGroup * parallelism // maxParallelism``)."""
+    return key_group * parallelism // max_parallelism
+
+
+def key_group_range(subtask: int, parallelism: int, max_parallelism: int) -> range:
+    """The contiguous key groups ``subtask`` owns; the exact inverse of subtask_for_key_group.
+
+    Ranges of subtasks ``0 .. parallelism-1`` are disjoint and cover
+    ``range(max_parallelism)``; none is empty since parallelism <= max_parallelism.
+    """
+    _check_parallelism(parallelism, max_parallelism)
+    if not 0 <= subtask < parallelism:
+        raise PartitioningError(
+            f"subtask {subtask} is outside 0..{parallelism - 1} for parallelism {parallelism}"
+        )
+    start = (subtask * max_parallelism + parallelism - 1) // parallelism
+    stop = ((subtask + 1) * max_parallelism + parallelism - 1) // parallelism
+    return range(start, stop)
+
+
+def _check_parallelism(parallelism: int, max_parallelism: int) -> None:
+    if max_parallelism < 1:
+        raise PartitioningError(f"max_parallelism must be at least 1, got {max_parallelism}")
+    if not 1 <= parallelism <= max_parallelism:
+        raise PartitioningError(
+            f"parallelism {parallelism} must be between 1 and max_parallelism "
+            f"{max_parallelism}; raise max_parallelism (the number of key groups) or "
+            "lower the parallelism"
+        )
+
+
+def _check_targets(num_targets: int) -> None:
+    if num_targets < 1:
+        raise PartitioningError(f"num_targets must be at least 1, got {num_targets}")
+
+
+class ForwardPartitioner:
+    """Everything to one target (the same list object, no copy)."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target: int) -> None:
+        self._target = target
+
+    def partition(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+        return [(self._target, records)] if records else []
+
+
+class HashPartitioner:
+    """Routes each record by the key group of ``key_fn(record)``.
+
+    Target = ``subtask_for_key_group(key_group_for(key), max_parallelism, num_targets)``,
+    so a key always reaches the subtask owning its key group. A bounded
+    key -> target cache (cleared when it holds ``HASH_CACHE_SIZE`` keys) makes a
+    repeated key cost one dict lookup; unhashable keys (lists) bypass it.
+    """
+
+    __slots__ = ("_cache", "_key_fn", "_max_parallelism", "_num_targets", "_warm")
+
+    def __init__(
+        self, key_fn: Callable[[Any], Any], num_targets: int, max_parallelism: int
+    ) -> None:
+        _check_parallelism(num_targets, max_parallelism)
+        self._key_fn = key_fn
+        self._num_targets = num_targets
+        self._max_parallelism = max_parallelism
+        self._cache: dict[Any, int] = {}
+        # The last batch found every key cached: try the all-hits loop first.
+        self._warm = False
+
+    def target_for_key(self, key: Any) -> int:
+        """The target index of ``key`` (uncached)."""
+        return stable_hash(key) % self._max_parallelism * self._num_targets // self._max_parallelism
+
+    def partition(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+        if not records:
+            return []
+        if self._num_targets == 1:
+            return [(0, records)]
+        if self._warm:
+            buckets: list[list[Any]] = [[] for _ in range(self._num_targets)]
+            appends = [bucket.append for bucket in buckets]
+            lookup = self._cache.__getitem__
+            key_fn = self._key_fn
+            try:
+                for record in records:
+                    appends[lookup(key_fn(record))](record)
+            except (KeyError, TypeError):
+                # A new or unhashable key: redo the batch with the resolving loop.
+                pass
+            else:
+                return [(target, bucket) for target, bucket in enumerate(buckets) if bucket]
+        return self._partition_resolving(records)
+
+    def _partition_resolving(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+        buckets: list[list[Any]] = [[] for _ in range(self._num_targets)]
+        appends = [bucket.append for bucket in buckets]
+        cache = self._cache
+        get = cache.get
+        key_fn = self._key_fn
+        target_for_key = self.target_for_key
+        all_hits = True
+        for record in records:
+            key = key_fn(record)
+            try:
+                target = get(key)
+            except TypeError:  # unhashable key: route it without caching
+                appends[target_for_key(key)](record)
+                continue
+            if target is None:
+                all_hits = False
+                target = target_for_key(key)
+                if len(cache) >= HASH_CACHE_SIZE:
+                    cache.clear()
+                cache[key] = target
+            appends[target](record)
+        self._warm = all_hits
+        return [(target, bucket) for target, bucket in enumerate(buckets) if bucket]
+
+
+class RebalancePartitioner:
+    """Round robin per record, continuing across calls."""
+
+    __slots__ = ("_next", "_num_targets")
+
+    def __init__(self, num_targets: int, start: int = 0) -> None:
+        _check_targets(num_targets)
+        self._num_targets = num_targets
+        self._next = start % num_targets
+
+    def partition(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+        n = self._num_targets
+        first = self._next
+        self._next = (first + len(records)) % n
+        if n == 1:
+            return [(0, records)] if records else []
+        return [
+            ((first + offset) % n, records[offset::n]) for offset in range(min(n, len(records)))
+        ]
+
+
+class BroadcastPartitioner:
+    """The same list object to every target."""
+
+    __slots__ = ("_targets",)
+
+    def __init__(self, num_targets: int) -> None:
+        _check_targets(num_targets)
+        self._targets = range(num_targets)
+
+    def partition(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+        if not records:
+            return []
+        return [(target, records) for target in self._targets]

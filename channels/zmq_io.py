@@ -1,0 +1,268 @@
+"""ZeroMQ sockets of the data plane: one input gate per task, one output per channel.
+
+Topology: each task binds one PULL socket (its ``InputGate``); every upstream
+channel is a PUSH socket (an ``OutputChannel``) connected to it, and every frame
+carries its channel id (see ``channels.messages``). ZeroMQ keeps each
+connection FIFO, so frames of one channel arrive in the order they were sent;
+frames of different channels interleave arbitrarily.
+
+Backpressure: a full send queue (SNDHWM frames on the PUSH side, RCVHWM on the
+PULL side, plus kernel buffers) makes ``OutputChannel`` block; while blocked it
+calls ``on_backpressure`` so the task can still serve its control socket.
+
+Threading: each object owns one socket and is used by one thread only (the task
+loop); ``close()`` must be called from that thread too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import zmq
+
+from channels.messages import Event, encode_data, encode_event
+
+BACKPRESSURE_POLL_MS: Final = 50
+"""How long a blocked send waits for POLLOUT before calling on_backpressure again."""
+
+
+def _tcp_endpoint(host: str, port: int | None = None) -> str:
+    """``tcp://host[:port]``, with IPv6 literals in brackets."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"tcp://{host}" if port is None else f"tcp://{host}:{port}"
+
+
+def _is_ipv6(endpoint_or_host: str) -> bool:
+    return "[" in endpoint_or_host or endpoint_or_host.count(":") > 2
+
+
+class InputGate:
+    """The PULL socket every upstream channel of a task connects to.
+
+    Binds ``tcp://{host}:*`` on a random free port; ``host`` must be an
+    address the upstream tasks can reach (this executor's address, not
+    ``127.0.0.1``, outside tests).
+    """
+
+    __slots__ = ("_endpoint", "_socket")
+
+    def __init__(self, context: zmq.Context[Any], host: str, rcvhwm: int = 64) -> None:
+        socket: zmq.Socket[Any] = context.socket(zmq.PULL)
+        try:
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.RCVHWM, rcvhwm)
+            if ":" in host:
+                socket.setsockopt(zmq.IPV6, 1)
+            port = socket.bind_to_random_port(_tcp_endpoint(host))
+        except BaseException:
+            socket.close(linger=0)
+            raise
+        self._socket = socket
+        self._endpoint = _tcp_endpoint(host, port)
+
+    @property
+    def endpoint(self) -> str:
+        """``tcp://host:port`` that upstream OutputChannels connect to."""
+        return self._endpoint
+
+    @property
+    def socket(self) -> zmq.Socket[Any]:
+        """The PULL socket, for registering with the task's ``zmq.Poller``."""
+        return self._socket
+
+    def recv_frames(self, max_frames: int) -> list[bytes]:
+        """Return up to ``max_frames`` frames that are already queued; never blocks.
+
+        An empty list means nothing is queued: poll ``socket`` for POLLIN.
+        """
+        # recv(copy=True): measured 2.2 us per 6 KB frame against 2.7-3.1 us for
+        # copy=False (a Frame, then .buffer or .bytes). Zero-copy only pays off for
+        # frames of ~100 KB and more, and only if callers took memoryviews.
+        frames: list[bytes] = []
+        append = frames.append
+        recv = self._socket.recv
+        try:
+            for _ in range(max_frames):
+                append(recv(zmq.NOBLOCK))
+        except zmq.Again:
+            pass
+        return frames
+
+    def close(self) -> None:
+        """Close the socket, dropping queued frames (linger 0). Idempotent."""
+        self._socket.close(linger=0)
+
+
+class OutputChannel:
+    """A PUSH socket sending one channel's records in batches, events in band.
+
+    Records are appended to a pending batch and sent ``batch_size`` at a time;
+    ``flush``/``flush_if_older`` send a partial batch. Events are sent after
+    everything written before them, so a barrier never overtakes data.
+    Sends block under backpressure (see ``write``). ``close`` does not flush.
+
+    Counters (read by metrics): ``records_sent``, ``batches_sent`` (data
+    frames), ``events_sent``, ``bytes_sent`` (all frames, headers included).
+    """
+
+    __slots__ = (
+        "_batch_size",
+        "_channel_id",
+        "_compress_min_bytes",
+        "_first_pending_at",
+        "_on_backpressure",
+        "_pending",
+        "_poller",
+        "_socket",
+        "batches_sent",
+        "bytes_sent",
+        "events_sent",
+        "records_sent",
+    )
+
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        endpoint: str,
+        channel_id: int,
+        batch_size: int = 1000,
+        sndhwm: int = 64,
+        compress_min_bytes: int = 65536,
+        on_backpressure: Callable[[], None] | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        socket: zmq.Socket[Any] = context.socket(zmq.PUSH)
+        try:
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.SNDHWM, sndhwm)
+            if _is_ipv6(endpoint):
+                socket.setsockopt(zmq.IPV6, 1)
+            socket.connect(endpoint)
+        except BaseException:
+            socket.close(linger=0)
+            raise
+        self._socket = socket
+        self._poller = zmq.Poller()
+        self._poller.register(socket, zmq.POLLOUT)
+        self._channel_id = channel_id
+        self._batch_size = batch_size
+        self._compress_min_bytes = compress_min_bytes
+        self._on_backpressure = on_backpressure
+        self._pending: list[Any] = []
+        self._first_pending_at = 0.0
+        self.records_sent = 0
+        self.bytes_sent = 0
+        self.batches_sent = 0
+        self.events_sent = 0
+
+    @property
+    def channel_id(self) -> int:
+        return self._channel_id
+
+    @property
+    def pending_count(self) -> int:
+        """Records written but not yet sent."""
+        return len(self._pending)
+
+    def write(self, records: list[Any]) -> None:
+        """Append ``records`` (copied) and send every full batch.
+
+        Blocks while the receiver applies backpressure, calling
+        ``on_backpressure`` about every 50 ms; an exception it raises
+        propagates from here, and records not yet sent stay pending.
+
+        Raises:
+            RecordSerializationError: a record is not a msgpack type.
+        """
+        if not records:
+            return
+        pending = self._pending
+        batch_size = self._batch_size
+        if not pending:
+            if len(records) == batch_size:  # the common case: one full batch, no copy
+                frame = encode_data(self._channel_id, records, self._compress_min_bytes)
+                try:
+                    self._send(frame)
+                except BaseException:
+                    self._first_pending_at = time.monotonic()
+                    pending.extend(records)
+                    raise
+                self.records_sent += batch_size
+                self.bytes_sent += len(frame)
+                self.batches_sent += 1
+                return
+            self._first_pending_at = time.monotonic()
+        pending.extend(records)
+        if len(pending) < batch_size:
+            return
+        while len(pending) >= batch_size:
+            self._send_batch(pending[:batch_size])
+            del pending[:batch_size]
+        if pending:
+            # The remainder came from this call: all earlier records fit in sent batches.
+            self._first_pending_at = time.monotonic()
+
+    def flush(self) -> None:
+        """Send the pending partial batch, if any."""
+        pending = self._pending
+        if pending:
+            self._send_batch(pending)
+            self._pending = []
+
+    def flush_if_older(self, now: float, timeout: float) -> None:
+        """Flush when the oldest pending record was written more than ``timeout`` s before ``now``.
+
+        ``now`` is a ``time.monotonic()`` reading.
+        """
+        if self._pending and now - self._first_pending_at > timeout:
+            self.flush()
+
+    def send_event(self, event: Event) -> None:
+        """Flush pending records, then send ``event`` behind them."""
+        self.flush()
+        frame = encode_event(self._channel_id, event)
+        self._send(frame)
+        self.events_sent += 1
+        self.bytes_sent += len(frame)
+
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket without flushing. Idempotent.
+
+        With ``linger_ms=0`` frames still queued are dropped; after the last
+        ``send_event`` pass a positive linger to let them drain.
+        """
+        if not self._socket.closed:
+            self._poller.unregister(self._socket)
+            self._socket.close(linger=linger_ms)
+
+    def _send_batch(self, batch: list[Any]) -> None:
+        frame = encode_data(self._channel_id, batch, self._compress_min_bytes)
+        self._send(frame)
+        self.records_sent += len(batch)
+        self.bytes_sent += len(frame)
+        self.batches_sent += 1
+
+    def _send(self, frame: bytes) -> None:
+        try:
+            self._socket.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            self._send_blocking(frame)
+
+    def _send_blocking(self, frame: bytes) -> None:
+        """Retry until the frame is queued; the high-water mark is reached meanwhile."""
+        on_backpressure = self._on_backpressure
+        socket = self._socket
+        poll = self._poller.poll
+        while True:
+            if on_backpressure is not None:
+                on_backpressure()
+            poll(BACKPRESSURE_POLL_MS)
+            try:
+                socket.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            return

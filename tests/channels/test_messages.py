@@ -1,0 +1,151 @@
+"""Round trips of every data-plane message, compression, and error messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from channels.errors import AbsflowError
+from channels.messages import (
+    FLAG_LZ4,
+    HEADER,
+    KIND_BARRIER,
+    KIND_CANCEL,
+    KIND_DATA,
+    KIND_END_OF_INPUT,
+    Barrier,
+    CancelBarrier,
+    EndOfInput,
+    Event,
+    MalformedFrameError,
+    RecordSerializationError,
+    decode_event,
+    decode_header,
+    decode_records,
+    encode_data,
+    encode_event,
+)
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [],
+        ["a", "b", "c"],
+        [None, True, False, 0, -1, 2**63 - 1, -(2**63), 2**64 - 1, 1.5, float("inf")],
+        ["ünïcödé ✓", "日本語", "emoji 🚀", ""],
+        [b"\x00\xff raw bytes", b""],
+        [("word", 1), ("other", 2)],
+        [{"k": 1, "nested": {"x": (1, 2, 3)}}],
+        [{("tuple", "key"): 1, (1, 2): "v"}],
+        [(("deep", ("er",)), {"a": ((1,),)})],
+    ],
+    ids=["empty", "str", "scalars", "unicode", "bytes", "tuples", "dicts", "tuple-keys", "nested"],
+)
+def test_data_round_trip(records: list[Any]) -> None:
+    frame = encode_data(7, records)
+    assert decode_header(frame) == (7, KIND_DATA)
+    decoded = decode_records(frame)
+    assert type(decoded) is list
+    assert decoded == records
+
+
+def test_lists_inside_records_arrive_as_tuples() -> None:
+    decoded = decode_records(encode_data(0, [["a", 1], {"l": [1, [2]]}]))
+    assert decoded == [("a", 1), {"l": (1, (2,))}]
+    assert type(decoded[0]) is tuple
+
+
+def test_decode_accepts_memoryview() -> None:
+    frame = encode_data(3, ["x", "y"])
+    assert decode_header(memoryview(frame)) == (3, KIND_DATA)
+    assert decode_records(memoryview(frame)) == ["x", "y"]
+
+
+def test_large_batch_is_compressed_and_round_trips() -> None:
+    records = [f"word-{i % 100}" for i in range(20_000)]
+    frame = encode_data(1, records, compress_min_bytes=1024)
+    assert frame[4] == KIND_DATA | FLAG_LZ4
+    assert decode_header(frame) == (1, KIND_DATA)
+    assert len(frame) < len(encode_data(1, records, compress_min_bytes=0)) // 2
+    assert decode_records(frame) == records
+
+
+@pytest.mark.parametrize("threshold", [0, -1, 10**9])
+def test_compression_disabled(threshold: int) -> None:
+    records = ["x" * 100] * 1000
+    frame = encode_data(1, records, compress_min_bytes=threshold)
+    assert frame[4] == KIND_DATA
+    assert decode_records(frame) == records
+
+
+def test_compression_threshold_is_inclusive() -> None:
+    records = ["x" * 100] * 10
+    size = len(encode_data(0, records, compress_min_bytes=0)) - HEADER.size
+    assert encode_data(0, records, compress_min_bytes=size)[4] & FLAG_LZ4
+    assert not encode_data(0, records, compress_min_bytes=size + 1)[4] & FLAG_LZ4
+
+
+def test_channel_id_range() -> None:
+    frame = encode_data(2**32 - 1, ["a"])
+    assert decode_header(frame) == (2**32 - 1, KIND_DATA)
+
+
+@pytest.mark.parametrize(
+    ("event", "kind"),
+    [
+        (Barrier(1, 1234.5), KIND_BARRIER),
+        (Barrier(2**40, 0.0, final=True), KIND_BARRIER),
+        (EndOfInput(), KIND_END_OF_INPUT),
+        (CancelBarrier(17), KIND_CANCEL),
+    ],
+)
+def test_event_round_trip(event: Event, kind: int) -> None:
+    frame = encode_event(9, event)
+    assert decode_header(frame) == (9, kind)
+    decoded = decode_event(frame)
+    assert decoded == event
+    assert type(decoded.final if isinstance(decoded, Barrier) else True) is bool
+
+
+def test_serialization_error_names_record_and_fix() -> None:
+    with pytest.raises(RecordSerializationError) as info:
+        encode_data(0, ["fine", ("also", "fine"), {1, 2}])
+    message = str(info.value)
+    assert "record 2" in message
+    assert "'set'" in message
+    assert "msgpack types" in message
+    assert "None, bool, int, float, str, bytes, list/tuple, dict" in message
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value, AbsflowError)
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_serialization_error_for_nested_object_names_outer_record() -> None:
+    with pytest.raises(RecordSerializationError, match=r"record 0 .* type 'tuple'.*object"):
+        encode_data(0, [("k", object())])
+
+
+def test_serialization_error_for_too_large_int() -> None:
+    with pytest.raises(RecordSerializationError, match=r"record 1 .* type 'int'"):
+        encode_data(0, [1, 2**64])
+
+
+def test_decode_records_rejects_event_frame() -> None:
+    with pytest.raises(MalformedFrameError, match="not a data frame"):
+        decode_records(encode_event(0, EndOfInput()))
+
+
+def test_decode_event_rejects_data_frame() -> None:
+    with pytest.raises(MalformedFrameError, match="not a control event"):
+        decode_event(encode_data(0, ["a"]))
+
+
+def test_truncated_frames_are_malformed() -> None:
+    with pytest.raises(MalformedFrameError, match="shorter than the header"):
+        decode_records(b"\x00\x00")
+    with pytest.raises(MalformedFrameError, match="does not decode"):
+        decode_records(encode_data(0, ["abc", "def"])[:-2])
+    with pytest.raises(MalformedFrameError, match="does not decode"):
+        decode_records(HEADER.pack(0, KIND_DATA | FLAG_LZ4) + b"\xff\xff\xff\x7fjunk")

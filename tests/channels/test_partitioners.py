@@ -1,0 +1,244 @@
+"""Key groups, stable hashing across processes, and every partitioner's routing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from channels import partitioners
+from channels.partitioners import (
+    DEFAULT_MAX_PARALLELISM,
+    BroadcastPartitioner,
+    ForwardPartitioner,
+    HashPartitioner,
+    PartitioningError,
+    RebalancePartitioner,
+    UnroutableKeyError,
+    key_group_for,
+    key_group_range,
+    stable_hash,
+    subtask_for_key_group,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SAMPLE_KEYS: list[Any] = ["word", "ünïcödé", "", b"bytes", 0, 1, -5, 2**40, None, ("a", 1)]
+
+
+def _flatten(pairs: list[tuple[int, list[Any]]]) -> list[Any]:
+    return [record for _, batch in pairs for record in batch]
+
+
+# --- stable hashing and key groups -------------------------------------------
+
+
+def test_stable_hash_is_crc32_of_msgpack() -> None:
+    for key in ["word", b"bytes", 7, ("a", 1), None]:
+        assert stable_hash(key) == zlib.crc32(msgpack.packb(key, use_bin_type=True))
+
+
+def test_stable_hash_is_equal_across_processes_with_different_hash_seeds() -> None:
+    script = (
+        "import json, sys\n"
+        "from channels.partitioners import stable_hash\n"
+        "keys = [['word', 'ünïcödé', '', 0, 1, -5, 2**40, None, ['a', 1]]]\n"
+        "print(json.dumps([stable_hash(k) for k in keys[0]] + [hash('word')]))\n"
+    )
+    results = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO_ROOT)}
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        )
+        results.append(json.loads(out.stdout))
+    *hashes_1, builtin_1 = results[0]
+    *hashes_2, builtin_2 = results[1]
+    # The check can fail: the salted builtin hash differs between the two processes.
+    assert builtin_1 != builtin_2
+    assert hashes_1 == hashes_2
+    local = [stable_hash(k) for k in ["word", "ünïcödé", "", 0, 1, -5, 2**40, None, ("a", 1)]]
+    assert hashes_1 == local
+
+
+def test_equal_python_values_hash_equally() -> None:
+    assert stable_hash(True) == stable_hash(1) == stable_hash(1.0)
+    assert stable_hash(False) == stable_hash(0) == stable_hash(-0.0)
+    assert stable_hash((True, 2.0)) == stable_hash((1, 2))
+    assert stable_hash([1, "a"]) == stable_hash((1, "a"))
+    assert stable_hash(1.5) != stable_hash(1)
+    assert stable_hash(2**70) == stable_hash(float(2**70))
+    assert stable_hash(2**70) != stable_hash(2**71)
+
+
+def test_stable_hash_rejects_non_msgpack_key() -> None:
+    with pytest.raises(UnroutableKeyError, match=r"'object'.*msgpack types"):
+        stable_hash(object())
+
+
+def test_key_group_for_is_in_range() -> None:
+    for key in SAMPLE_KEYS:
+        assert 0 <= key_group_for(key, DEFAULT_MAX_PARALLELISM) < DEFAULT_MAX_PARALLELISM
+        assert key_group_for(key, 128) == stable_hash(key) % 128
+
+
+def test_key_group_range_is_the_inverse_of_subtask_for_key_group() -> None:
+    for max_parallelism in range(1, 129):
+        for parallelism in range(1, min(16, max_parallelism) + 1):
+            owned: list[int] = []
+            for subtask in range(parallelism):
+                groups = key_group_range(subtask, parallelism, max_parallelism)
+                assert len(groups) > 0
+                for group in groups:
+                    assert subtask_for_key_group(group, max_parallelism, parallelism) == subtask
+                owned.extend(groups)
+            assert owned == list(range(max_parallelism))
+
+
+def test_key_group_range_rejects_impossible_values() -> None:
+    with pytest.raises(PartitioningError, match="parallelism 200 must be between 1 and"):
+        key_group_range(0, 200, 128)
+    with pytest.raises(PartitioningError, match="subtask 4 is outside"):
+        key_group_range(4, 4, 128)
+
+
+# --- partitioners --------------------------------------------------------------
+
+
+def test_forward_returns_the_same_list() -> None:
+    records = ["a", "b"]
+    [(target, batch)] = ForwardPartitioner(3).partition(records)
+    assert target == 3
+    assert batch is records
+    assert ForwardPartitioner(0).partition([]) == []
+
+
+def test_broadcast_sends_the_same_list_everywhere() -> None:
+    records = ["a", "b"]
+    pairs = BroadcastPartitioner(3).partition(records)
+    assert [target for target, _ in pairs] == [0, 1, 2]
+    assert all(batch is records for _, batch in pairs)
+    assert BroadcastPartitioner(3).partition([]) == []
+
+
+def test_rebalance_round_robin_continues_across_calls() -> None:
+    partitioner = RebalancePartitioner(3)
+    first = partitioner.partition([0, 1, 2, 3])
+    assert sorted(first) == [(0, [0, 3]), (1, [1]), (2, [2])]
+    second = partitioner.partition([4, 5])  # continues at target 1
+    assert sorted(second) == [(1, [4]), (2, [5])]
+    assert partitioner.partition([]) == []
+    assert sorted(partitioner.partition([6])) == [(0, [6])]
+
+
+def test_rebalance_counts_are_balanced_and_order_is_kept() -> None:
+    partitioner = RebalancePartitioner(4, start=2)
+    per_target: dict[int, list[int]] = {t: [] for t in range(4)}
+    value = 0
+    for size in [1, 7, 1000, 3, 0, 13, 999]:
+        for target, batch in partitioner.partition(list(range(value, value + size))):
+            per_target[target].extend(batch)
+        value += size
+    counts = [len(per_target[t]) for t in range(4)]
+    assert sum(counts) == value
+    assert max(counts) - min(counts) <= 1
+    for target, received in per_target.items():
+        assert received == sorted(received)
+        assert all((r + 2) % 4 == target for r in received)
+
+
+def test_hash_routes_every_key_to_the_owner_of_its_key_group() -> None:
+    num_targets, max_parallelism = 5, 128
+    partitioner = HashPartitioner(lambda r: r[0], num_targets, max_parallelism)
+    records = [(f"k{i % 300}", i) for i in range(5000)]
+    for batch_start in range(0, len(records), 1000):  # cold, then warm cache
+        pairs = partitioner.partition(records[batch_start : batch_start + 1000])
+        assert all(batch for _, batch in pairs)
+        for target, batch in pairs:
+            for key, _ in batch:
+                group = key_group_for(key, max_parallelism)
+                assert group in key_group_range(target, num_targets, max_parallelism)
+        assert (
+            sorted(_flatten(pairs), key=lambda r: r[1]) == records[batch_start : batch_start + 1000]
+        )
+
+
+def test_hash_keeps_input_order_within_each_target() -> None:
+    partitioner = HashPartitioner(lambda r: r % 50, 4, 128)
+    for _ in range(2):
+        for _, batch in partitioner.partition(list(range(2000))):
+            assert batch == sorted(batch)
+
+
+def test_hash_distribution_over_targets() -> None:
+    num_targets = 4
+    partitioner = HashPartitioner(lambda w: w, num_targets, DEFAULT_MAX_PARALLELISM)
+    counts: Counter[int] = Counter()
+    for target, batch in partitioner.partition([f"w{i}" for i in range(10_000)]):
+        counts[target] += len(batch)
+    assert sum(counts.values()) == 10_000
+    assert len(counts) == num_targets
+    assert min(counts.values()) > 0.8 * 10_000 / num_targets
+
+
+def test_hash_unhashable_keys_bypass_the_cache() -> None:
+    partitioner = HashPartitioner(lambda r: [r["a"], r["b"]], 3, 128)
+    records = [{"a": i % 7, "b": "x"} for i in range(100)]
+    pairs = partitioner.partition(records)
+    for target, batch in pairs:
+        for record in batch:
+            key = (record["a"], record["b"])
+            assert partitioner.target_for_key(key) == target
+    assert partitioner._cache == {}
+
+
+def test_hash_agrees_for_equal_keys_of_different_types() -> None:
+    partitioner = HashPartitioner(lambda r: r, 7, 128)
+    targets = {target for target, _ in partitioner.partition([1, True, 1.0])}
+    assert len(targets) == 1
+    fresh = HashPartitioner(lambda r: r, 7, 128)
+    assert {t for t, _ in fresh.partition([True])} == targets
+
+
+def test_hash_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partitioners, "HASH_CACHE_SIZE", 100)
+    partitioner = HashPartitioner(lambda r: r, 4, 128)
+    for start in range(0, 1000, 250):
+        pairs = partitioner.partition(list(range(start, start + 250)))
+        assert sorted(_flatten(pairs)) == list(range(start, start + 250))
+        assert len(partitioner._cache) <= 100
+
+
+def test_hash_single_target_returns_the_input() -> None:
+    records = ["a", "b"]
+    assert HashPartitioner(lambda r: r, 1, 128).partition(records) == [(0, records)]
+
+
+def test_hash_key_fn_errors_propagate() -> None:
+    partitioner = HashPartitioner(lambda r: r["missing"], 2, 128)
+    partitioner.partition([{"missing": 1}])  # warm: the next batch takes the all-hits loop
+    with pytest.raises(KeyError, match="missing"):
+        partitioner.partition([{"missing": 1}, {"k": 1}])
+
+
+def test_hash_new_key_in_a_warm_batch_is_routed_once_and_in_order() -> None:
+    partitioner = HashPartitioner(lambda r: r % 20, 3, 128)
+    partitioner.partition(list(range(10)))  # caches keys 0..9 only
+    pairs = partitioner.partition(list(range(200)))
+    assert sorted(_flatten(pairs)) == list(range(200))
+    for target, batch in pairs:
+        assert batch == sorted(batch)
+        assert all(partitioner.target_for_key(r % 20) == target for r in batch)
+    assert len(partitioner._cache) == 20
+
+
+def test_hash_rejects_more_targets_than_key_groups() -> None:
+    with pytest.raises(PartitioningError, match="raise max_parallelism"):
+        HashPartitioner(lambda r: r, 200, 128)

@@ -1,0 +1,257 @@
+"""InputGate and OutputChannel over real loopback sockets."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from channels.messages import (
+    KIND_DATA,
+    Barrier,
+    EndOfInput,
+    Event,
+    decode_event,
+    decode_header,
+    decode_records,
+)
+from channels.zmq_io import InputGate, OutputChannel
+
+HOST = "127.0.0.1"
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context[Any]]:
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        yield ctx
+    finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def gate(context: zmq.Context[Any]) -> Iterator[InputGate]:
+    input_gate = InputGate(context, HOST)
+    try:
+        yield input_gate
+    finally:
+        input_gate.close()
+
+
+class Outputs:
+    """Opens OutputChannels and closes them all at teardown."""
+
+    def __init__(self, context: zmq.Context[Any]) -> None:
+        self.context = context
+        self.opened: list[OutputChannel] = []
+
+    def open(self, endpoint: str, channel_id: int, **kwargs: Any) -> OutputChannel:
+        channel = OutputChannel(self.context, endpoint, channel_id, **kwargs)
+        self.opened.append(channel)
+        return channel
+
+
+@pytest.fixture
+def outputs(context: zmq.Context[Any]) -> Iterator[Outputs]:
+    opened = Outputs(context)
+    try:
+        yield opened
+    finally:
+        for channel in opened.opened:
+            channel.close()
+
+
+Item = tuple[int, Any]  # (channel, record) or (channel, event)
+
+
+def receive(gate: InputGate, until: int, timeout: float = 5.0) -> list[Item]:
+    """Read frames until ``until`` items (records plus events) arrived."""
+    items: list[Item] = []
+    deadline = time.monotonic() + timeout
+    while len(items) < until:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {len(items)} of {until} items arrived")
+        if not gate.socket.poll(50, zmq.POLLIN):
+            continue
+        for frame in gate.recv_frames(100):
+            channel, kind = decode_header(frame)
+            if kind == KIND_DATA:
+                items.extend((channel, record) for record in decode_records(frame))
+            else:
+                items.append((channel, decode_event(frame)))
+    return items
+
+
+def test_endpoint_uses_the_given_host_and_a_random_port(gate: InputGate) -> None:
+    assert gate.endpoint.startswith(f"tcp://{HOST}:")
+    assert int(gate.endpoint.rsplit(":", 1)[1]) > 0
+    assert gate.socket.getsockopt(zmq.LINGER) == 0
+    assert gate.recv_frames(10) == []
+
+
+def test_fifo_order_across_many_batches(gate: InputGate, outputs: Outputs) -> None:
+    out = outputs.open(gate.endpoint, 4, batch_size=100)
+    for start in range(0, 10_000, 37):  # writes straddle batch boundaries
+        out.write(list(range(start, min(start + 37, 10_000))))
+    out.flush()
+    items = receive(gate, 10_000)
+    assert items == [(4, i) for i in range(10_000)]
+    assert out.records_sent == 10_000
+    assert out.batches_sent == 100
+    assert out.bytes_sent > 0
+
+
+def test_full_batch_writes_and_partial_tail(gate: InputGate, outputs: Outputs) -> None:
+    out = outputs.open(gate.endpoint, 0, batch_size=10)
+    out.write(list(range(10)))  # exactly one batch: sent at once
+    assert out.batches_sent == 1
+    assert out.pending_count == 0
+    out.write(list(range(10, 35)))
+    assert out.batches_sent == 3
+    assert out.pending_count == 5
+    out.flush()
+    assert receive(gate, 35) == [(0, i) for i in range(35)]
+
+
+def test_events_arrive_after_the_data_sent_before_them(gate: InputGate, outputs: Outputs) -> None:
+    out = outputs.open(gate.endpoint, 1, batch_size=1000)
+    out.write(["a", "b"])  # pending, not yet a full batch
+    out.send_event(Barrier(1, 10.0))
+    out.write(["c"])
+    out.send_event(EndOfInput())
+    items = receive(gate, 5)
+    assert items == [(1, "a"), (1, "b"), (1, Barrier(1, 10.0)), (1, "c"), (1, EndOfInput())]
+    assert out.events_sent == 2
+
+
+def test_two_channels_into_one_gate_keep_per_channel_order(
+    gate: InputGate, outputs: Outputs
+) -> None:
+    left = outputs.open(gate.endpoint, 0, batch_size=50)
+    right = outputs.open(gate.endpoint, 1, batch_size=70)
+    for start in range(0, 5000, 500):
+        left.write(list(range(start, start + 500)))
+        right.write(list(range(start, start + 500)))
+    left.send_event(EndOfInput())
+    right.send_event(EndOfInput())
+    items = receive(gate, 10_002)
+    per_channel: dict[int, list[Any]] = {0: [], 1: []}
+    for channel, item in items:
+        per_channel[channel].append(item)
+    expected: list[Any] = [*range(5000), EndOfInput()]
+    assert per_channel[0] == expected
+    assert per_channel[1] == expected
+
+
+class Aborted(Exception):
+    """Raised by a backpressure callback to end a blocked write."""
+
+
+def test_backpressure_blocks_write_and_calls_the_callback(
+    gate: InputGate, outputs: Outputs
+) -> None:
+    calls: list[float] = []
+
+    def on_backpressure() -> None:
+        calls.append(time.monotonic())
+        if len(calls) >= 3:
+            raise Aborted
+
+    out = outputs.open(
+        gate.endpoint,
+        0,
+        batch_size=10,
+        sndhwm=1,
+        compress_min_bytes=0,
+        on_backpressure=on_backpressure,
+    )
+    blob = b"x" * 100_000  # 1 MB frames fill the kernel buffers quickly
+    batches_written = 0
+    with pytest.raises(Aborted):
+        for _ in range(500):  # nobody reads the gate: this must block long before 500 MB
+            out.write([blob] * 10)
+            batches_written += 1
+    assert len(calls) == 3
+    assert out.batches_sent == batches_written
+    assert out.pending_count == 10  # the batch that could not be sent stays pending
+
+
+def test_backpressure_loses_nothing_when_the_reader_catches_up(
+    gate: InputGate, outputs: Outputs
+) -> None:
+    received: list[Item] = []
+    blocked = 0
+
+    def read_some() -> None:  # the reader drains a few frames only when the writer blocks
+        nonlocal blocked
+        blocked += 1
+        for frame in gate.recv_frames(5):
+            received.extend((0, r) for r in decode_records(frame))
+
+    out = outputs.open(
+        gate.endpoint,
+        0,
+        batch_size=10,
+        sndhwm=1,
+        compress_min_bytes=0,
+        on_backpressure=read_some,
+    )
+    total = 2000
+    payload = "y" * 20_000
+    for i in range(0, total, 10):
+        out.write([(i + j, payload) for j in range(10)])
+    out.send_event(EndOfInput())
+    assert blocked > 0
+    remaining = receive(gate, total + 1 - len(received))
+    items = received + remaining
+    assert [r[0] for _, r in items[:-1]] == list(range(total))
+    assert items[-1] == (0, EndOfInput())
+
+
+def test_flush_if_older(gate: InputGate, outputs: Outputs) -> None:
+    out = outputs.open(gate.endpoint, 2, batch_size=1000)
+    out.flush_if_older(time.monotonic() + 100, 0.01)  # nothing pending: no frame
+    assert out.batches_sent == 0
+    written_at = time.monotonic()
+    out.write(["a", "b", "c"])
+    out.flush_if_older(written_at, 0.5)
+    out.flush_if_older(time.monotonic(), 0.5)
+    assert out.batches_sent == 0
+    out.flush_if_older(time.monotonic() + 1.0, 0.5)
+    assert out.batches_sent == 1
+    assert out.pending_count == 0
+    assert receive(gate, 3) == [(2, "a"), (2, "b"), (2, "c")]
+
+
+def test_flush_if_older_measures_from_the_first_pending_record(
+    gate: InputGate, outputs: Outputs
+) -> None:
+    out = outputs.open(gate.endpoint, 2, batch_size=4)
+    out.write(["a", "b", "c", "d", "e"])  # one batch sent, "e" pending since now
+    first = time.monotonic()
+    time.sleep(0.02)
+    out.write(["f"])  # later writes do not reset the age
+    out.flush_if_older(first + 0.3, 0.25)
+    assert out.batches_sent == 2
+    assert receive(gate, 6) == [(2, r) for r in "abcdef"]
+
+
+def test_close_is_idempotent(context: zmq.Context[Any]) -> None:
+    gate = InputGate(context, HOST)
+    out = OutputChannel(context, gate.endpoint, 0)
+    out.close()
+    out.close()
+    gate.close()
+    gate.close()
+
+
+def test_events_sent_individually(gate: InputGate, outputs: Outputs) -> None:
+    out = outputs.open(gate.endpoint, 3)
+    events: list[Event] = [Barrier(i, float(i)) for i in range(1, 4)]
+    for event in events:
+        out.send_event(event)
+    assert receive(gate, 3) == [(3, e) for e in events]
+    assert out.batches_sent == 0
