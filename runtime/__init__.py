@@ -1,0 +1,26 @@
+"""absflow's user API: build a Dataflow, run it on Spark with exactly-once checkpoints."""
+
+from runtime.config import JobConfig, SnapshotMode
+from runtime.dataflow import Dataflow, KeyedStream, Stream
+from runtime.errors import (
+    AbsflowError,
+    GraphError,
+    InsufficientSlotsError,
+    JobCancelledError,
+    TaskFailedError,
+    UnpicklableFunctionError,
+)
+
+__all__ = [
+    "AbsflowError",
+    "Dataflow",
+    "GraphError",
+    "InsufficientSlotsError",
+    "JobCancelledError",
+    "JobConfig",
+    "KeyedStream",
+    "SnapshotMode",
+    "Stream",
+    "TaskFailedError",
+    "UnpicklableFunctionError",
+]

@@ -1,0 +1,229 @@
+"""The checkpoint coordinator: triggers checkpoints at the sources, collects acks,
+completes or aborts them, and writes the checkpoint metadata.
+
+Driver side, job-manager thread only. Checkpoint ids strictly increase over the
+whole run, across restarts, so files of a failed attempt never mix with a new one.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobmanager import protocol as P
+from runtime.config import JobConfig
+from runtime.plan import JobPlan
+from statebackend.storage import CheckpointStorage
+
+log = logging.getLogger("absflow.coordinator")
+
+
+class CheckpointFailureReason(enum.Enum):
+    EXPIRED = "the checkpoint did not complete within checkpoint_timeout"
+    DECLINED = "a task declined the checkpoint"
+    SUBSUMED = "a newer checkpoint completed first"
+    INPUT_ENDED = "the input ended before the checkpoint could complete"
+    TASK_FAILURE = "a task failed while the checkpoint was pending"
+    WRITE_FAILED = "writing the checkpoint metadata failed"
+
+
+@dataclass
+class PendingCheckpoint:
+    checkpoint_id: int
+    trigger_time: float  # wall clock (tasks measure start delay against it)
+    trigger_mono: float
+    final: bool
+    not_yet_acked: set[int]
+    acks: dict[int, P.Ack] = field(default_factory=dict)
+
+
+@dataclass
+class CompletedCheckpoint:
+    checkpoint_id: int
+    final: bool
+    duration_ms: float
+    metrics: dict[str, Any]
+    path: str | None
+
+
+@dataclass
+class FailedCheckpoint:
+    checkpoint_id: int
+    reason: CheckpointFailureReason
+    detail: str
+
+
+class CheckpointCoordinator:
+    """Triggers checkpoint n every ``checkpoint_interval`` by sending Trigger(n) to the
+    source tasks only, completes n when every task acked, aborts it on timeout,
+    decline or failure. ``send(task_index, message)`` reaches one task."""
+
+    def __init__(self, plan: JobPlan, config: JobConfig, storage: CheckpointStorage | None,
+                 send: Callable[[int, P.Message], None], first_id: int, attempt: int,
+                 on_complete: Callable[[CompletedCheckpoint], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.plan, self.config, self.storage, self.send = plan, config, storage, send
+        self.attempt = attempt
+        self.clock = clock
+        self.next_id = first_id
+        self.pending: dict[int, PendingCheckpoint] = {}
+        self.completed: list[CompletedCheckpoint] = []
+        self.failed: list[FailedCheckpoint] = []
+        self.consecutive_failures = 0
+        self.on_complete = on_complete
+        self.last_completion = clock()
+        self.started = clock()
+        self.final_triggered = False
+        self.final_completed = False
+        self.all_tasks = {t.index for t in plan.tasks}
+        self.sources = [t.index for t in plan.source_tasks]
+
+    # -- triggering ----------------------------------------------------------------------
+    def on_tick(self) -> None:
+        now = self.clock()
+        for cp in list(self.pending.values()):
+            if now - cp.trigger_mono > self.config.checkpoint_timeout:
+                self.abort(cp.checkpoint_id, CheckpointFailureReason.EXPIRED,
+                           f"{self.config.checkpoint_timeout:.1f} s passed, "
+                           f"{len(cp.not_yet_acked)} task(s) did not ack")
+        interval = self.config.checkpoint_interval
+        if interval is None or self.final_triggered:
+            return
+        if len(self.pending) >= self.config.max_concurrent_checkpoints:
+            return
+        last_trigger = max((cp.trigger_mono for cp in self.pending.values()), default=None)
+        base = max(self.last_completion, self.started) if last_trigger is None else last_trigger
+        if now - base < interval:
+            return
+        if now - self.last_completion < self.config.min_pause_between_checkpoints:
+            return
+        self.trigger(final=False)
+
+    def trigger(self, final: bool) -> int:
+        n = self.next_id
+        self.next_id += 1
+        now = time.time()
+        self.pending[n] = PendingCheckpoint(n, now, self.clock(), final, set(self.all_tasks))
+        if final:
+            self.final_triggered = True
+        for index in self.sources:
+            self.send(index, P.Trigger(n, now, final))
+        return n
+
+    def on_sources_ended(self) -> None:
+        """All sources read their input: the final checkpoint commits all remaining output."""
+        if not self.final_triggered:
+            self.trigger(final=True)
+
+    # -- acks ------------------------------------------------------------------------------
+    def on_ack(self, ack: P.Ack) -> CompletedCheckpoint | None:
+        cp = self.pending.get(ack.checkpoint_id)
+        if cp is None:
+            return None  # late ack of an aborted / subsumed checkpoint
+        cp.acks[ack.task_index] = ack
+        cp.not_yet_acked.discard(ack.task_index)
+        if cp.not_yet_acked:
+            return None
+        return self._complete(cp)
+
+    def on_decline(self, decline: P.Decline) -> None:
+        if decline.checkpoint_id in self.pending:
+            task = self.plan.tasks[decline.task_index].task_id
+            self.abort(decline.checkpoint_id, CheckpointFailureReason.DECLINED,
+                       f"task {task}: {decline.reason}")
+
+    def _complete(self, cp: PendingCheckpoint) -> CompletedCheckpoint:
+        del self.pending[cp.checkpoint_id]
+        done = self.clock()
+        duration_ms = (done - cp.trigger_mono) * 1000
+        tasks: dict[str, Any] = {}
+        per_task: dict[str, Any] = {}
+        for index, ack in sorted(cp.acks.items()):
+            task_id = self.plan.tasks[index].task_id
+            per_task[task_id] = ack.metrics
+            if ack.state is not None:
+                tasks[task_id] = dict(ack.state)
+        metrics = summarize(per_task)
+        metrics["duration_ms"] = round(duration_ms, 3)
+        path = None
+        if self.storage is not None:
+            metadata = {
+                "checkpoint_id": cp.checkpoint_id, "job": self.plan.name, "attempt": self.attempt,
+                "final": cp.final, "trigger_time": cp.trigger_time, "completed_time": time.time(),
+                "duration_ms": round(duration_ms, 3), "max_parallelism": self.plan.max_parallelism,
+                "tasks": tasks, "task_metrics": per_task, "metrics": metrics,
+            }
+            try:
+                path = self.storage.write_metadata(cp.checkpoint_id, metadata)
+            except OSError as err:
+                self.abort(cp.checkpoint_id, CheckpointFailureReason.WRITE_FAILED, str(err), pending=cp)
+                raise
+        completed = CompletedCheckpoint(cp.checkpoint_id, cp.final, duration_ms, metrics, path)
+        self.completed.append(completed)
+        self.last_completion = done
+        self.consecutive_failures = 0
+        if cp.final:
+            self.final_completed = True
+        # Older pending checkpoints are subsumed by this one.
+        for older in [n for n in self.pending if n < cp.checkpoint_id]:
+            self.abort(older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cp.checkpoint_id} completed")
+        for index in sorted(self.all_tasks):
+            self.send(index, P.Complete(cp.checkpoint_id))
+        if self.storage is not None:
+            self.storage.retain(self.config.retained_checkpoints)
+        if self.on_complete is not None:
+            self.on_complete(completed)
+        return completed
+
+    # -- aborting -------------------------------------------------------------------------
+    def abort(self, checkpoint_id: int, reason: CheckpointFailureReason, detail: str = "",
+              pending: PendingCheckpoint | None = None) -> None:
+        cp = self.pending.pop(checkpoint_id, None) or pending
+        if cp is None:
+            return
+        self.failed.append(FailedCheckpoint(checkpoint_id, reason, detail))
+        log.info("checkpoint %d aborted (%s): %s %s", checkpoint_id, reason.name, reason.value, detail)
+        if reason in (CheckpointFailureReason.EXPIRED, CheckpointFailureReason.DECLINED,
+                      CheckpointFailureReason.WRITE_FAILED):
+            self.consecutive_failures += 1
+        if reason is not CheckpointFailureReason.TASK_FAILURE:
+            for index in sorted(self.all_tasks):
+                self.send(index, P.Abort(checkpoint_id, reason.name))
+        if self.storage is not None:
+            self.storage.discard(checkpoint_id)
+        if cp.final and reason is not CheckpointFailureReason.TASK_FAILURE:
+            # The final checkpoint must happen: try again.
+            self.final_triggered = False
+
+    def abort_all(self, reason: CheckpointFailureReason, detail: str = "") -> None:
+        for n in sorted(self.pending):
+            self.abort(n, reason, detail)
+
+    @property
+    def too_many_failures(self) -> bool:
+        return self.consecutive_failures > self.config.tolerable_checkpoint_failures
+
+
+def summarize(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Checkpoint-level figures from the tasks' ack metrics."""
+    def values(key: str) -> list[float]:
+        return [float(m[key]) for m in per_task.values() if key in m]
+
+    def mx(key: str) -> float:
+        return round(max(values(key), default=0.0), 3)
+
+    return {
+        "tasks": len(per_task),
+        "max_start_delay_ms": mx("start_delay_ms"),
+        "max_alignment_ms": mx("alignment_ms"),
+        "mean_alignment_ms": round(sum(values("alignment_ms")) / max(1, len(values("alignment_ms"))), 3),
+        "max_sync_ms": mx("sync_ms"),
+        "max_async_ms": mx("async_ms"),
+        "state_bytes": int(sum(values("state_bytes"))),
+        "spilled_bytes": int(sum(values("spilled_bytes"))),
+        "keys": int(sum(values("keys"))),
+    }

@@ -1,0 +1,129 @@
+"""Fault injection as data: real SIGKILLs of task processes and raising UDFs.
+
+    flow.run(faults=[Kill("count[1]", after_seconds=2.0)])
+    flow.run(faults=[Kill("count[0]", after_checkpoint=3)])
+    flow.run(faults=[Kill("count[0]", during="alignment")])
+    flow.run(faults=[RaiseAt("split", record=5000)])
+    flow.run(faults=[RandomKills(3, seed=7)])
+
+A task reference is ``step[subtask]`` where step is any step of the task's chain.
+``attempt`` says in which attempt (0 = first run, 1 = after the first restart, ...)
+the fault fires, so several faults can kill a run several times.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from runtime.config import TaskFault
+from runtime.errors import GraphError
+from runtime.plan import JobPlan
+
+
+@dataclass(frozen=True)
+class Kill:
+    """SIGKILL the process of ``task``: ``after_seconds`` after the attempt's tasks all
+    registered, or right after checkpoint ``after_checkpoint`` completed, or ``during``
+    "alignment" (when it starts aligning a checkpoint >= after_checkpoint, default 1)
+    or "snapshot" (half way through writing its state file)."""
+
+    task: str
+    after_seconds: float | None = None
+    after_checkpoint: int | None = None
+    during: str | None = None
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class RaiseAt:
+    """Make step ``operator`` (subtask ``subtask``) raise when it reaches record ``record``."""
+
+    operator: str
+    record: int
+    subtask: int = 0
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class RandomKills:
+    """``count`` kills of random tasks at random moments (one per attempt), between
+    ``min_seconds`` and ``max_seconds`` after the attempt's tasks registered."""
+
+    count: int
+    seed: int | None = None
+    min_seconds: float = 0.3
+    max_seconds: float = 1.5
+
+
+@dataclass(frozen=True)
+class DriverKill:
+    """A kill the job manager performs itself (resolved from Kill / RandomKills)."""
+
+    task_index: int
+    attempt: int
+    after_seconds: float | None
+    after_checkpoint: int | None
+
+
+def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill], list[TaskFault]]:
+    """Check every fault against the plan; split them into driver- and task-side ones."""
+    driver: list[DriverKill] = []
+    task: list[TaskFault] = []
+    for fault in faults:
+        if isinstance(fault, Kill):
+            t = _task(plan, fault.task)
+            if fault.during is None:
+                if fault.after_seconds is None and fault.after_checkpoint is None:
+                    raise GraphError(f"Kill({fault.task!r}) needs after_seconds, after_checkpoint or during.")
+                driver.append(DriverKill(t, fault.attempt, fault.after_seconds, fault.after_checkpoint))
+            elif fault.during in ("alignment", "snapshot"):
+                if fault.during == "alignment" and len(plan.tasks[t].inputs) < 2:
+                    raise GraphError(
+                        f"Kill({fault.task!r}, during='alignment'): the task has "
+                        f"{len(plan.tasks[t].inputs)} input channel(s); alignment needs at least 2.")
+                kind = "kill_during_alignment" if fault.during == "alignment" else "kill_during_snapshot"
+                task.append(TaskFault(kind, t, fault.attempt, fault.after_checkpoint or 1))
+            else:
+                raise GraphError(f"Kill(during={fault.during!r}): use 'alignment' or 'snapshot'.")
+        elif isinstance(fault, RaiseAt):
+            matches = [x for x in plan.tasks if x.subtask == fault.subtask
+                       and any(s.name == fault.operator for s in plan.chain_steps(x))]
+            if not matches:
+                raise GraphError(f"RaiseAt: no step '{fault.operator}' with subtask {fault.subtask}.")
+            task.append(TaskFault("raise_at_record", matches[0].index, fault.attempt,
+                                  operator=fault.operator, record=fault.record))
+        elif isinstance(fault, RandomKills):
+            rng = random.Random(fault.seed)
+            for attempt in range(fault.count):
+                victim = rng.randrange(len(plan.tasks))
+                at = rng.uniform(fault.min_seconds, fault.max_seconds)
+                driver.append(DriverKill(victim, attempt, at, None))
+        else:
+            raise GraphError(f"unknown fault {fault!r}: use Kill, RaiseAt or RandomKills.")
+    return driver, task
+
+
+def _task(plan: JobPlan, ref: str) -> int:
+    try:
+        return plan.resolve_task(ref).index
+    except ValueError as err:
+        raise GraphError(str(err)) from None
+
+
+def parse_kill_args(kill_task: str | None, after: str | None, chaos: int | None,
+                    seed: int | None = None) -> list[object]:
+    """Faults from the examples' command line: ``--kill-task count[1] --after 3s``
+    (or ``--after chk2``, ``--after alignment``, ``--after snapshot``) and ``--chaos K``."""
+    faults: list[object] = []
+    if kill_task:
+        spec = (after or "1s").strip()
+        if spec in ("alignment", "snapshot"):
+            faults.append(Kill(kill_task, during=spec))
+        elif spec.startswith("chk"):
+            faults.append(Kill(kill_task, after_checkpoint=int(spec[3:])))
+        else:
+            faults.append(Kill(kill_task, after_seconds=float(spec.rstrip("s"))))
+    if chaos:
+        faults.append(RandomKills(chaos, seed=seed))
+    return faults

@@ -1,0 +1,38 @@
+"""One live progress line on a terminal while a job runs; silent when not a TTY."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+class Progress:
+    def __init__(self, enabled: bool | None, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.start = time.monotonic()
+        self.next_draw = 0.0
+        self.width = 0
+
+    def update(self, records_in: int, records_out: int, checkpoints: int, restarts: int,
+               last_checkpoint_ms: float | None) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now < self.next_draw:
+            return
+        self.next_draw = now + 0.2
+        elapsed = now - self.start
+        rate = records_in / elapsed if elapsed > 0 else 0.0
+        chk = f"  chk {checkpoints}" + (f" ({last_checkpoint_ms:.0f} ms)" if last_checkpoint_ms else "")
+        line = (f"in {records_in:,}  out {records_out:,}  {rate:,.0f} rec/s  {elapsed:.1f} s"
+                f"{chk if checkpoints else ''}{f'  restarts {restarts}' if restarts else ''}")
+        self.width = max(self.width, len(line))
+        self.stream.write("\r" + line.ljust(self.width))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.width:
+            self.stream.write("\n")
+            self.stream.flush()

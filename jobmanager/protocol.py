@@ -1,0 +1,166 @@
+"""Control-plane messages between tasks (DEALER) and the job manager (ROUTER).
+
+Every message is a frozen, slotted dataclass; ``encode`` packs it as a msgpack
+array ``[code, *fields]`` and ``decode`` rebuilds it. This module is the only
+part of ``jobmanager`` that task processes import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    CODE: ClassVar[int] = -1
+
+
+# -- task -> job manager ------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Register(Message):
+    CODE: ClassVar[int] = 1
+    task_index: int
+    attempt: int
+    task_id: str
+    pid: int
+    host: str
+    endpoint: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Message):
+    CODE: ClassVar[int] = 2
+    task_index: int
+    attempt: int
+    records_in: int
+    records_out: int
+    rss_bytes: int
+    first_record_at: float  # wall clock of the first record this attempt processed, 0 if none
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(Message):
+    """Task's part of checkpoint ``checkpoint_id`` is durable (``state``: file info or None)."""
+
+    CODE: ClassVar[int] = 3
+    task_index: int
+    attempt: int
+    checkpoint_id: int
+    state: dict[str, Any] | None
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Decline(Message):
+    CODE: ClassVar[int] = 4
+    task_index: int
+    attempt: int
+    checkpoint_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SourceEnded(Message):
+    """A source task read all its input; it waits for the final checkpoint."""
+
+    CODE: ClassVar[int] = 5
+    task_index: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOutput(Message):
+    """Records a collect sink committed for ``checkpoint_id`` (the driver dedupes)."""
+
+    CODE: ClassVar[int] = 6
+    task_index: int
+    attempt: int
+    step: str
+    subtask: int
+    checkpoint_id: int
+    records: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished(Message):
+    CODE: ClassVar[int] = 7
+    task_index: int
+    attempt: int
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Failed(Message):
+    """A user function raised (or the task hit an error it cannot go on from)."""
+
+    CODE: ClassVar[int] = 8
+    task_index: int
+    attempt: int
+    operator: str
+    subtask: int
+    error: str
+    traceback: str
+
+
+# -- job manager -> task ------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Trigger(Message):
+    """Sources only: snapshot and emit barrier(checkpoint_id) between two records."""
+
+    CODE: ClassVar[int] = 20
+    checkpoint_id: int
+    timestamp: float
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Complete(Message):
+    CODE: ClassVar[int] = 21
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Abort(Message):
+    CODE: ClassVar[int] = 22
+    checkpoint_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel(Message):
+    """Stop now: close sockets and end the task (the attempt failed or the job was cancelled)."""
+
+    CODE: ClassVar[int] = 23
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Alive(Message):
+    """The job manager's answer to a heartbeat: tasks end themselves when it goes silent."""
+
+    CODE: ClassVar[int] = 24
+
+
+_TYPES: dict[int, type[Message]] = {
+    cls.CODE: cls
+    for cls in (Register, Heartbeat, Ack, Decline, SourceEnded, SinkOutput, Finished, Failed,
+                Trigger, Complete, Abort, Cancel, Alive)
+}
+
+
+def encode(msg: Message) -> bytes:
+    fields = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
+    return msgpack.packb([msg.CODE, *fields], use_bin_type=True)
+
+
+def decode(frame: bytes) -> Message:
+    code, *fields = msgpack.unpackb(frame, raw=False, strict_map_key=False, use_list=False)
+    try:
+        cls = _TYPES[code]
+    except KeyError:
+        raise ValueError(f"unknown control message code {code!r}") from None
+    return cls(*fields)

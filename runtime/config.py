@@ -1,0 +1,95 @@
+"""Run settings of a job (checkpointing, channels, restarts, progress display)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.errors import GraphError
+
+
+class SnapshotMode(enum.Enum):
+    EXACTLY_ONCE = "exactly_once"  # aligned ABS: block channels until all barriers arrived
+    AT_LEAST_ONCE = "at_least_once"  # barriers counted, nothing blocked (replay may duplicate)
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Settings of one run; pass them to ``Dataflow(...)`` or ``run(...)`` as keywords.
+
+    Checkpointing is on when ``checkpoint_interval`` (seconds) is set. Without a
+    ``checkpoint_dir`` a temporary directory is used and removed after the run.
+    """
+
+    checkpoint_interval: float | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_timeout: float = 60.0
+    min_pause_between_checkpoints: float = 0.0
+    max_concurrent_checkpoints: int = 1
+    tolerable_checkpoint_failures: int = 3
+    retained_checkpoints: int = 3
+    snapshot_mode: SnapshotMode | str = SnapshotMode.EXACTLY_ONCE
+    restart_strategy: Any = None  # jobmanager.restart strategy; default: exponential if checkpointing
+    batch_size: int = 1000
+    buffer_timeout: float = 0.01
+    channel_hwm: int = 64
+    spill_threshold: int = 32 * 1024 * 1024
+    compress_min_bytes: int = 64 * 1024
+    heartbeat_interval: float = 0.5
+    heartbeat_timeout: float = 15.0
+    progress: bool | None = None  # None: only when stderr is a terminal
+    local_master: str | None = None  # embedded SparkSession master (default local[n])
+    timeout: float | None = None  # give up (cancel) after this many seconds
+
+    def __post_init__(self) -> None:
+        if isinstance(self.snapshot_mode, str):
+            try:
+                object.__setattr__(self, "snapshot_mode", SnapshotMode(self.snapshot_mode))
+            except ValueError:
+                modes = ", ".join(m.value for m in SnapshotMode)
+                raise GraphError(f"snapshot_mode {self.snapshot_mode!r} is unknown; use one of {modes}.") from None
+        if self.checkpoint_interval is not None and not self.checkpoint_interval > 0:
+            raise GraphError(f"checkpoint_interval must be > 0 seconds (or None for off), got {self.checkpoint_interval!r}.")
+        for name in ("batch_size", "channel_hwm", "max_concurrent_checkpoints", "retained_checkpoints"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise GraphError(f"{name} must be an int >= 1, got {value!r}.")
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.checkpoint_interval is not None
+
+    def replace(self, **changes: Any) -> JobConfig:
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = set(changes) - names
+        if unknown:
+            raise GraphError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(names)}.")
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class TaskFault:
+    """A fault a task injects into itself (a real SIGKILL of its own process, or a raise)."""
+
+    kind: str  # "kill_during_alignment" | "kill_during_snapshot" | "raise_at_record"
+    task_index: int
+    attempt: int = 0
+    checkpoint_id: int | None = None  # first checkpoint at or after which to fire
+    operator: str | None = None
+    record: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskEnvironment:
+    """What the job manager hands every task of one attempt."""
+
+    jm_endpoint: str
+    attempt: int
+    config: JobConfig
+    checkpoint_root: str | None  # where tasks write state files; None: no storage
+    restore_dir: str | None  # chk-<n> directory to restore from
+    restore_metadata: dict[str, Any] | None
+    tmp_root: str | None  # task temp dirs go here (the driver removes it) or the system temp
+    faults: tuple[TaskFault, ...] = ()

@@ -1,0 +1,230 @@
+"""The user API: a ``Dataflow`` is a DAG object you build, inspect, validate and run.
+
+    flow = Dataflow("wordcount", parallelism=2)
+    (flow.source(GeneratorSource(lambda i: f"w{i % 10}", 1000))
+         .map(lambda w: (w, 1))
+         .key_by(lambda kv: kv[0])
+         .reduce(lambda a, b: (a[0], a[1] + b[1]))
+         .collect("counts"))
+    result = flow.run()
+    result.output("counts")
+
+Records that cross tasks travel as msgpack: use None, bool, int, float, str,
+bytes, tuples/lists and dicts (sequences arrive as tuples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from channels.partitioners import DEFAULT_MAX_PARALLELISM
+from runtime.errors import GraphError
+from runtime.graph import (
+    LogicalGraph,
+    Partitioning,
+    Step,
+    StepKind,
+    check_callable,
+    check_parallelism,
+    check_picklable,
+)
+from runtime.plan import JobPlan, build_plan
+from runtime.sinks import CollectSink, PrintSink, Sink
+from runtime.sources import Source
+
+if TYPE_CHECKING:
+    from runtime.config import JobConfig
+    from jobmanager.result import JobResult
+
+
+class Stream:
+    """The output of a step. ``partitioning`` applies to the edge into the next step."""
+
+    def __init__(self, flow: Dataflow, step: Step, partitioning: Partitioning = Partitioning.FORWARD) -> None:
+        self.flow = flow
+        self.step = step
+        self.partitioning = partitioning
+
+    # -- partitioning --------------------------------------------------------------
+    def rebalance(self) -> Stream:
+        """Distribute records round robin over the next step's subtasks."""
+        return Stream(self.flow, self.step, Partitioning.REBALANCE)
+
+    def broadcast(self) -> Stream:
+        """Send every record to every subtask of the next step."""
+        return Stream(self.flow, self.step, Partitioning.BROADCAST)
+
+    def key_by(self, key_fn: Callable[[Any], Any], name: str | None = None) -> KeyedStream:
+        """Partition by ``key_fn(record)`` (a stable hash into key groups)."""
+        label = name or f"key_by after '{self.step.name}'"
+        check_callable(key_fn, label, "key function")
+        check_picklable(key_fn, label, "key function")
+        return KeyedStream(self.flow, self.step, key_fn)
+
+    # -- stateless operators ---------------------------------------------------------
+    def _then(self, kind: StepKind, fn: Any, name: str | None, parallelism: int | None,
+              args: dict[str, Any] | None = None, key_fn: Callable[[Any], Any] | None = None,
+              partitioning: Partitioning | None = None) -> Step:
+        flow = self.flow
+        step_name = flow.graph.unique_name(name, kind.value)
+        par = check_parallelism(parallelism, step_name) if parallelism is not None else self.step.parallelism
+        if kind is not StepKind.SINK or not isinstance(fn, Sink):
+            check_callable(fn, step_name)
+        check_picklable(fn, step_name, "function" if kind is not StepKind.SINK else "sink")
+        step = flow.graph.add_step(step_name, kind, par, fn=fn, args=args, key_fn=key_fn)
+        flow.graph.connect(self.step, step, partitioning or self.partitioning, key_fn)
+        return step
+
+    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> Stream:
+        """One output record ``fn(record)`` per input record."""
+        return Stream(self.flow, self._then(StepKind.MAP, fn, name, parallelism))
+
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]], name: str | None = None,
+                 parallelism: int | None = None) -> Stream:
+        """Zero or more output records per input record: the items of ``fn(record)``."""
+        return Stream(self.flow, self._then(StepKind.FLAT_MAP, fn, name, parallelism))
+
+    def filter(self, fn: Callable[[Any], bool], name: str | None = None,
+               parallelism: int | None = None) -> Stream:
+        """Keep the records for which ``fn(record)`` is true."""
+        return Stream(self.flow, self._then(StepKind.FILTER, fn, name, parallelism))
+
+    def union(self, *others: Stream, name: str | None = None) -> Stream:
+        """Merge this stream with ``others`` (each input keeps its own partitioning)."""
+        flow = self.flow
+        step_name = flow.graph.unique_name(name, "union")
+        if not others:
+            raise GraphError(f"union '{step_name}' needs at least one other stream.")
+        for other in others:
+            if not isinstance(other, Stream) or isinstance(other, KeyedStream):
+                raise GraphError(f"union '{step_name}': can only union Streams, got {type(other).__name__}.")
+            if other.flow is not flow:
+                raise GraphError(f"union '{step_name}': stream '{other.step.name}' belongs to another Dataflow.")
+        step = flow.graph.add_step(step_name, StepKind.UNION, self.step.parallelism)
+        for stream in (self, *others):
+            flow.graph.connect(stream.step, step, stream.partitioning)
+        return Stream(flow, step)
+
+    # -- sinks -------------------------------------------------------------------------
+    def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None) -> None:
+        """Write the stream to ``sink`` (see runtime.sinks)."""
+        if not isinstance(sink, Sink):
+            raise GraphError(
+                f"sink(...) needs a runtime.sinks.Sink instance (e.g. FileSink, CollectSink), "
+                f"got {type(sink).__name__}."
+            )
+        self._then(StepKind.SINK, sink, name or None, parallelism)
+
+    def collect(self, name: str | None = None, parallelism: int | None = None) -> None:
+        """Return the records from ``run()``: ``result.output(name)`` (exactly once)."""
+        self.sink(CollectSink(), name=name or "collect", parallelism=parallelism)
+
+    def print(self, prefix: str = "", name: str | None = None) -> None:
+        """Print each record as it arrives."""
+        self.sink(PrintSink(prefix), name=name or "print")
+
+
+class KeyedStream:
+    """A stream partitioned by key; its operators keep state per key (checkpointed)."""
+
+    def __init__(self, flow: Dataflow, step: Step, key_fn: Callable[[Any], Any]) -> None:
+        self.flow = flow
+        self.step = step
+        self.key_fn = key_fn
+
+    def _keyed(self, kind: StepKind, fn: Any, name: str | None, parallelism: int | None,
+               args: dict[str, Any] | None = None) -> Stream:
+        upstream = Stream(self.flow, self.step, Partitioning.HASH)
+        step = upstream._then(kind, fn, name, parallelism, args, key_fn=self.key_fn)
+        return Stream(self.flow, step)
+
+    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None,
+               parallelism: int | None = None) -> Stream:
+        """Running reduce per key: emits ``fn(previous, record)`` (the first record as is)."""
+        return self._keyed(StepKind.REDUCE, fn, name, parallelism)
+
+    def aggregate(self, initial: Any, add: Callable[[Any, Any], Any], name: str | None = None,
+                  parallelism: int | None = None) -> Stream:
+        """Running aggregate per key: ``acc = add(acc, record)`` starting from ``initial``
+        (a value, or a zero-argument callable for mutable accumulators); emits ``(key, acc)``."""
+        return self._keyed(StepKind.AGGREGATE, add, name, parallelism, {"initial": initial})
+
+    def process(self, fn: Callable[[Any, Any, Any], Iterable[Any] | None], name: str | None = None,
+                parallelism: int | None = None) -> Stream:
+        """General keyed function ``fn(key, record, state)`` returning records to emit (or None).
+
+        ``state`` is scoped to the record's key: ``state.value`` (get/set, None if unset),
+        ``state.list(name)``, ``state.map(name)`` (mutable, created empty), ``state.clear()``.
+        """
+        return self._keyed(StepKind.PROCESS, fn, name, parallelism)
+
+
+class Dataflow:
+    """A named DAG of sources, operators and sinks, with its run settings.
+
+    ``parallelism`` is the default for sources; other steps default to their input's.
+    ``max_parallelism`` is the number of key groups (the most any keyed step can use,
+    also after restoring at another parallelism). Checkpoint settings are described in
+    ``jobmanager.config.JobConfig`` and can be passed here as keyword arguments.
+    """
+
+    def __init__(self, name: str = "dataflow", parallelism: int = 1,
+                 max_parallelism: int = DEFAULT_MAX_PARALLELISM, chaining: bool = True,
+                 **config: Any) -> None:
+        from runtime.config import JobConfig
+
+        self.name = name
+        self.parallelism = check_parallelism(parallelism, name)
+        if not isinstance(max_parallelism, int) or max_parallelism < 1:
+            raise GraphError(f"max_parallelism must be a positive int, got {max_parallelism!r}.")
+        self.max_parallelism = max_parallelism
+        self.chaining = chaining
+        self.graph = LogicalGraph()
+        self.config: JobConfig = JobConfig(**config)
+
+    def source(self, source: Source, name: str | None = None, parallelism: int | None = None) -> Stream:
+        """Add a source (GeneratorSource, TextFileSource, CollectionSource or your own)."""
+        if not isinstance(source, Source):
+            raise GraphError(
+                f"source(...) needs a runtime.sources.Source instance, got {type(source).__name__}."
+            )
+        step_name = self.graph.unique_name(name, source.name)
+        par = check_parallelism(parallelism if parallelism is not None else self.parallelism, step_name)
+        source.validate(step_name)
+        check_picklable(source, step_name, "source")
+        step = self.graph.add_step(step_name, StepKind.SOURCE, par, fn=source)
+        return Stream(self, step)
+
+    def validate(self) -> None:
+        """Raise GraphError naming the first problem; called by explain() and run()."""
+        self.graph.validate()
+        for step in self.graph.steps:
+            if step.parallelism > self.max_parallelism and step.kind.keyed:
+                raise GraphError(
+                    f"keyed step '{step.name}' has parallelism {step.parallelism} > max_parallelism "
+                    f"{self.max_parallelism}; raise Dataflow(max_parallelism=...)."
+                )
+
+    def plan(self) -> JobPlan:
+        self.validate()
+        return build_plan(self.graph, self.name, self.max_parallelism, self.chaining)
+
+    def explain(self) -> str:
+        """The physical plan (tasks, chains, channels) as text."""
+        text = self.plan().explain()
+        print(text)
+        return text
+
+    def run(self, restore_from: str | None = None, faults: Iterable[Any] = (),
+            **overrides: Any) -> JobResult:
+        """Run to completion (bounded sources) on the active SparkSession or a local one.
+
+        ``restore_from``: a checkpoint directory (``chk-<n>``) or a checkpoint root (its
+        latest valid checkpoint). ``faults``: fault injections (jobmanager.faults).
+        ``overrides``: JobConfig settings for this run only.
+        """
+        from jobmanager.runner import run_job
+
+        config = self.config.replace(**overrides) if overrides else self.config
+        return run_job(self.plan(), config, restore_from=restore_from, faults=list(faults))

@@ -1,0 +1,47 @@
+"""Errors a user of the runtime can act on: each says what is wrong, where, and the fix."""
+
+from __future__ import annotations
+
+from channels.errors import AbsflowError
+
+
+class GraphError(AbsflowError, ValueError):
+    """The dataflow graph is malformed (raised at build or validation time)."""
+
+
+class UnpicklableFunctionError(GraphError, TypeError):
+    """A user function cannot be shipped to the task processes."""
+
+
+class TaskFailedError(AbsflowError, RuntimeError):
+    """A task failed and the restart strategy gave up (or restarts are off).
+
+    ``operator``, ``subtask`` and ``remote_traceback`` name where and why.
+    """
+
+    def __init__(
+        self, message: str, operator: str | None = None, subtask: int | None = None,
+        remote_traceback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.operator = operator
+        self.subtask = subtask
+        self.remote_traceback = remote_traceback
+
+
+class InsufficientSlotsError(AbsflowError, RuntimeError):
+    """The SparkSession has fewer task slots than the job has tasks."""
+
+
+class JobCancelledError(AbsflowError, RuntimeError):
+    """The job was cancelled (Ctrl-C or a cancel request)."""
+
+
+__all__ = [
+    "AbsflowError",
+    "GraphError",
+    "InsufficientSlotsError",
+    "JobCancelledError",
+    "TaskFailedError",
+    "UnpicklableFunctionError",
+]

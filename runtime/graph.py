@@ -1,0 +1,180 @@
+"""The logical graph: steps (operators) and the edges between them.
+
+The graph is plain data, separate from its execution: a ``Dataflow`` builds it,
+``validate()`` checks it, ``runtime.plan`` turns it into tasks and channels.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from runtime.errors import GraphError, UnpicklableFunctionError
+
+
+class Partitioning(enum.Enum):
+    """How records of an edge are distributed over the consumer's subtasks."""
+
+    FORWARD = "forward"  # subtask i -> subtask i (equal parallelism)
+    HASH = "hash"  # by a stable hash of key_fn(record) into key groups
+    REBALANCE = "rebalance"  # round robin
+    BROADCAST = "broadcast"  # every record to every subtask
+
+
+class StepKind(enum.Enum):
+    SOURCE = "source"
+    MAP = "map"
+    FLAT_MAP = "flat_map"
+    FILTER = "filter"
+    UNION = "union"
+    REDUCE = "reduce"
+    AGGREGATE = "aggregate"
+    PROCESS = "process"
+    SINK = "sink"
+
+    @property
+    def keyed(self) -> bool:
+        return self in (StepKind.REDUCE, StepKind.AGGREGATE, StepKind.PROCESS)
+
+
+@dataclass(slots=True)
+class Edge:
+    """A stream from ``source`` into ``target``; ``key_fn`` is set for HASH edges."""
+
+    source: int
+    target: int
+    partitioning: Partitioning
+    key_fn: Callable[[Any], Any] | None = None
+
+
+@dataclass(slots=True)
+class Step:
+    """One logical operator. ``fn``/``args`` depend on ``kind`` (see runtime.operators)."""
+
+    id: int
+    name: str
+    kind: StepKind
+    parallelism: int
+    fn: Any = None
+    args: dict[str, Any] = field(default_factory=dict)
+    inputs: list[Edge] = field(default_factory=list)
+    outputs: list[Edge] = field(default_factory=list)
+    # Keyed steps: the key function of their (hash) input edges.
+    key_fn: Callable[[Any], Any] | None = None
+
+    def describe(self) -> str:
+        return f"{self.kind.value} '{self.name}' (parallelism {self.parallelism})"
+
+
+def check_picklable(obj: Any, step_name: str, what: str) -> None:
+    """Raise UnpicklableFunctionError if ``obj`` cannot travel to a task process."""
+    try:
+        cloudpickle.dumps(obj)
+    except Exception as err:  # cloudpickle raises many types (TypeError, PicklingError, ...)
+        raise UnpicklableFunctionError(
+            f"step '{step_name}': its {what} cannot be pickled ({type(err).__name__}: {err}). "
+            "Task processes receive functions by cloudpickle: do not capture locks, sockets, "
+            "open files or SparkSessions in it; create such resources inside the function."
+        ) from err
+
+
+def check_callable(fn: Any, step_name: str, what: str = "function") -> None:
+    if not callable(fn):
+        raise GraphError(
+            f"step '{step_name}': its {what} must be callable, got {type(fn).__name__} {fn!r}."
+        )
+
+
+def check_parallelism(parallelism: Any, step_name: str) -> int:
+    if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
+        raise GraphError(
+            f"step '{step_name}': parallelism must be a positive int, got {parallelism!r}."
+        )
+    return parallelism
+
+
+class LogicalGraph:
+    """Steps in creation order (which is a topological order: inputs exist first)."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self._names: set[str] = set()
+
+    def unique_name(self, requested: str | None, default: str) -> str:
+        if requested is not None:
+            if not isinstance(requested, str) or not requested or "[" in requested:
+                raise GraphError(
+                    f"step name {requested!r} is invalid: use a non-empty string without '['."
+                )
+            if requested in self._names:
+                raise GraphError(
+                    f"step name '{requested}' is used twice; step names must be unique "
+                    "(they name tasks, state in checkpoints, and errors)."
+                )
+            return requested
+        name, k = default, 2
+        while name in self._names:
+            name = f"{default}_{k}"
+            k += 1
+        return name
+
+    def add_step(
+        self, name: str, kind: StepKind, parallelism: int, fn: Any = None,
+        args: dict[str, Any] | None = None, key_fn: Callable[[Any], Any] | None = None,
+    ) -> Step:
+        step = Step(
+            id=len(self.steps), name=name, kind=kind, parallelism=parallelism, fn=fn,
+            args=args or {}, key_fn=key_fn,
+        )
+        self._names.add(name)
+        self.steps.append(step)
+        return step
+
+    def connect(
+        self, source: Step, target: Step, partitioning: Partitioning,
+        key_fn: Callable[[Any], Any] | None = None,
+    ) -> Edge:
+        edge = Edge(source.id, target.id, partitioning, key_fn)
+        source.outputs.append(edge)
+        target.inputs.append(edge)
+        return edge
+
+    def step(self, step_id: int) -> Step:
+        return self.steps[step_id]
+
+    def validate(self) -> None:
+        """Check the whole graph; raise GraphError naming the first bad step."""
+        if not any(s.kind is StepKind.SOURCE for s in self.steps):
+            raise GraphError(
+                "the dataflow has no source: add one with flow.source(...) "
+                "(e.g. GeneratorSource, TextFileSource, CollectionSource)."
+            )
+        if not any(s.kind is StepKind.SINK for s in self.steps):
+            raise GraphError(
+                "the dataflow has no sink: end a stream with .sink(...), .collect() or .print()."
+            )
+        for step in self.steps:
+            if step.kind is not StepKind.SINK and not step.outputs:
+                raise GraphError(
+                    f"stream of {step.describe()} is never consumed (a dangling stream): "
+                    "end it with .sink(...)/.collect()/.print(), or remove the step."
+                )
+            for edge in step.inputs:
+                src = self.steps[edge.source]
+                if edge.partitioning is Partitioning.FORWARD and src.parallelism != step.parallelism:
+                    raise GraphError(
+                        f"forward edge from '{src.name}' (parallelism {src.parallelism}) to "
+                        f"'{step.name}' (parallelism {step.parallelism}): a forward edge needs "
+                        f"equal parallelism. Call .rebalance() (or .key_by()/.broadcast()) "
+                        f"before '{step.name}', or give both the same parallelism."
+                    )
+                if edge.partitioning is Partitioning.HASH and edge.key_fn is None:
+                    raise GraphError(f"hash edge into '{step.name}' has no key function.")
+            if step.kind.keyed and any(e.partitioning is not Partitioning.HASH for e in step.inputs):
+                raise GraphError(
+                    f"keyed step '{step.name}' must follow .key_by(...) on every input."
+                )

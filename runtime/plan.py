@@ -1,0 +1,171 @@
+"""The physical plan: chains of operators, their tasks, and the channels between tasks.
+
+Forward-connected steps of equal parallelism are fused into one chain (one task
+per subtask); records inside a chain are passed as Python lists, never
+serialized. Every remaining edge becomes one FIFO channel per (producer subtask,
+consumer subtask) pair it can route to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.graph import LogicalGraph, Partitioning, Step, StepKind
+
+
+@dataclass(slots=True)
+class Chain:
+    id: int
+    step_ids: list[int]
+    parallelism: int
+    name: str  # the head step's name; tasks are "<name>[<subtask>]"
+
+
+@dataclass(slots=True)
+class ChannelSpec:
+    id: int
+    source_step: int
+    target_step: int
+    source_task: int
+    target_task: int
+    partitioning: Partitioning
+
+
+@dataclass(slots=True)
+class OutputSpec:
+    """One output edge of a chain's tail: a partitioner over ``channels`` (by target subtask)."""
+
+    partitioning: Partitioning
+    key_fn: Callable[[Any], Any] | None
+    channels: list[int]  # channel ids, index = target subtask (one entry for FORWARD)
+    target_task_ids: list[str]
+
+
+@dataclass(slots=True)
+class TaskSpec:
+    index: int  # global task index == Spark partition id
+    chain: int
+    subtask: int
+    task_id: str  # e.g. "count[1]"
+    inputs: list[int] = field(default_factory=list)  # channel ids
+    outputs: list[OutputSpec] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class JobPlan:
+    name: str
+    steps: list[Step]
+    chains: list[Chain]
+    tasks: list[TaskSpec]
+    channels: list[ChannelSpec]
+    max_parallelism: int
+
+    def chain_steps(self, task: TaskSpec) -> list[Step]:
+        return [self.steps[s] for s in self.chains[task.chain].step_ids]
+
+    def task_by_id(self, task_id: str) -> TaskSpec:
+        for t in self.tasks:
+            if t.task_id == task_id:
+                return t
+        raise KeyError(task_id)
+
+    def resolve_task(self, ref: str) -> TaskSpec:
+        """Find a task by ``name[i]`` where name is any step of its chain (for fault injection)."""
+        if "[" not in ref or not ref.endswith("]"):
+            raise ValueError(f"task reference {ref!r} must look like 'step[subtask]', e.g. 'count[1]'")
+        name, _, rest = ref.partition("[")
+        subtask = int(rest[:-1])
+        for chain in self.chains:
+            if any(self.steps[s].name == name for s in chain.step_ids):
+                for t in self.tasks:
+                    if t.chain == chain.id and t.subtask == subtask:
+                        return t
+                raise ValueError(
+                    f"task {ref!r}: step '{name}' has parallelism {chain.parallelism}, "
+                    f"subtasks are 0..{chain.parallelism - 1}"
+                )
+        known = ", ".join(s.name for s in self.steps)
+        raise ValueError(f"task {ref!r}: no step named '{name}' (steps: {known})")
+
+    @property
+    def source_tasks(self) -> list[TaskSpec]:
+        return [t for t in self.tasks if self.steps[self.chains[t.chain].step_ids[0]].kind is StepKind.SOURCE]
+
+    def explain(self) -> str:
+        lines = [f"Physical plan of '{self.name}': {len(self.tasks)} tasks, "
+                 f"{len(self.chains)} chains, {len(self.channels)} channels "
+                 f"(max parallelism {self.max_parallelism} key groups)"]
+        for chain in self.chains:
+            steps = [self.steps[s] for s in chain.step_ids]
+            ops = " -> ".join(f"{s.kind.value} '{s.name}'" for s in steps)
+            tasks = [t for t in self.tasks if t.chain == chain.id]
+            lines.append(f"  chain {chain.id} x{chain.parallelism}: {ops}")
+            lines.append(f"    tasks: {', '.join(t.task_id for t in tasks)}")
+            if tasks and tasks[0].outputs:
+                for out in tasks[0].outputs:
+                    target = out.target_task_ids[0].partition("[")[0]
+                    fan = len(out.channels)
+                    lines.append(
+                        f"    out: {out.partitioning.value} -> '{target}' "
+                        f"({fan} channel{'s' if fan != 1 else ''} per subtask)"
+                    )
+        return "\n".join(lines)
+
+
+def _chainable(graph: LogicalGraph, step: Step) -> bool:
+    if step.kind is StepKind.SOURCE or len(step.inputs) != 1:
+        return False
+    edge = step.inputs[0]
+    upstream = graph.step(edge.source)
+    return (
+        edge.partitioning is Partitioning.FORWARD
+        and upstream.parallelism == step.parallelism
+        and len(upstream.outputs) == 1
+    )
+
+
+def build_plan(graph: LogicalGraph, name: str, max_parallelism: int, chaining: bool = True) -> JobPlan:
+    """Fuse chains, assign tasks, and lay out channels. The graph must be validated."""
+    chains: list[Chain] = []
+    chain_of: dict[int, int] = {}
+    for step in graph.steps:
+        if chaining and _chainable(graph, step):
+            c = chain_of[step.inputs[0].source]
+            chains[c].step_ids.append(step.id)
+        else:
+            c = len(chains)
+            chains.append(Chain(c, [step.id], step.parallelism, step.name))
+        chain_of[step.id] = c
+
+    tasks: list[TaskSpec] = []
+    first_task: dict[int, int] = {}
+    for chain in chains:
+        first_task[chain.id] = len(tasks)
+        for i in range(chain.parallelism):
+            tasks.append(TaskSpec(len(tasks), chain.id, i, f"{chain.name}[{i}]"))
+
+    channels: list[ChannelSpec] = []
+    for chain in chains:
+        tail = graph.step(chain.step_ids[-1])
+        for edge in tail.outputs:
+            target_chain = chains[chain_of[edge.target]]
+            for s in range(chain.parallelism):
+                src_task = tasks[first_task[chain.id] + s]
+                targets = [s] if edge.partitioning is Partitioning.FORWARD else list(
+                    range(target_chain.parallelism)
+                )
+                ids: list[int] = []
+                for d in targets:
+                    dst_task = tasks[first_task[target_chain.id] + d]
+                    spec = ChannelSpec(len(channels), edge.source, edge.target,
+                                       src_task.index, dst_task.index, edge.partitioning)
+                    channels.append(spec)
+                    dst_task.inputs.append(spec.id)
+                    ids.append(spec.id)
+                src_task.outputs.append(OutputSpec(
+                    edge.partitioning, edge.key_fn, ids,
+                    [tasks[first_task[target_chain.id] + d].task_id for d in targets],
+                ))
+    return JobPlan(name, graph.steps, chains, tasks, channels, max_parallelism)

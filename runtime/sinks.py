@@ -1,0 +1,233 @@
+"""Sinks, and the two-phase commit that makes their output exactly-once.
+
+A transactional sink keeps the records of the current epoch (between two
+barriers) in an open transaction. On barrier n it *pre-commits*: the open
+transaction is sealed as pending transaction n and stored in the task's
+snapshot. On CHECKPOINT_COMPLETE(n) every pending transaction up to n is
+committed, in order; commits are idempotent, so a lost or repeated completion
+notice is harmless. On restore, the pending transactions of the restored
+snapshot are committed again (idempotently) and everything after it is rolled
+back: the sources replay it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class SinkContext:
+    """What a sink instance learns about where it runs (task process)."""
+
+    step_name: str
+    subtask: int
+    parallelism: int
+    attempt: int
+    send_to_driver: Callable[[int, list[Any]], None]  # (checkpoint id, records)
+
+
+class Sink:
+    """Base sink: subclass and override ``write_batch`` (and the checkpoint hooks if needed)."""
+
+    def open(self, ctx: SinkContext) -> None:
+        self.ctx = ctx
+
+    def write_batch(self, records: list[Any]) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """All input has ended; called before the final checkpoint."""
+
+    def snapshot_state(self, checkpoint_id: int) -> Any:
+        """Pre-commit; return the state to store in checkpoint ``checkpoint_id``."""
+        return None
+
+    def restore_state(self, state: Any) -> None:
+        """Restore from a snapshot (before any record arrives)."""
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is complete: commit what it covers."""
+
+    def close(self) -> None:
+        """Release resources (not called after a crash)."""
+
+
+class TwoPhaseCommitSink(Sink):
+    """Exactly-once sink skeleton: subclasses implement the transaction hooks.
+
+    Transactions are identified by the checkpoint id that sealed them.
+    """
+
+    def open(self, ctx: SinkContext) -> None:
+        super().open(ctx)
+        self.pending: dict[int, Any] = {}
+        self.current = self.begin_transaction()
+
+    def write_batch(self, records: list[Any]) -> None:
+        self.write_to_transaction(self.current, records)
+
+    def snapshot_state(self, checkpoint_id: int) -> Any:
+        self.pending[checkpoint_id] = self.pre_commit(self.current, checkpoint_id)
+        self.current = self.begin_transaction()
+        return {"pending": [[n, txn] for n, txn in sorted(self.pending.items())]}
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        for n in sorted(self.pending):
+            if n > checkpoint_id:
+                break
+            self.commit(n, self.pending.pop(n))
+
+    def restore_state(self, state: Any) -> None:
+        # Everything in the restored snapshot was pre-committed before the checkpoint
+        # completed, so it is committed now (idempotently); newer output is rolled back.
+        for n, txn in (state or {}).get("pending", []):
+            self.commit(int(n), txn)
+        self.abort_uncommitted()
+
+    # -- hooks -------------------------------------------------------------------------
+    def begin_transaction(self) -> Any:
+        raise NotImplementedError
+
+    def write_to_transaction(self, txn: Any, records: list[Any]) -> None:
+        raise NotImplementedError
+
+    def pre_commit(self, txn: Any, checkpoint_id: int) -> Any:
+        """Seal ``txn``; return its msgpack-serializable handle stored in the snapshot."""
+        raise NotImplementedError
+
+    def commit(self, checkpoint_id: int, handle: Any) -> None:
+        """Make a sealed transaction visible. Must be idempotent."""
+        raise NotImplementedError
+
+    def abort_uncommitted(self) -> None:  # noqa: B027 - optional hook
+        """Roll back output that no restored snapshot covers (on restore)."""
+
+
+class CollectSink(TwoPhaseCommitSink):
+    """Returns the records from ``run()`` (``result.output(name)``), exactly once.
+
+    Committed batches go to the driver tagged (step, subtask, checkpoint id); the
+    driver keeps the first copy of each, so re-commits after a restore are dropped.
+    """
+
+    def begin_transaction(self) -> list[Any]:
+        return []
+
+    def write_to_transaction(self, txn: list[Any], records: list[Any]) -> None:
+        txn.extend(records)
+
+    def pre_commit(self, txn: list[Any], checkpoint_id: int) -> list[Any]:
+        return txn
+
+    def commit(self, checkpoint_id: int, handle: list[Any]) -> None:
+        self.ctx.send_to_driver(checkpoint_id, list(handle))
+
+
+class FileSink(TwoPhaseCommitSink):
+    """Writes one part file per subtask, ``<dir>/part-<subtask>``, one JSON record per line.
+
+    Exactly-once: each epoch's records go to a staging file, fsynced at pre-commit;
+    a commit appends the staging file to the part file and records the committed
+    length and checkpoint in ``.part-<subtask>.committed``; a restore truncates the
+    part file back to its committed length before replaying. ``format`` turns a
+    record into a line (default: JSON).
+    """
+
+    def __init__(self, directory: str, format: Callable[[Any], str] | None = None) -> None:
+        self.directory = os.path.abspath(directory)
+        self.format = format
+
+    def open(self, ctx: SinkContext) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        self.part = os.path.join(self.directory, f"part-{ctx.subtask}")
+        self.marker = os.path.join(self.directory, f".part-{ctx.subtask}.committed")
+        super().open(ctx)
+
+    def _staging(self, n: int | str) -> str:
+        return os.path.join(self.directory, f".part-{self.ctx.subtask}.{self.ctx.attempt}.{n}.staging")
+
+    def _committed(self) -> tuple[int, int]:
+        try:
+            with open(self.marker) as fh:
+                data = json.load(fh)
+            return int(data["checkpoint"]), int(data["length"])
+        except FileNotFoundError:
+            return -1, 0
+
+    def begin_transaction(self) -> Any:
+        path = self._staging("open")
+        return {"path": path, "fh": open(path, "w", encoding="utf-8")}  # noqa: SIM115
+
+    def write_to_transaction(self, txn: Any, records: list[Any]) -> None:
+        fmt = self.format
+        if fmt is None:
+            txn["fh"].write("".join(json.dumps(r) + "\n" for r in records))
+        else:
+            txn["fh"].write("".join(fmt(r) + "\n" for r in records))
+
+    def pre_commit(self, txn: Any, checkpoint_id: int) -> Any:
+        fh = txn["fh"]
+        fh.flush()
+        os.fsync(fh.fileno())
+        fh.close()
+        sealed = self._staging(checkpoint_id)
+        os.replace(txn["path"], sealed)
+        return sealed
+
+    def commit(self, checkpoint_id: int, handle: Any) -> None:
+        done, length = self._committed()
+        if checkpoint_id <= done:
+            return  # already committed (idempotent)
+        if not os.path.exists(handle):
+            raise FileNotFoundError(
+                f"file sink: staging file {handle} of checkpoint {checkpoint_id} is missing; "
+                f"the output directory {self.directory} was changed outside absflow"
+            )
+        with open(self.part, "ab") as out:
+            out.truncate(length)  # drop a half-done append of an earlier crash
+            with open(handle, "rb") as src:
+                out.write(src.read())
+            out.flush()
+            os.fsync(out.fileno())
+            new_length = out.tell()
+        tmp = self.marker + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"checkpoint": checkpoint_id, "length": new_length}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.marker)
+        os.remove(handle)
+
+    def abort_uncommitted(self) -> None:
+        _, length = self._committed()
+        if os.path.exists(self.part) and os.path.getsize(self.part) > length:
+            with open(self.part, "ab") as out:
+                out.truncate(length)
+        prefix = f".part-{self.ctx.subtask}."
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            if name.startswith(prefix) and name.endswith(".staging") and path != self.current["path"]:
+                os.remove(path)
+
+    def close(self) -> None:
+        current = getattr(self, "current", None)
+        if current is not None and not current["fh"].closed:
+            current["fh"].close()
+            os.remove(current["path"])
+
+
+class PrintSink(Sink):
+    """Prints each record to stdout as it arrives (at-least-once: not transactional)."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+
+    def write_batch(self, records: list[Any]) -> None:
+        tag = f"{self.prefix}{self.ctx.step_name}[{self.ctx.subtask}]> "
+        sys.stdout.write("".join(f"{tag}{r}\n" for r in records))
+        sys.stdout.flush()

@@ -1,0 +1,267 @@
+"""Replayable, partitioned sources.
+
+A ``Source`` is a picklable description; each subtask creates a ``SourceReader``
+from it in its task process. Readers expose their position as a small msgpack
+value (``snapshot``) so a restored job seeks back to it (``restore``): that is
+what makes replay after a failure exact.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from runtime.errors import GraphError
+
+
+class SourceReader:
+    """One subtask's reader. Task-loop thread only."""
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        """Up to ``max_records`` records, [] if none right now, None once the input has ended."""
+        raise NotImplementedError
+
+    def snapshot(self) -> Any:
+        """The position to resume from (a msgpack value); called between two batches."""
+        raise NotImplementedError
+
+    def restore(self, state: Any) -> None:
+        """Seek to a position returned by ``snapshot`` (called before the first read)."""
+        raise NotImplementedError
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class Source:
+    """A picklable, partitioned, replayable source."""
+
+    name = "source"
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        raise NotImplementedError
+
+    def validate(self, step_name: str) -> None:  # noqa: B027 - optional hook
+        """Raise GraphError for bad settings (called at build time)."""
+
+
+class _RateLimiter:
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self.start = time.monotonic()
+        self.emitted = 0
+
+    def allowance(self, wanted: int) -> int:
+        if self.rate is None:
+            return wanted
+        due = int((time.monotonic() - self.start) * self.rate) - self.emitted
+        if due <= 0:
+            time.sleep(min(0.01, 1.0 / self.rate))
+            return 0
+        return min(wanted, due)
+
+    def emitted_now(self, n: int) -> None:
+        self.emitted += n
+
+
+class _GeneratorReader(SourceReader):
+    def __init__(self, fn: Callable[[int], Any], count: int | None, subtask: int,
+                 parallelism: int, rate: float | None) -> None:
+        self.fn, self.count, self.step = fn, count, parallelism
+        self.next = subtask
+        self.limiter = _RateLimiter(rate / parallelism if rate else None)
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        if self.count is not None and self.next >= self.count:
+            return None
+        n = self.limiter.allowance(max_records)
+        if n == 0:
+            return []
+        stop = self.next + n * self.step
+        if self.count is not None:
+            stop = min(stop, self.count)
+        fn = self.fn
+        batch = [fn(i) for i in range(self.next, stop, self.step)]
+        self.next += len(batch) * self.step
+        self.limiter.emitted_now(len(batch))
+        return batch
+
+    def snapshot(self) -> Any:
+        return self.next
+
+    def restore(self, state: Any) -> None:
+        self.next = int(state)
+
+
+class GeneratorSource(Source):
+    """Deterministic records ``fn(i)`` for i in [0, count); subtask s takes i = s, s+p, ...
+
+    ``count=None`` never ends; ``rate`` limits records/s over all subtasks.
+    """
+
+    name = "generator"
+
+    def __init__(self, fn: Callable[[int], Any], count: int | None,
+                 rate: float | None = None) -> None:
+        self.fn, self.count, self.rate = fn, count, rate
+
+    def validate(self, step_name: str) -> None:
+        if not callable(self.fn):
+            raise GraphError(f"source '{step_name}': GeneratorSource needs a callable fn(i).")
+        if self.count is not None and (not isinstance(self.count, int) or self.count < 0):
+            raise GraphError(f"source '{step_name}': count must be an int >= 0 or None, got {self.count!r}.")
+        if self.rate is not None and not self.rate > 0:
+            raise GraphError(f"source '{step_name}': rate must be > 0 records/s, got {self.rate!r}.")
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        return _GeneratorReader(self.fn, self.count, subtask, parallelism, self.rate)
+
+
+class _CollectionReader(SourceReader):
+    def __init__(self, items: Sequence[Any], subtask: int, parallelism: int) -> None:
+        self.items = items[subtask::parallelism]
+        self.pos = 0
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        if self.pos >= len(self.items):
+            return None
+        batch = list(self.items[self.pos:self.pos + max_records])
+        self.pos += len(batch)
+        return batch
+
+    def snapshot(self) -> Any:
+        return self.pos
+
+    def restore(self, state: Any) -> None:
+        self.pos = int(state)
+
+
+class CollectionSource(Source):
+    """The items of a list; subtask s takes items[s::p]."""
+
+    name = "collection"
+
+    def __init__(self, items: Iterable[Any]) -> None:
+        self.items = list(items)
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        return _CollectionReader(self.items, subtask, parallelism)
+
+
+def _file_splits(paths: list[str], parallelism: int) -> list[list[tuple[str, int, int]]]:
+    """Byte ranges of the files, split evenly over subtasks (a line belongs to the range
+    holding its first byte)."""
+    sizes = [(p, os.path.getsize(p)) for p in paths]
+    total = sum(s for _, s in sizes)
+    per = max(1, -(-total // parallelism))
+    splits: list[list[tuple[str, int, int]]] = [[] for _ in range(parallelism)]
+    offset = 0
+    for path, size in sizes:
+        pos = 0
+        while pos < size:
+            owner = min(offset // per, parallelism - 1)
+            room = (owner + 1) * per - offset if owner < parallelism - 1 else size - pos
+            take = max(1, min(size - pos, room))
+            splits[owner].append((path, pos, pos + take))
+            pos += take
+            offset += take
+    return splits
+
+
+class _TextFileReader(SourceReader):
+    def __init__(self, splits: list[tuple[str, int, int]], encoding: str) -> None:
+        self.splits = splits
+        self.encoding = encoding
+        self.split = 0
+        self.pos: int | None = None  # byte position of the next line to read in the split
+        self.fh: Any = None
+
+    def _open(self) -> bool:
+        while self.split < len(self.splits):
+            path, start, end = self.splits[self.split]
+            self.fh = open(path, "rb")  # noqa: SIM115 - kept open across batches
+            if self.pos is None:
+                if start > 0:
+                    self.fh.seek(start - 1)
+                    self.fh.readline()  # the partial line belongs to the previous range
+                    self.pos = self.fh.tell()
+                else:
+                    self.pos = 0
+            self.fh.seek(self.pos)
+            if self.pos < end:
+                return True
+            self._next_split()
+        return False
+
+    def _next_split(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+        self.split += 1
+        self.pos = None
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        if self.fh is None and not self._open():
+            return None
+        end = self.splits[self.split][2]
+        fh, enc = self.fh, self.encoding
+        out: list[Any] = []
+        pos = self.pos
+        assert pos is not None
+        while len(out) < max_records and pos < end:
+            line = fh.readline()
+            if not line:
+                pos = end
+                break
+            pos += len(line)
+            out.append(line.rstrip(b"\r\n").decode(enc))
+        self.pos = pos
+        if pos >= end:
+            self._next_split()
+        return out
+
+    def snapshot(self) -> Any:
+        return [self.split, self.pos]
+
+    def restore(self, state: Any) -> None:
+        self.close()
+        self.split, self.pos = int(state[0]), (None if state[1] is None else int(state[1]))
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+
+class TextFileSource(Source):
+    """Lines of text files (a path, a glob, or a list of them), split by byte ranges over subtasks.
+
+    The position (file split, byte offset) is checkpointed, so replay is exact.
+    """
+
+    name = "text"
+
+    def __init__(self, paths: str | Sequence[str], encoding: str = "utf-8") -> None:
+        self.patterns = [paths] if isinstance(paths, str) else list(paths)
+        self.encoding = encoding
+
+    def files(self) -> list[str]:
+        found: list[str] = []
+        for pattern in self.patterns:
+            matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else (
+                [pattern] if os.path.exists(pattern) else [])
+            found.extend(m for m in matches if os.path.isfile(m))
+        return found
+
+    def validate(self, step_name: str) -> None:
+        if not self.files():
+            raise GraphError(
+                f"source '{step_name}': no file matches {self.patterns!r} "
+                f"(working directory {os.getcwd()}); check the path or glob."
+            )
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        return _TextFileReader(_file_splits(self.files(), parallelism)[subtask], self.encoding)
