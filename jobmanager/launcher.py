@@ -23,6 +23,7 @@ from runtime.plan import JobPlan
 log = logging.getLogger("absflow.launcher")
 
 _owned_session: Any = None
+SPARE_SLOTS = 2
 
 
 def _stop_owned() -> None:
@@ -59,7 +60,8 @@ def ensure_session(tasks_needed: int, config: JobConfig) -> Any:
     if os.getcwd() not in paths:
         paths.insert(0, os.getcwd())
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    master = config.local_master or f"local[{max(tasks_needed, 2)}]"
+    # Two spare slots: a restarted attempt finds idle, warm Python workers.
+    master = config.local_master or f"local[{tasks_needed + SPARE_SLOTS}]"
     spark = (
         SparkSession.builder.master(master)
         .appName("absflow")
@@ -71,10 +73,23 @@ def ensure_session(tasks_needed: int, config: JobConfig) -> Any:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("FATAL")
+    warm_up(spark.sparkContext, available_slots(spark.sparkContext))
     if _owned_session is None:
         atexit.register(_stop_owned)
     _owned_session = spark
     return spark
+
+
+def warm_up(sc: Any, n: int) -> None:
+    """Start ``n`` Python workers at once and import the task code in them, so the
+    first barrier stage (and a restart) takes pooled workers instead of forking."""
+
+    def load(_: Any) -> list[int]:
+        import runtime.task  # noqa: F401
+
+        return [os.getpid()]
+
+    sc.parallelize(range(n), n).barrier().mapPartitions(load).collect()
 
 
 def available_slots(sc: Any) -> int:

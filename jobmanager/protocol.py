@@ -106,6 +106,15 @@ class Failed(Message):
     traceback: str
 
 
+@dataclass(frozen=True, slots=True)
+class Closed(Message):
+    """The task closed its sockets and returns its process to Spark (last message)."""
+
+    CODE: ClassVar[int] = 9
+    task_index: int
+    attempt: int
+
+
 # -- job manager -> task ------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Trigger(Message):
@@ -147,7 +156,7 @@ class Alive(Message):
 
 _TYPES: dict[int, type[Message]] = {
     cls.CODE: cls
-    for cls in (Register, Heartbeat, Ack, Decline, SourceEnded, SinkOutput, Finished, Failed,
+    for cls in (Register, Heartbeat, Ack, Decline, SourceEnded, SinkOutput, Finished, Failed, Closed,
                 Trigger, Complete, Abort, Cancel, Alive)
 }
 

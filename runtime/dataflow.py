@@ -181,7 +181,8 @@ class Dataflow:
         self.max_parallelism = max_parallelism
         self.chaining = chaining
         self.graph = LogicalGraph()
-        self.config: JobConfig = JobConfig(**config)
+        # replace() rejects unknown settings with a GraphError listing the known ones.
+        self.config: JobConfig = JobConfig().replace(**config)
 
     def source(self, source: Source, name: str | None = None, parallelism: int | None = None) -> Stream:
         """Add a source (GeneratorSource, TextFileSource, CollectionSource or your own)."""

@@ -76,7 +76,10 @@ class JobPlan:
         if "[" not in ref or not ref.endswith("]"):
             raise ValueError(f"task reference {ref!r} must look like 'step[subtask]', e.g. 'count[1]'")
         name, _, rest = ref.partition("[")
-        subtask = int(rest[:-1])
+        try:
+            subtask = int(rest[:-1])
+        except ValueError:
+            raise ValueError(f"task reference {ref!r}: subtask {rest[:-1]!r} is not an int") from None
         for chain in self.chains:
             if any(self.steps[s].name == name for s in chain.step_ids):
                 for t in self.tasks:

@@ -133,10 +133,15 @@ class FileSink(TwoPhaseCommitSink):
 
     Exactly-once: each epoch's records go to a staging file, fsynced at pre-commit;
     a commit appends the staging file to the part file and records the committed
-    length and checkpoint in ``.part-<subtask>.committed``; a restore truncates the
-    part file back to its committed length before replaying. ``format`` turns a
-    record into a line (default: JSON).
+    length and checkpoint in ``.part-<subtask>.committed`` (with the lengths of the
+    last commits); a restore truncates the part file back to its length at the
+    restored checkpoint before replaying, also when newer checkpoints had committed.
+    ``format`` turns a record into a line (default: JSON).
     """
+
+    # Committed lengths kept in the marker, so a restore from an older (retained)
+    # checkpoint can truncate the output back to it.
+    HISTORY = 256
 
     def __init__(self, directory: str, format: Callable[[Any], str] | None = None) -> None:
         self.directory = os.path.abspath(directory)
@@ -152,12 +157,28 @@ class FileSink(TwoPhaseCommitSink):
         return os.path.join(self.directory, f".part-{self.ctx.subtask}.{self.ctx.attempt}.{n}.staging")
 
     def _committed(self) -> tuple[int, int]:
+        checkpoint, length, _ = self._read_marker()
+        return checkpoint, length
+
+    def _read_marker(self) -> tuple[int, int, list[list[int]]]:
+        """(last committed checkpoint, part length, [[checkpoint, length], ...] ascending)."""
         try:
             with open(self.marker) as fh:
                 data = json.load(fh)
-            return int(data["checkpoint"]), int(data["length"])
         except FileNotFoundError:
-            return -1, 0
+            return -1, 0, [[-1, 0]]
+        checkpoint, length = int(data["checkpoint"]), int(data["length"])
+        history = [[int(n), int(n_len)] for n, n_len in data.get("history", [[checkpoint, length]])]
+        return checkpoint, length, history
+
+    def _write_marker(self, checkpoint_id: int, length: int, history: list[list[int]]) -> None:
+        tmp = self.marker + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"checkpoint": checkpoint_id, "length": length,
+                       "history": history[-self.HISTORY:]}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.marker)
 
     def begin_transaction(self) -> Any:
         path = self._staging("open")
@@ -180,7 +201,7 @@ class FileSink(TwoPhaseCommitSink):
         return sealed
 
     def commit(self, checkpoint_id: int, handle: Any) -> None:
-        done, length = self._committed()
+        done, length, history = self._read_marker()
         if checkpoint_id <= done:
             return  # already committed (idempotent)
         if not os.path.exists(handle):
@@ -195,13 +216,32 @@ class FileSink(TwoPhaseCommitSink):
             out.flush()
             os.fsync(out.fileno())
             new_length = out.tell()
-        tmp = self.marker + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump({"checkpoint": checkpoint_id, "length": new_length}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.marker)
+        self._write_marker(checkpoint_id, new_length, [*history, [checkpoint_id, new_length]])
         os.remove(handle)
+
+    def restore_state(self, state: Any) -> None:
+        super().restore_state(state)
+        restored = [int(n) for n, _ in (state or {}).get("pending", [])]
+        if restored:
+            self._roll_back_to(max(restored))
+
+    def _roll_back_to(self, checkpoint_id: int) -> None:
+        """Output committed by checkpoints newer than the restored one is replayed: drop it."""
+        done, _, history = self._read_marker()
+        if done <= checkpoint_id:
+            return
+        older = [entry for entry in history if entry[0] <= checkpoint_id]
+        if not older:
+            raise RuntimeError(
+                f"file sink: cannot roll {self.part} back to checkpoint {checkpoint_id}: "
+                f"{self.marker} records commits from checkpoint {history[0][0]} on only; "
+                f"restore from a newer checkpoint or clear the output directory"
+            )
+        n, length = older[-1]
+        with open(self.part, "ab") as out:
+            out.truncate(length)
+            os.fsync(out.fileno())
+        self._write_marker(n, length, older)
 
     def abort_uncommitted(self) -> None:
         _, length = self._committed()

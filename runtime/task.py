@@ -615,7 +615,11 @@ class Task:
             buf.close()
         for ch in self.all_channels:
             ch.close(linger_ms=1000 if graceful else 0)
-        self.control.close(linger=2000 if graceful else 0)
+        try:
+            self._send(P.Closed(self.index, self.attempt))
+        except zmq.ZMQError:
+            pass
+        self.control.close(linger=2000 if graceful else 500)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
