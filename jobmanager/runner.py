@@ -428,7 +428,7 @@ class JobManager:
         outputs: dict[str, list[Any]] = {}
         for step in self.plan.steps:
             if step.kind is StepKind.SINK and isinstance(step.fn, CollectSink):
-                outputs[step.name] = []
+                outputs[step.name] = []  # present even when empty
         for (step_name, _subtask, _n), records in sorted(self.committed.items(), key=lambda kv: (kv[0][2], kv[0][1])):
             outputs.setdefault(step_name, []).extend(records)
         owned = self.storage is not None and self.storage.root in self.owned_dirs

@@ -1,0 +1,338 @@
+"""CheckpointCoordinator driven by scripted events: a fake clock, a recording send,
+real checkpoint storage."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobmanager import protocol as P
+from jobmanager.coordinator import (
+    CheckpointCoordinator,
+    CheckpointFailureReason,
+    CompletedCheckpoint,
+)
+from runtime.config import JobConfig
+from runtime.dataflow import Dataflow
+from runtime.plan import JobPlan
+from runtime.sources import GeneratorSource
+from statebackend.storage import CheckpointStorage
+
+SOURCES = [0, 1]
+ALL = [0, 1, 2, 3]
+
+
+def ident(x: Any) -> Any:
+    return x
+
+
+def last(a: Any, b: Any) -> Any:
+    return b
+
+
+def small_plan() -> JobPlan:
+    """src[0], src[1] --hash--> count[0], count[1] (task indexes 0..3)."""
+    flow = Dataflow("job", parallelism=2)
+    flow.source(GeneratorSource(ident, 10), name="src").key_by(ident).reduce(last, name="count").collect("out")
+    plan = flow.plan()
+    assert [t.task_id for t in plan.tasks] == ["src[0]", "src[1]", "count[0]", "count[1]"]
+    return plan
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Sent:
+    """Records (task_index, message) and hands out the messages since the last look."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[int, P.Message]] = []
+        self.seen = 0
+
+    def __call__(self, index: int, message: P.Message) -> None:
+        self.log.append((index, message))
+
+    def new(self) -> list[tuple[int, P.Message]]:
+        out = self.log[self.seen:]
+        self.seen = len(self.log)
+        return out
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+        settings.setdefault("checkpoint_interval", 10.0)
+        settings.setdefault("checkpoint_timeout", 60.0)
+        self.config = JobConfig(**settings)
+        self.clock = Clock()
+        self.sent = Sent()
+        self.storage = CheckpointStorage(str(tmp_path / "chk"))
+        self.completed: list[CompletedCheckpoint] = []
+        self.coord = CheckpointCoordinator(
+            small_plan(), self.config, self.storage, self.sent, first_id=1, attempt=0,
+            on_complete=self.completed.append, clock=self.clock,
+        )
+
+    def tick(self, advance: float = 0.0) -> list[tuple[int, P.Message]]:
+        self.clock.advance(advance)
+        self.coord.on_tick()
+        return self.sent.new()
+
+    def ack(self, n: int, *tasks: int, state: bool = True) -> CompletedCheckpoint | None:
+        done = None
+        for index in tasks or ALL:
+            info = {"file": f"t{index}.state", "size": 10, "crc32": 1} if state else None
+            metrics = {"alignment_ms": float(index), "sync_ms": 1.0, "async_ms": 2.0,
+                       "state_bytes": 100, "spilled_bytes": 0, "keys": index,
+                       "start_delay_ms": 0.5}
+            done = self.coord.on_ack(P.Ack(index, 0, n, info, metrics)) or done
+        return done
+
+
+def triggers(sent: list[tuple[int, P.Message]]) -> list[tuple[int, int, bool]]:
+    return [(i, m.checkpoint_id, m.final) for i, m in sent if isinstance(m, P.Trigger)]
+
+
+def of_type(sent: list[tuple[int, P.Message]], cls: type) -> list[tuple[int, Any]]:
+    return [(i, m) for i, m in sent if isinstance(m, cls)]
+
+
+def test_triggers_only_sources_after_the_interval(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    assert h.tick(9.9) == []
+    sent = h.tick(0.2)
+    assert triggers(sent) == [(0, 1, False), (1, 1, False)]
+    assert sent == [(i, m) for i, m in sent if i in SOURCES]
+    assert set(h.coord.pending) == {1}
+
+
+def test_no_trigger_without_interval(tmp_path: Path) -> None:
+    h = Harness(tmp_path, checkpoint_interval=None)
+    assert h.tick(1e6) == []
+
+
+def test_no_trigger_while_max_concurrent_pending(tmp_path: Path) -> None:
+    h = Harness(tmp_path, max_concurrent_checkpoints=1)
+    assert len(triggers(h.tick(10))) == 2
+    assert h.tick(10) == []
+    assert h.tick(30) == []
+    h.ack(1)
+    h.sent.new()
+    assert triggers(h.tick(10)) == [(0, 2, False), (1, 2, False)]
+
+
+def test_two_concurrent_checkpoints(tmp_path: Path) -> None:
+    h = Harness(tmp_path, max_concurrent_checkpoints=2)
+    assert len(triggers(h.tick(10))) == 2
+    assert h.tick(5) == []  # the interval counts from the last trigger
+    assert [n for _, n, _ in triggers(h.tick(5))] == [2, 2]
+    assert h.tick(20) == []
+    assert set(h.coord.pending) == {1, 2}
+
+
+def test_min_pause_is_measured_from_the_last_completion(tmp_path: Path) -> None:
+    h = Harness(tmp_path, checkpoint_interval=10.0, min_pause_between_checkpoints=8.0)
+    h.tick(10)
+    h.clock.advance(7)  # checkpoint 1 takes 7 s
+    h.ack(1)
+    h.sent.new()
+    assert h.tick(3) == []  # 10 s since completion would be the interval, but:
+    assert h.tick(4) == []  # ... 7 s after completion: pause not over
+    assert len(triggers(h.tick(1.5))) == 2  # 8.5 s after completion
+
+
+def test_completes_when_all_tasks_acked(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.tick(10)
+    assert h.ack(1, 0, 1, 2) is None
+    assert 1 in h.coord.pending
+    assert h.sent.new() == []
+    h.clock.advance(0.25)
+    done = h.ack(1, 3)
+    assert done is not None and done.checkpoint_id == 1 and not done.final
+    assert done.duration_ms == pytest.approx(250.0)
+    assert h.completed == [done]
+    assert h.coord.pending == {}
+    assert of_type(h.sent.new(), P.Complete) == [(i, P.Complete(1)) for i in ALL]
+    assert done.path == os.path.join(h.storage.root, "chk-1", "_metadata")
+    meta = h.storage.read_metadata(1)
+    assert meta["checkpoint_id"] == 1 and meta["job"] == "job" and meta["attempt"] == 0
+    assert meta["final"] is False
+    assert meta["duration_ms"] == pytest.approx(250.0)
+    assert meta["tasks"]["count[1]"] == {"file": "t3.state", "size": 10, "crc32": 1}
+    assert set(meta["task_metrics"]) == {"src[0]", "src[1]", "count[0]", "count[1]"}
+    m = meta["metrics"]
+    assert m["tasks"] == 4 and m["max_alignment_ms"] == 3.0 and m["mean_alignment_ms"] == 1.5
+    assert m["state_bytes"] == 400 and m["keys"] == 6
+    assert h.storage.completed_checkpoints() == [1]
+
+
+def test_ack_without_state_is_not_listed_in_tasks(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.tick(10)
+    h.ack(1, 0, 1, state=False)
+    h.ack(1, 2, 3)
+    assert set(h.storage.read_metadata(1)["tasks"]) == {"count[0]", "count[1]"}
+
+
+def test_late_ack_is_ignored(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.tick(10)
+    h.ack(1)
+    h.sent.new()
+    assert h.ack(1, 2) is None
+    assert h.ack(99, 0) is None
+    assert h.sent.new() == []
+    assert len(h.completed) == 1
+
+
+def test_timeout_aborts_expired(tmp_path: Path) -> None:
+    h = Harness(tmp_path, checkpoint_timeout=5.0)
+    h.tick(10)
+    h.ack(1, 0, 1, 2)
+    os.makedirs(os.path.join(h.storage.root, "chk-1"), exist_ok=True)  # a task's state file
+    open(os.path.join(h.storage.root, "chk-1", "src[0].state"), "wb").close()
+    assert h.tick(5.0) == []  # exactly the timeout: not yet
+    sent = h.tick(0.1)
+    assert of_type(sent, P.Abort) == [(i, P.Abort(1, "EXPIRED")) for i in ALL]
+    assert h.coord.pending == {}
+    (failed,) = h.coord.failed
+    assert failed.reason is CheckpointFailureReason.EXPIRED and "1 task(s) did not ack" in failed.detail
+    assert not os.path.exists(os.path.join(h.storage.root, "chk-1"))
+    assert h.coord.consecutive_failures == 1
+    assert h.ack(1, 3) is None  # the straggler's ack is late now
+
+
+def test_decline_aborts_declined(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.tick(10)
+    h.coord.on_decline(P.Decline(2, 0, 1, "disk full"))
+    assert of_type(h.sent.new(), P.Abort) == [(i, P.Abort(1, "DECLINED")) for i in ALL]
+    (failed,) = h.coord.failed
+    assert failed.reason is CheckpointFailureReason.DECLINED
+    assert failed.detail == "task count[0]: disk full"
+    h.coord.on_decline(P.Decline(3, 0, 1, "again"))  # already aborted: nothing
+    assert h.sent.new() == [] and len(h.coord.failed) == 1
+
+
+def test_completing_n_subsumes_older_pending(tmp_path: Path) -> None:
+    h = Harness(tmp_path, max_concurrent_checkpoints=3)
+    h.tick(10)
+    h.tick(10)
+    h.tick(10)
+    assert set(h.coord.pending) == {1, 2, 3}
+    h.sent.new()
+    h.ack(2)
+    assert set(h.coord.pending) == {3}
+    sent = h.sent.new()
+    assert of_type(sent, P.Abort) == [(i, P.Abort(1, "SUBSUMED")) for i in ALL]
+    assert of_type(sent, P.Complete) == [(i, P.Complete(2)) for i in ALL]
+    assert [f.reason for f in h.coord.failed] == [CheckpointFailureReason.SUBSUMED]
+    assert h.coord.consecutive_failures == 0  # subsumption is not a failure
+    assert h.ack(1) is None
+
+
+def test_consecutive_failures_beyond_tolerable(tmp_path: Path) -> None:
+    h = Harness(tmp_path, tolerable_checkpoint_failures=2, checkpoint_timeout=1.0)
+    for n in (1, 2, 3):
+        h.tick(10)
+        h.coord.on_decline(P.Decline(0, 0, n, "no"))
+        assert h.coord.too_many_failures is (n > 2)
+    assert h.coord.consecutive_failures == 3
+
+
+def test_a_completion_resets_the_failure_count(tmp_path: Path) -> None:
+    h = Harness(tmp_path, tolerable_checkpoint_failures=1)
+    h.tick(10)
+    h.coord.on_decline(P.Decline(0, 0, 1, "no"))
+    h.tick(10)
+    h.ack(2)
+    assert h.coord.consecutive_failures == 0
+    h.tick(10)
+    h.coord.on_decline(P.Decline(0, 0, 3, "no"))
+    assert not h.coord.too_many_failures
+
+
+def test_task_failure_abort_does_not_count_or_notify(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.tick(10)
+    h.sent.new()
+    h.coord.abort_all(CheckpointFailureReason.TASK_FAILURE, "count[1] died")
+    assert h.sent.new() == []
+    assert h.coord.consecutive_failures == 0
+    assert h.coord.pending == {}
+
+
+def test_retains_the_last_k(tmp_path: Path) -> None:
+    h = Harness(tmp_path, retained_checkpoints=2)
+    for n in range(1, 6):
+        h.tick(10)
+        h.ack(n)
+    assert h.storage.completed_checkpoints() == [4, 5]
+    assert [c.checkpoint_id for c in h.completed] == [1, 2, 3, 4, 5]
+
+
+def test_final_checkpoint_triggers_exactly_once(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.tick(3)
+    h.coord.on_sources_ended()
+    assert triggers(h.sent.new()) == [(0, 1, True), (1, 1, True)]
+    h.coord.on_sources_ended()
+    assert h.tick(100) == []  # no further periodic checkpoints either
+    h.ack(1)
+    assert h.coord.final_completed
+    assert h.storage.read_metadata(1)["final"] is True
+    h.coord.on_sources_ended()
+    assert triggers(h.sent.new()) == []
+
+
+def test_final_checkpoint_without_periodic_checkpoints(tmp_path: Path) -> None:
+    h = Harness(tmp_path, checkpoint_interval=None)
+    h.coord.on_sources_ended()
+    assert triggers(h.sent.new()) == [(0, 1, True), (1, 1, True)]
+    h.ack(1)
+    assert h.coord.final_completed
+
+
+def test_final_checkpoint_after_a_periodic_one_is_pending(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.tick(10)
+    h.coord.on_sources_ended()
+    assert triggers(h.sent.new())[-2:] == [(0, 2, True), (1, 2, True)]
+    h.ack(2)
+    assert h.coord.final_completed and h.coord.pending == {}  # 1 was subsumed
+
+
+def test_expired_final_checkpoint_is_triggered_again(tmp_path: Path) -> None:
+    h = Harness(tmp_path, checkpoint_interval=None, checkpoint_timeout=5.0)
+    h.coord.on_sources_ended()
+    h.sent.new()
+    sent = h.tick(6)
+    assert of_type(sent, P.Abort)
+    assert triggers(sent) == [(0, 2, True), (1, 2, True)]
+    h.ack(2)
+    assert h.coord.final_completed
+
+
+def test_checkpoint_ids_start_at_first_id(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    coord = CheckpointCoordinator(small_plan(), h.config, None, h.sent, first_id=17, attempt=2,
+                                  clock=h.clock)
+    h.clock.advance(10)
+    coord.on_tick()
+    assert {m.checkpoint_id for _, m in h.sent.new()} == {17}
+    done = coord.on_ack(P.Ack(0, 2, 17, None, {}))
+    assert done is None
+    for i in (1, 2, 3):
+        done = coord.on_ack(P.Ack(i, 2, 17, None, {})) or done
+    assert done is not None and done.path is None  # no storage: nothing written
