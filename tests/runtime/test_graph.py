@@ -51,14 +51,14 @@ def test_dangling_stream_names_the_step() -> None:
     src = flow.source(gen(), name="src")
     src.collect("out")
     src.map(ident, name="forgotten")
-    with pytest.raises(GraphError, match="'forgotten'.*never consumed"):
+    with pytest.raises(GraphError, match=r"'forgotten'.*never consumed"):
         flow.validate()
 
 
 def test_forward_edge_needs_equal_parallelism() -> None:
     flow = Dataflow("fwd")
     flow.source(gen(), name="src", parallelism=2).map(ident, name="wide", parallelism=3).collect("out")
-    with pytest.raises(GraphError, match="forward edge from 'src'.*to 'wide'") as info:
+    with pytest.raises(GraphError, match=r"forward edge from 'src'.*to 'wide'") as info:
         flow.validate()
     assert "rebalance" in str(info.value)
 
@@ -76,7 +76,7 @@ def test_unpicklable_function_raises_at_build_time() -> None:
     lock = threading.Lock()
     flow = Dataflow("pickle")
     stream = flow.source(gen(), name="src")
-    with pytest.raises(UnpicklableFunctionError, match="step 'locked'.*cannot be pickled"):
+    with pytest.raises(UnpicklableFunctionError, match=r"step 'locked'.*cannot be pickled"):
         stream.map(lambda x: (lock, x), name="locked")
     # Also a GraphError and a TypeError, so broad handlers catch it.
     assert issubclass(UnpicklableFunctionError, GraphError)
@@ -92,7 +92,7 @@ def test_unpicklable_key_function() -> None:
 
 def test_non_callable_function() -> None:
     flow = Dataflow("callable")
-    with pytest.raises(GraphError, match="step 'm'.*must be callable.*int 42"):
+    with pytest.raises(GraphError, match=r"step 'm'.*must be callable.*int 42"):
         flow.source(gen(), name="src").map(42, name="m")  # type: ignore[arg-type]
 
 
@@ -173,7 +173,7 @@ def test_keyed_parallelism_equal_to_max_parallelism_is_fine() -> None:
 
 def test_sink_with_a_non_sink() -> None:
     flow = Dataflow("sink")
-    with pytest.raises(GraphError, match="needs a runtime.sinks.Sink instance.*got list"):
+    with pytest.raises(GraphError, match=r"needs a runtime.sinks.Sink instance.*got list"):
         flow.source(gen(), name="src").sink([], name="s")  # type: ignore[arg-type]
 
 
@@ -185,7 +185,7 @@ def test_sink_class_instead_of_instance() -> None:
 
 def test_source_with_a_non_source() -> None:
     flow = Dataflow("source")
-    with pytest.raises(GraphError, match="needs a runtime.sources.Source instance.*got list"):
+    with pytest.raises(GraphError, match=r"needs a runtime.sources.Source instance.*got list"):
         flow.source([1, 2, 3])  # type: ignore[arg-type]
 
 

@@ -131,7 +131,7 @@ def test_text_source_more_subtasks_than_bytes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("p", [1, 2, 3, 5])
 def test_text_source_snapshot_restore_continues_exactly(tmp_path: Path, p: int) -> None:
-    pattern, lines = write_files(tmp_path)
+    pattern, _lines = write_files(tmp_path)
     src = TextFileSource(pattern)
     for s in range(p):
         expected = drain(src.create_reader(s, p))

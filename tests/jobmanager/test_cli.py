@@ -1,0 +1,168 @@
+"""``python -m jobmanager checkpoints DIR [--show N]`` on a real checkpoint root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from jobmanager.cli import main
+from statebackend.snapshot import OperatorSnapshot, write_task_snapshot
+from statebackend.storage import CheckpointStorage
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def task_metrics(align: float) -> dict[str, Any]:
+    return {"start_delay_ms": 0.4, "alignment_ms": align, "sync_ms": 0.3, "async_ms": 2.5,
+            "state_bytes": 120, "spilled_bytes": 64, "keys": 3}
+
+
+def write_checkpoint(storage: CheckpointStorage, n: int, final: bool = False) -> str:
+    """A checkpoint with one real state file (src[0]); returns the state file's path."""
+    path = storage.task_state_path(n, "src[0]")
+    snap = OperatorSnapshot(msgpack.packb(n * 100), None, None)
+    info = write_task_snapshot(path, {"src": snap})
+    storage.write_metadata(n, {
+        "job": "wordcount", "attempt": 1, "final": final, "trigger_time": 1_700_000_000.0 + n,
+        "completed_time": 1_700_000_000.5 + n, "duration_ms": 12.5 * n, "max_parallelism": 128,
+        "tasks": {"src[0]": {"file": os.path.basename(path), "size": info.size, "crc32": info.crc32,
+                             "operators": {"src": {"subtask": 0, "parallelism": 1}}}},
+        "task_metrics": {"src[0]": task_metrics(0.0), "count[0]": task_metrics(7.25)},
+        "metrics": {"tasks": 2, "duration_ms": 12.5 * n, "max_start_delay_ms": 0.4,
+                    "max_alignment_ms": 7.25, "mean_alignment_ms": 3.625, "max_sync_ms": 0.3,
+                    "max_async_ms": 2.5, "state_bytes": 240 + n, "spilled_bytes": 128, "keys": 6},
+    })
+    return path
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    write_checkpoint(storage, 3)
+    write_checkpoint(storage, 12, final=True)
+    storage.checkpoint_dir(13)  # in progress: no _metadata
+    return tmp_path / "chk"
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["checkpoints", str(root)], capsys)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == f"checkpoints in {root}"
+    header = lines[1].split()
+    assert header == ["id", "status", "final", "attempt", "triggered", "duration_ms",
+                      "state_bytes", "tasks", "max_align_ms", "spilled_bytes"]
+    rows = lines[3:]
+    assert [r.split()[:3] for r in rows] == [["3", "completed", "no"], ["12", "completed", "yes"],
+                                             ["13", "incomplete", "-"]]  # newest last
+    assert "37.5" in rows[0] and "243" in rows[0] and "7.2" in rows[0] and "128" in rows[0]
+    assert "150.0" in rows[1] and "252" in rows[1]
+    # Aligned: every column starts at the same offset on every line.
+    starts = {line.index(part) for line in lines[3:5] for part in [line.split()[1]]}
+    assert len(starts) == 1
+    assert len({len(line) for line in lines[1:5]}) == 1
+
+
+def test_list_flags_a_corrupt_checkpoint(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with open(root / "chk-3" / "src[0].state", "r+b") as fh:
+        fh.seek(-1, os.SEEK_END)
+        last = fh.read(1)
+        fh.seek(-1, os.SEEK_END)
+        fh.write(bytes([last[0] ^ 0xFF]))
+    code, out, _ = run(["checkpoints", str(root)], capsys)
+    assert code == 0
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["3"])
+    assert row.split()[1] == "corrupt"
+    assert "37.5" in row  # its metadata is still readable and shown
+
+
+def test_list_empty_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["checkpoints", str(tmp_path)], capsys)
+    assert code == 0 and "no checkpoints" in out
+
+
+def test_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["checkpoints", str(root), "--show", "12"], capsys)
+    assert code == 0 and err == ""
+    assert "checkpoint 12 of job 'wordcount'" in out
+    assert "attempt 1, final yes, max parallelism 128" in out
+    for key in ("duration_ms", "max_start_delay_ms", "max_alignment_ms", "mean_alignment_ms",
+                "max_sync_ms", "max_async_ms", "state_bytes", "spilled_bytes", "keys"):
+        assert any(line.split()[:1] == [key] for line in out.splitlines()), key
+    assert "tasks (2)" in out
+    task_header = next(line for line in out.splitlines() if line.startswith("task ") and "alignment_ms" in line)
+    assert task_header.split() == ["task", "start_delay_ms", "alignment_ms", "sync_ms", "async_ms",
+                                   "state_bytes", "spilled_bytes"]
+    count_row = next(line for line in out.splitlines() if line.startswith("count[0]"))
+    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64"]
+    state_row = next(line for line in out.splitlines() if line.startswith("src[0]") and ".state" in line)
+    assert "src[0].state" in state_row and "src" in state_row.split()[-1]
+    assert "verification: OK (1 state file matches" in out
+    assert "  max_alignment_ms    7.25" in out
+
+
+def test_show_corrupt_state_file(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = root / "chk-12" / "src[0].state"
+    state.write_bytes(state.read_bytes()[:-3])
+    code, out, _ = run(["checkpoints", str(root), "--show", "12"], capsys)
+    assert code == 1
+    assert "verification: CORRUPT" in out and "src[0]" in out
+
+
+def test_show_corrupt_metadata(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    meta = root / "chk-3" / "_metadata"
+    meta.write_text(meta.read_text().replace('"wordcount"', '"wordcoun7"'))
+    code, _, err = run(["checkpoints", str(root), "--show", "3"], capsys)
+    assert code == 1
+    assert "CORRUPT" in err and "checksum" in err
+
+
+def test_missing_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope"
+    code, out, err = run(["checkpoints", str(missing)], capsys)
+    assert code == 2 and out == ""
+    assert "does not exist" in err and "Traceback" not in err
+    assert not missing.exists()  # inspecting must not create it
+
+
+def test_no_checkpoint_n(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["checkpoints", str(root), "--show", "7"], capsys)
+    assert code == 2
+    assert "no checkpoint 7" in err and "3, 12, 13" in err
+
+
+def test_show_incomplete(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["checkpoints", str(root), "--show", "13"], capsys)
+    assert code == 2 and "incomplete" in err
+
+
+def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["checkpoints"])
+    assert info.value.code == 2
+    assert "DIR" in capsys.readouterr().err
+
+
+def test_as_module(root: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    ok = subprocess.run([sys.executable, "-m", "jobmanager", "checkpoints", str(root)],
+                        capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert "completed" in ok.stdout and "incomplete" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "jobmanager", "checkpoints", str(root / "x"),
+                          "--show", "1"], capture_output=True, text=True, cwd=REPO, env=env,
+                         timeout=60)
+    assert bad.returncode == 2
+    assert "does not exist" in bad.stderr and "Traceback" not in bad.stderr
