@@ -139,6 +139,18 @@ class KeyedStream:
         step = upstream._then(kind, fn, name, parallelism, args, key_fn=self.key_fn)
         return Stream(self.flow, step)
 
+    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> Stream:
+        """A stateless map after hash partitioning (records of one key reach one subtask)."""
+        return self._keyed(StepKind.MAP, fn, name, parallelism)
+
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]], name: str | None = None,
+                 parallelism: int | None = None) -> Stream:
+        return self._keyed(StepKind.FLAT_MAP, fn, name, parallelism)
+
+    def filter(self, fn: Callable[[Any], bool], name: str | None = None,
+               parallelism: int | None = None) -> Stream:
+        return self._keyed(StepKind.FILTER, fn, name, parallelism)
+
     def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None,
                parallelism: int | None = None) -> Stream:
         """Running reduce per key: emits ``fn(previous, record)`` (the first record as is)."""

@@ -1,0 +1,99 @@
+"""Pipelines shared by the integration and fault-injection tests, with their expected output."""
+
+from __future__ import annotations
+
+import collections
+import random
+import time
+from typing import Any
+
+from runtime import Dataflow
+from runtime.sources import GeneratorSource, TextFileSource
+
+
+def write_corpus(directory: str, words: int, files: int = 3, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(500)]
+    paths = []
+    for f in range(files):
+        path = f"{directory}/part-{f}.txt"
+        chosen = rng.choices(vocab, weights=[1 / (i + 1) for i in range(len(vocab))], k=words // files)
+        with open(path, "w") as fh:
+            fh.write("\n".join(" ".join(chosen[j:j + 9]) for j in range(0, len(chosen), 9)) + "\n")
+        paths.append(path)
+    return paths
+
+
+def corpus_counts(paths: list[str]) -> dict[str, int]:
+    c: collections.Counter[str] = collections.Counter()
+    for p in paths:
+        with open(p) as fh:
+            for line in fh:
+                c.update(line.split())
+    return dict(c)
+
+
+def wordcount(paths: list[str], parallelism: int = 2, **config: Any) -> Dataflow:
+    flow = Dataflow("wordcount", parallelism=parallelism, **config)
+    (flow.source(TextFileSource(paths), name="lines")
+         .flat_map(str.split, name="split")
+         .key_by(lambda w: w)
+         .aggregate(0, lambda c, _w: c + 1, name="count")
+         .collect("counts"))
+    return flow
+
+
+def final_counts(records: list[Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for w, c in records:
+        out[w] = max(out.get(w, 0), c)
+    return out
+
+
+def _first(t: Any) -> Any:
+    return t[0]
+
+
+def diamond(n: int, rate: float | None = None, **config: Any) -> Dataflow:
+    """One source, two branches with different key_bys, a union, a keyed aggregation,
+    two sinks: "totals" ((tag, key), running count) and "by5" ((key, running count))."""
+    flow = Dataflow("diamond", parallelism=2, **config)
+    src = flow.source(GeneratorSource(lambda i: i, n, rate=rate), name="numbers")
+    by3 = (src.map(lambda x: (x % 3, 1), name="pair3")
+              .key_by(_first).reduce(lambda a, b: (a[0], a[1] + b[1]), name="count3"))
+    by5 = src.key_by(lambda x: x % 5).aggregate(0, lambda c, _x: c + 1, name="count5")
+    by5.collect("by5")
+    tagged = by3.map(lambda t: ("three", t[0]), name="tag3").union(
+        by5.map(lambda t: ("five", t[0]), name="tag5"), name="both")
+    tagged.key_by(lambda t: t).aggregate(0, lambda c, _t: c + 1, name="per_key").collect("totals")
+    return flow
+
+
+def diamond_expected(n: int) -> dict[str, collections.Counter[Any]]:
+    totals: collections.Counter[Any] = collections.Counter()
+    by5: collections.Counter[Any] = collections.Counter()
+    for mod, tag in ((3, "three"), (5, "five")):
+        sizes = collections.Counter(i % mod for i in range(n))
+        for k, size in sizes.items():
+            for c in range(1, size + 1):
+                totals[((tag, k), c)] += 1
+                if mod == 5:
+                    by5[(k, c)] += 1
+    return {"totals": totals, "by5": by5}
+
+
+def slow_branch(n: int, **config: Any) -> Dataflow:
+    """Two sources into one keyed count; one path runs through a slow map, so barriers
+    reach the count at very different times (alignment matters)."""
+    flow = Dataflow("skewed", parallelism=1, **config)
+
+    def slow(x: int) -> int:
+        time.sleep(0.00005)
+        return x
+
+    fast = flow.source(GeneratorSource(lambda i: 2 * i, n, rate=20_000), name="fast")
+    lagging = flow.source(GeneratorSource(lambda i: 2 * i + 1, n, rate=20_000), name="lagging")
+    (lagging.map(slow, name="slow").union(fast, name="merge")
+        .key_by(lambda x: x % 10).aggregate(0, lambda c, _x: c + 1, name="count", parallelism=1)
+        .collect("counts"))
+    return flow
