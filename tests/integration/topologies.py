@@ -83,17 +83,57 @@ def diamond_expected(n: int) -> dict[str, collections.Counter[Any]]:
 
 
 def slow_branch(n: int, **config: Any) -> Dataflow:
-    """Two sources into one keyed count; one path runs through a slow map, so barriers
-    reach the count at very different times (alignment matters)."""
+    """Two sources into one keyed count. The "lagging" source runs through a slow map
+    in its own task, so it answers a trigger only after a ~0.5 s batch: its barrier
+    reaches the union "merge" long after the fast source's (alignment matters)."""
     flow = Dataflow("skewed", parallelism=1, **config)
 
     def slow(x: int) -> int:
-        time.sleep(0.00005)
+        time.sleep(0.0005)
         return x
 
-    fast = flow.source(GeneratorSource(lambda i: 2 * i, n, rate=20_000), name="fast")
-    lagging = flow.source(GeneratorSource(lambda i: 2 * i + 1, n, rate=20_000), name="lagging")
+    fast = flow.source(GeneratorSource(lambda i: 2 * i, n, rate=n / 2), name="fast")
+    lagging = flow.source(GeneratorSource(lambda i: 2 * i + 1, n // 5, rate=n / 10), name="lagging")
     (lagging.map(slow, name="slow").union(fast, name="merge")
-        .key_by(lambda x: x % 10).aggregate(0, lambda c, _x: c + 1, name="count", parallelism=1)
+        .key_by(lambda x: x % 10).aggregate(0, lambda c, _x: c + 1, name="count")
         .collect("counts"))
+    return flow
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def pipeline(n: int, rate: float | None = 8_000, **config: Any) -> Dataflow:
+    """source (2) -> rebalance -> map "square" (2) -> key_by -> "count" (2) -> rebalance ->
+    sink "out" (1): every kind of task (source, middle, keyed, sink) is its own task."""
+    flow = Dataflow("pipeline", parallelism=2, **config)
+    (flow.source(GeneratorSource(lambda i: i, n, rate=rate), name="numbers")
+         .rebalance()
+         .map(_square, name="square")
+         .key_by(lambda x: x % 17)
+         .aggregate(0, lambda c, _x: c + 1, name="count")
+         .rebalance()
+         .collect("out", parallelism=1))
+    return flow
+
+
+def pipeline_expected(n: int) -> collections.Counter[Any]:
+    sizes = collections.Counter((i * i) % 17 for i in range(n))
+    return collections.Counter((k, c) for k, size in sizes.items() for c in range(1, size + 1))
+
+
+def slow_words(paths: list[str], **config: Any) -> Dataflow:
+    """Word count whose split step is slowed down, so kills land in the middle of the job."""
+    flow = Dataflow("wordcount", parallelism=2, **config)
+
+    def split_slowly(line: str) -> list[str]:
+        time.sleep(0.0002)
+        return line.split()
+
+    (flow.source(TextFileSource(paths), name="lines")
+         .flat_map(split_slowly, name="split")
+         .key_by(lambda w: w)
+         .aggregate(0, lambda c, _w: c + 1, name="count")
+         .collect("counts"))
     return flow
