@@ -363,6 +363,7 @@ class JobManager:
     def _kill(self, task: TaskInfo, attempt: int) -> None:
         """Fault injection: a real SIGKILL of a task process."""
         if not task.pid:
+            log.warning("fault injection: task %s has not registered; no kill", task.task_id)
             return
         if task.host not in self.local_hosts:
             raise AbsflowError(f"cannot kill task {task.task_id} on host {task.host}: "

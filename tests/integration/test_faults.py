@@ -89,7 +89,7 @@ def test_three_kills_in_one_run() -> None:
 
 
 def test_random_kills() -> None:
-    n = 16_000
+    n = 24_000
     result = pipeline(n, **CHK).run(faults=[RandomKills(2, seed=11, min_seconds=0.3, max_seconds=0.9)])
     assert len(result.restarts) == 2, result.summary()
     assert multiset(result.output("out")) == pipeline_expected(n)
