@@ -79,6 +79,8 @@ class CheckpointCoordinator:
         self.started = clock()
         self.final_triggered = False
         self.final_completed = False
+        self.final_failed: FailedCheckpoint | None = None
+        self.last_trigger: float | None = None
         self.all_tasks = {t.index for t in plan.tasks}
         self.sources = [t.index for t in plan.source_tasks]
 
@@ -95,9 +97,9 @@ class CheckpointCoordinator:
             return
         if len(self.pending) >= self.config.max_concurrent_checkpoints:
             return
-        last_trigger = max((cp.trigger_mono for cp in self.pending.values()), default=None)
-        base = max(self.last_completion, self.started) if last_trigger is None else last_trigger
-        if now - base < interval:
+        # The interval runs from trigger to trigger (as in Flink); the minimum pause from
+        # the last completion.
+        if now - (self.last_trigger if self.last_trigger is not None else self.started) < interval:
             return
         if now - self.last_completion < self.config.min_pause_between_checkpoints:
             return
@@ -107,7 +109,8 @@ class CheckpointCoordinator:
         n = self.next_id
         self.next_id += 1
         now = time.time()
-        self.pending[n] = PendingCheckpoint(n, now, self.clock(), final, set(self.all_tasks))
+        self.last_trigger = self.clock()
+        self.pending[n] = PendingCheckpoint(n, now, self.last_trigger, final, set(self.all_tasks))
         if final:
             self.final_triggered = True
         for index in self.sources:
@@ -196,8 +199,9 @@ class CheckpointCoordinator:
         if self.storage is not None:
             self.storage.discard(checkpoint_id)
         if cp.final and reason is not CheckpointFailureReason.TASK_FAILURE:
-            # The final checkpoint must happen: try again.
-            self.final_triggered = False
+            # The sources have sent end-of-input after the final barrier: it cannot be
+            # repeated in this attempt. The job manager restarts from the last checkpoint.
+            self.final_failed = self.failed[-1]
 
     def abort_all(self, reason: CheckpointFailureReason, detail: str = "") -> None:
         for n in sorted(self.pending):

@@ -73,7 +73,7 @@ class FailureRate(RestartStrategy):
 @dataclass
 class ExponentialBackoff(RestartStrategy):
     """Delays initial, initial*multiplier, ... up to max_delay; at most ``max_attempts``
-    restarts; the delay resets after ``reset_after`` seconds without a failure."""
+    restarts in a row; delay and count reset after ``reset_after`` seconds without a failure."""
 
     initial: float = 0.1
     max_delay: float = 10.0
@@ -88,7 +88,8 @@ class ExponentialBackoff(RestartStrategy):
     def next_delay(self) -> float | None:
         now = self.clock()
         if self.last_failure is not None and now - self.last_failure > self.reset_after:
-            self.current = 0.0
+            self.current = 0.0  # a quiet period: start over, delays and attempts
+            self.used = 0
         self.last_failure = now
         if self.used >= self.max_attempts:
             return None

@@ -83,6 +83,10 @@ class JobManager:
         self.plan, self.config = plan, config
         self.driver_kills, self.task_faults = resolve_faults(plan, faults)
         self.strategy = config.restart_strategy or default_strategy(config.checkpointing)
+        self.initial_restore: RestorePoint | None = None
+        if restore_from is not None:  # first: a bad path must not leave anything behind
+            st, n = CheckpointStorage.resolve(restore_from)
+            self.initial_restore = RestorePoint(st, n, st.check(n))
         self.owned_dirs: list[str] = []
         self.storage: CheckpointStorage | None = None
         if config.checkpointing:
@@ -91,10 +95,6 @@ class JobManager:
                 root = tempfile.mkdtemp(prefix="absflow-chk-")
                 self.owned_dirs.append(root)
             self.storage = CheckpointStorage(root)
-        self.initial_restore: RestorePoint | None = None
-        if restore_from is not None:
-            st, n = CheckpointStorage.resolve(restore_from)
-            self.initial_restore = RestorePoint(st, n, st.check(n))
         existing = self.storage.completed_checkpoints() if self.storage else []
         restored = self.initial_restore.checkpoint_id if self.initial_restore else 0
         self.next_checkpoint_id = max([0, restored, *existing]) + 1
@@ -274,6 +274,10 @@ class JobManager:
                     return None
                 if all_registered_at is not None:
                     coordinator.on_tick()
+                    if coordinator.final_failed is not None:
+                        f = coordinator.final_failed
+                        return Failure(f"the final checkpoint {f.checkpoint_id} failed "
+                                       f"({f.reason.name}: {f.detail})")
                     if coordinator.too_many_failures:
                         return Failure(f"{coordinator.consecutive_failures} consecutive checkpoint failures "
                                        f"(tolerable_checkpoint_failures={config.tolerable_checkpoint_failures})")
