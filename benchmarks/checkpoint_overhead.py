@@ -22,10 +22,10 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from keyed_count import build, check  # noqa: E402
-from throughput import REPO, bytewax  # noqa: E402
+from keyed_count import build, check
+from throughput import REPO, bytewax
 
-from jobmanager.faults import Kill  # noqa: E402
+from jobmanager.faults import Kill
 
 INTERVALS: list[float | None] = [None, 2.0, 1.0, 0.5, 0.1]
 
@@ -34,7 +34,7 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def run(n: int, interval: float | None, faults: list[Any] | None = None) -> Any:

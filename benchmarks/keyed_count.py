@@ -14,9 +14,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime import Dataflow  # noqa: E402
-from runtime.sinks import Sink  # noqa: E402
-from runtime.sources import GeneratorSource  # noqa: E402
+from runtime import Dataflow
+from runtime.sinks import Sink
+from runtime.sources import GeneratorSource
 
 VOCAB = 10_000
 

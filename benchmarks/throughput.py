@@ -27,12 +27,12 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from channel_ceiling import measure_channel_ceiling  # noqa: E402
-from keyed_count import VOCAB, build, check  # noqa: E402
+from channel_ceiling import measure_channel_ceiling
+from keyed_count import VOCAB, build, check
 
-from runtime import Dataflow  # noqa: E402
-from runtime.sinks import Sink  # noqa: E402
-from runtime.sources import GeneratorSource  # noqa: E402
+from runtime import Dataflow
+from runtime.sinks import Sink
+from runtime.sources import GeneratorSource
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(os.path.dirname(REPO), "shared", "peers")
@@ -131,7 +131,7 @@ def main() -> None:
         rows["bytewax"].append(float(json.loads(args.bytewax_result.split("RESULT ", 1)[-1])["records_per_s_execute"]))
 
     med = {k: statistics.median(v) for k, v in rows.items() if v}
-    print("\n== throughput (records/s, median of %d) ==" % args.repeat)
+    print(f"\n== throughput (records/s, median of {args.repeat}) ==")
     print(f"(a)  one channel, pre-built batches (codec + ZeroMQ):  {med['a']:>12,.0f}")
     print(f"(a') one channel, records formatted in the loop:         {med['a_gen']:>12,.0f}")
     print(f"(b)  absflow keyed running count, parallelism 1:        {med['b1']:>12,.0f}")

@@ -21,9 +21,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager.faults import parse_kill_args  # noqa: E402
-from runtime import Dataflow  # noqa: E402
-from runtime.sources import TextFileSource  # noqa: E402
+from jobmanager.faults import parse_kill_args
+from runtime import Dataflow
+from runtime.sources import TextFileSource
 
 SYLLABLES = ["ka", "lo", "mi", "ra", "te", "su", "no", "vi", "de", "po", "ul", "an", "es", "or"]
 

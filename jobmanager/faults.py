@@ -14,6 +14,7 @@ the fault fires, so several faults can kill a run several times.
 from __future__ import annotations
 
 import random
+import signal
 from dataclasses import dataclass
 
 from runtime.config import TaskFault
@@ -33,6 +34,7 @@ class Kill:
     after_checkpoint: int | None = None
     during: str | None = None
     attempt: int = 0
+    signal: int = signal.SIGKILL  # SIGSTOP freezes the task instead: it stops heart-beating
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class DriverKill:
     attempt: int
     after_seconds: float | None
     after_checkpoint: int | None
+    signal: int = signal.SIGKILL
 
 
 def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill], list[TaskFault]]:
@@ -76,7 +79,10 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
             if fault.during is None:
                 if fault.after_seconds is None and fault.after_checkpoint is None:
                     raise GraphError(f"Kill({fault.task!r}) needs after_seconds, after_checkpoint or during.")
-                driver.append(DriverKill(t, fault.attempt, fault.after_seconds, fault.after_checkpoint))
+                driver.append(DriverKill(t, fault.attempt, fault.after_seconds, fault.after_checkpoint,
+                                         fault.signal))
+            elif fault.signal != signal.SIGKILL:
+                raise GraphError(f"Kill({fault.task!r}, during=...) always sends SIGKILL; drop signal=.")
             elif fault.during in ("alignment", "snapshot"):
                 if fault.during == "alignment" and len(plan.tasks[t].inputs) < 2:
                     raise GraphError(

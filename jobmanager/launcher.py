@@ -46,7 +46,7 @@ def ensure_session(tasks_needed: int, config: JobConfig) -> Any:
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is None and SparkContext._active_spark_context is not None:  # type: ignore[attr-defined]
+    if active is None and SparkContext._active_spark_context is not None:
         active = SparkSession.builder.getOrCreate()
     if active is not None and active is not _owned_session:
         return active

@@ -163,7 +163,8 @@ _TYPES: dict[int, type[Message]] = {
 
 def encode(msg: Message) -> bytes:
     fields = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
-    return msgpack.packb([msg.CODE, *fields], use_bin_type=True)
+    packed: bytes = msgpack.packb([msg.CODE, *fields], use_bin_type=True)
+    return packed
 
 
 def decode(frame: bytes) -> Message:

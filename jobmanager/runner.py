@@ -7,6 +7,7 @@ Spark's stage runs in a background thread and reports its end through a queue.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -22,7 +23,11 @@ import zmq
 
 from jobmanager import launcher
 from jobmanager import protocol as P
-from jobmanager.coordinator import CheckpointCoordinator, CheckpointFailureReason, CompletedCheckpoint
+from jobmanager.coordinator import (
+    CheckpointCoordinator,
+    CheckpointFailureReason,
+    CompletedCheckpoint,
+)
 from jobmanager.faults import DriverKill, resolve_faults
 from jobmanager.progress import Progress
 from jobmanager.restart import default_strategy
@@ -222,7 +227,7 @@ class JobManager:
             self.completed.append(cp)
             for k in list(kills):
                 if k.after_checkpoint is not None and cp.checkpoint_id >= k.after_checkpoint and not cp.final:
-                    self._kill(tasks[k.task_index], attempt)
+                    self._kill(tasks[k.task_index], attempt, k.signal)
                     kills.remove(k)
 
         coordinator = CheckpointCoordinator(plan, config, self.storage, send, self.next_checkpoint_id,
@@ -235,7 +240,7 @@ class JobManager:
                 if self.router.poll(20):
                     while True:
                         try:
-                            ident, frame = self.router.recv_multipart(zmq.NOBLOCK)
+                            _ident, frame = self.router.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         msg = P.decode(frame)
@@ -283,7 +288,7 @@ class JobManager:
                                        f"(tolerable_checkpoint_failures={config.tolerable_checkpoint_failures})")
                     for k in list(kills):
                         if k.after_seconds is not None and now - all_registered_at >= k.after_seconds:
-                            self._kill(tasks[k.task_index], attempt)
+                            self._kill(tasks[k.task_index], attempt, k.signal)
                             kills.remove(k)
                     for t in tasks.values():
                         if not t.finished and now - t.last_seen > config.heartbeat_timeout:
@@ -364,20 +369,18 @@ class JobManager:
                            error=msg.error, traceback=msg.traceback)
         return None
 
-    def _kill(self, task: TaskInfo, attempt: int) -> None:
-        """Fault injection: a real SIGKILL of a task process."""
+    def _kill(self, task: TaskInfo, attempt: int, sig: int = signal.SIGKILL) -> None:
+        """Fault injection: a real SIGKILL (or SIGSTOP) of a task process."""
         if not task.pid:
             log.warning("fault injection: task %s has not registered; no kill", task.task_id)
             return
         if task.host not in self.local_hosts:
             raise AbsflowError(f"cannot kill task {task.task_id} on host {task.host}: "
                                "kill faults need the task processes on the driver's machine")
-        log.warning("fault injection: SIGKILL task %s (pid %d)", task.task_id, task.pid)
+        log.warning("fault injection: %s task %s (pid %d)", signal.Signals(sig).name, task.task_id, task.pid)
         self.kill_times.setdefault(attempt, time.time())
-        try:
-            os.kill(task.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(task.pid, sig)
 
     def _drain_closed(self, tasks: dict[int, TaskInfo], attempt: int) -> None:
         if not self.router.poll(10):
@@ -404,10 +407,8 @@ class JobManager:
             self._drain_closed(tasks, attempt)
         for t in local:
             if not t.closed and _alive(t.pid):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(t.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         log.info("attempt cancelled; survivors ended")
         stage.cancel()
         if not stage.join(30.0):

@@ -34,8 +34,8 @@ from runtime.sinks import CollectSink, PrintSink, Sink
 from runtime.sources import Source
 
 if TYPE_CHECKING:
-    from runtime.config import JobConfig
     from jobmanager.result import JobResult
+    from runtime.config import JobConfig
 
 
 class Stream:

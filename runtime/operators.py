@@ -89,7 +89,7 @@ class ReduceOperator(KeyedOperator):
         assert self.keyed_state is not None
         state = self.keyed_state.value_state()
         key_fn, fn, get = self.key_fn, self.step.fn, state.get
-        out = []
+        out: list[Any] = []
         append = out.append
         for r in batch:
             k = key_fn(r)
@@ -106,7 +106,7 @@ class AggregateOperator(KeyedOperator):
         state = self.keyed_state.value_state()
         key_fn, add, get = self.key_fn, self.step.fn, state.get
         initial = self.step.args["initial"]
-        out = []
+        out: list[Any] = []
         append = out.append
         if callable(initial):
             for r in batch:
@@ -161,8 +161,7 @@ class KeyedStateHandle:
 
     def clear(self) -> None:
         """Drop every state of the current key."""
-        self._values.pop(self._key, None)
-        for kind in ("list", "map"):
+        for kind in ("value", "list", "map"):
             for states in self._backend.states_of_kind(kind):
                 states.pop(self._key, None)
 

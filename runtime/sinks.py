@@ -104,7 +104,7 @@ class TwoPhaseCommitSink(Sink):
         """Make a sealed transaction visible. Must be idempotent."""
         raise NotImplementedError
 
-    def abort_uncommitted(self) -> None:  # noqa: B027 - optional hook
+    def abort_uncommitted(self) -> None:
         """Roll back output that no restored snapshot covers (on restore)."""
 
 
@@ -182,7 +182,7 @@ class FileSink(TwoPhaseCommitSink):
 
     def begin_transaction(self) -> Any:
         path = self._staging("open")
-        return {"path": path, "fh": open(path, "w", encoding="utf-8")}  # noqa: SIM115
+        return {"path": path, "fh": open(path, "w", encoding="utf-8")}
 
     def write_to_transaction(self, txn: Any, records: list[Any]) -> None:
         fmt = self.format

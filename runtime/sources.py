@@ -32,7 +32,7 @@ class SourceReader:
         """Seek to a position returned by ``snapshot`` (called before the first read)."""
         raise NotImplementedError
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         pass
 
 
@@ -44,7 +44,7 @@ class Source:
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         raise NotImplementedError
 
-    def validate(self, step_name: str) -> None:  # noqa: B027 - optional hook
+    def validate(self, step_name: str) -> None:
         """Raise GraphError for bad settings (called at build time)."""
 
 

@@ -14,6 +14,7 @@ background thread and touches only the immutable snapshot blobs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -52,7 +53,7 @@ from channels.partitioners import (
 from channels.zmq_io import InputGate, OutputChannel
 from jobmanager import protocol as P
 from runtime.barriers import AbortReason, BarrierAligner, BarrierTracker
-from runtime.config import SnapshotMode, TaskEnvironment, TaskFault
+from runtime.config import SnapshotMode, TaskEnvironment
 from runtime.graph import Partitioning, StepKind
 from runtime.operators import Operator, build_operator
 from runtime.plan import JobPlan, TaskSpec
@@ -173,6 +174,7 @@ class Task:
 
         # Checkpoint bookkeeping.
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="absflow-snapshot")
+        self._key_groups: dict[Any, int] = {}
         self.pending_writes: list[tuple[int, Future[Any], dict[str, Any]]] = []
         self.final_checkpoint: int | None = None
         self.completed_final = False
@@ -277,9 +279,8 @@ class Task:
                 self._trigger_source_checkpoint(msg)
             elif isinstance(msg, P.Complete):
                 self._checkpoint_complete(msg.checkpoint_id)
-            elif isinstance(msg, P.Abort):
-                if self.barriers is not None:
-                    self.barriers.abort(msg.checkpoint_id, AbortReason.EXPIRED)
+            elif isinstance(msg, P.Abort) and self.barriers is not None:
+                self.barriers.abort(msg.checkpoint_id, AbortReason.EXPIRED)
 
     def _on_backpressure(self) -> None:
         # Called from inside a blocked send: only queue control messages (acting on a
@@ -453,8 +454,20 @@ class Task:
         self.pending_writes.append((n, future, metrics))
 
     def _key_group_fn(self) -> Callable[[Any], int]:
+        """key -> key group for the snapshot writer thread, cached (keys recur between
+        checkpoints; only the writer thread touches the cache)."""
+        cache = self._key_groups
         max_par = self.plan.max_parallelism
-        return lambda key: key_group_for(key, max_par)
+
+        def key_group(key: Any) -> int:
+            kg = cache.get(key)
+            if kg is None:
+                if len(cache) > 1_000_000:
+                    cache.clear()
+                kg = cache[key] = key_group_for(key, max_par)
+            return kg
+
+        return key_group
 
     @staticmethod
     def _write_snapshot(path: str, snaps: dict[str, OperatorSnapshot], fns: dict[str, Any],
@@ -529,11 +542,9 @@ class Task:
 
     def _report_failure(self, operator: str, err: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-        try:
+        with contextlib.suppress(zmq.ZMQError):
             self._send(P.Failed(self.index, self.attempt, operator, self.spec.subtask,
                                 f"{type(err).__name__}: {err}", tb))
-        except zmq.ZMQError:
-            pass
 
     def _final_metrics(self) -> dict[str, Any]:
         return {"records_in": self.records_in, "records_out": self.records_out,
@@ -615,10 +626,8 @@ class Task:
             buf.close()
         for ch in self.all_channels:
             ch.close(linger_ms=1000 if graceful else 0)
-        try:
+        with contextlib.suppress(zmq.ZMQError):
             self._send(P.Closed(self.index, self.attempt))
-        except zmq.ZMQError:
-            pass
         self.control.close(linger=2000 if graceful else 500)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
@@ -633,10 +642,8 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
     index = ctx.partitionId()
     spec = plan.tasks[index]
     host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
-    try:
+    with contextlib.suppress(OSError):
         host = socket.gethostbyname(host)  # bind needs an address, Spark may give a name
-    except OSError:
-        pass
     zctx = zmq.Context()
     gate: InputGate | None = None
     task: Task | None = None

@@ -150,6 +150,11 @@ class KeyedStateBackend:
         """The live dict key -> dict of the map state ``name``."""
         return self._state(name, StateKind.MAP)
 
+    def states_of_kind(self, kind: str) -> list[dict[Any, Any]]:
+        """The live dicts of every state of ``kind`` ("value", "list" or "map")."""
+        wanted = StateKind(kind)
+        return [self._states[name] for name, k in self._kinds.items() if k is wanted]
+
     def snapshot(self) -> bytes:
         """Serialize all states now (synchronous part): a consistent, immutable blob.
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 from typing import Any
 
 import pytest
@@ -147,3 +148,20 @@ def test_missing_restore_from_path_is_a_clear_error(tmp_path: Any) -> None:
         pipeline(10, **CHK).run(restore_from=str(missing))
     assert str(missing) in str(info.value)
     assert not os.path.exists(missing)
+
+
+def test_a_frozen_task_is_detected_by_missing_heartbeats() -> None:
+    n = 12_000
+    result = pipeline(n, heartbeat_timeout=1.5, **CHK).run(
+        faults=[Kill("count[1]", after_seconds=0.5, signal=signal.SIGSTOP)])
+    assert len(result.restarts) == 1
+    assert "heart" in result.restarts[0].reason
+    assert multiset(result.output("out")) == pipeline_expected(n)
+
+
+def test_blocked_channels_spill_to_disk_and_replay_in_order() -> None:
+    n = 20_000
+    reference = slow_branch(n, **CHK).run()
+    result = slow_branch(n, spill_threshold=1024, **CHK).run()
+    assert sum(c["spilled_bytes"] for c in result.checkpoints) > 0
+    assert multiset(result.output("counts")) == multiset(reference.output("counts"))

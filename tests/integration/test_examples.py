@@ -1,0 +1,48 @@
+"""The README's main job, run in-process on the shared session (small corpus)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import pytest
+
+from jobmanager import launcher
+from runtime import InsufficientSlotsError
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_example(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wordcount_example_checks_its_counts(tmp_path: Any, capsys: Any) -> None:
+    wordcount = load_example("wordcount")
+    assert wordcount.main(["--words", "60000", "--data", str(tmp_path), "--checkpoint-interval", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "check against collections.Counter: OK" in out and "60,000 words counted" in out
+
+
+@pytest.mark.slow
+def test_wordcount_example_chaos_compares_with_a_clean_run(tmp_path: Any, capsys: Any) -> None:
+    wordcount = load_example("wordcount")
+    code = wordcount.main(["--words", "400000", "--data", str(tmp_path), "--checkpoint-interval", "0.1",
+                           "--chaos", "1", "--seed", "3"])
+    out = capsys.readouterr().out
+    assert "output equals the failure-free run record for record: YES" in out, out
+    assert code == 0
+
+
+def test_too_few_slots_fail_fast_with_a_clear_error(spark: Any) -> None:
+    with pytest.raises(InsufficientSlotsError) as info:
+        launcher.check_slots(spark.sparkContext, 1000)
+    message = str(info.value)
+    assert "1000 tasks" in message and "slot" in message and "local[1000]" in message
