@@ -1,7 +1,7 @@
 """Word count over a generated corpus, with exactly-once checkpoints.
 
     python examples/wordcount.py                       # 1,000,000 words, parallelism 2
-    python examples/wordcount.py --kill-task count[1] --after 2s
+    python examples/wordcount.py --kill-task count[1] --after 1s
     python examples/wordcount.py --kill-task count[0] --after chk3
     python examples/wordcount.py --chaos 3             # 3 random kills, compared with a clean run
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--words", type=int, default=1_000_000)
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--data", default=os.path.join("data", "wordcount"))
-    ap.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds; 0 turns checkpoints off")
+    ap.add_argument("--checkpoint-interval", type=float, default=0.5, help="seconds; 0 turns checkpoints off")
     ap.add_argument("--checkpoint-dir", default=None, help="keep checkpoints here (default: a temp dir)")
     ap.add_argument("--kill-task", default=None, help="SIGKILL this task, e.g. count[1]")
     ap.add_argument("--after", default=None, help="when: 2s, chk3, alignment or snapshot")
@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                 expected.update(line.split())
     ok = counts == dict(expected)
     print(f"check against collections.Counter: {'OK' if ok else 'MISMATCH'}")
+    if faults and not result.restarts:
+        print("note: the job finished before the fault fired; try an earlier --after")
     if reference is not None:
         same = collections.Counter(result.output("counts")) == collections.Counter(reference.output("counts"))
         print(f"chaos: {len(result.restarts)} restart(s); output equals the failure-free run "
