@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntop {args.top} words:")
     for word, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: args.top]:
         print(f"  {word:<12} {count:>9,}")
-    print(f"\n{result.records_out:,} words counted ({len(counts):,} distinct) from "
-          f"{result.records_in:,} lines in {result.duration:.2f} s: "
-          f"{result.records_out / result.duration:,.0f} words/s ({elapsed:.2f} s with Spark start-up)")
+    words = len(result.output("counts"))  # one running count per word, exactly once
+    print(f"\n{words:,} words counted ({len(counts):,} distinct) in {result.duration:.2f} s: "
+          f"{words / result.duration:,.0f} words/s ({elapsed:.2f} s with Spark start-up)")
     print(result.summary())
 
     expected: collections.Counter[str] = collections.Counter()

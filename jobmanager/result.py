@@ -24,8 +24,8 @@ class JobResult:
     name: str
     outputs: dict[str, list[Any]]
     duration: float
-    records_in: int
-    records_out: int
+    records_in: int  # read by the sources, over all attempts (replays count again)
+    records_out: int  # received by the sinks, over all attempts
     startup_seconds: float | None  # submit -> first record processed
     restarts: list[Restart] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)

@@ -112,6 +112,8 @@ class JobManager:
         self.progress = Progress(config.progress)
         self.startup_seconds: float | None = None
         self.task_metrics: dict[str, dict[str, Any]] = {}
+        self.records_in = 0
+        self.records_out = 0
         self.peak_rss: dict[str, int] = {}
 
     # -- the run ---------------------------------------------------------------------------
@@ -315,6 +317,9 @@ class JobManager:
             failure = Failure("cancelled by the user (Ctrl-C)", fatal=True)
             raise JobCancelledError(f"job '{plan.name}' was cancelled") from None
         finally:
+            # Totals over all attempts: records replayed after a restore count again.
+            self.records_in += sum(tasks[i].records_in for i in source_indexes)
+            self.records_out += sum(tasks[i].records_out for i in sink_indexes)
             self.next_checkpoint_id = max(self.next_checkpoint_id, coordinator.next_id)
             if failure is not None or not all(t.finished for t in tasks.values()):
                 coordinator.abort_all(CheckpointFailureReason.TASK_FAILURE)
@@ -424,8 +429,6 @@ class JobManager:
         for t in tasks.values():
             self.task_metrics[t.task_id] = dict(t.metrics)
             self.peak_rss[t.task_id] = max(t.peak_rss, int(t.metrics.get("peak_rss", 0)))
-        self.records_in = sum(tasks[t.index].records_in for t in self.plan.source_tasks)
-        self.records_out = sum(tasks[i].records_out for i in self._sink_tasks())
 
     def _result(self, duration: float) -> JobResult:
         from runtime.graph import StepKind
