@@ -104,6 +104,7 @@ class Failed(Message):
     subtask: int
     error: str
     traceback: str
+    fatal: bool  # a restart cannot help (e.g. the checkpoint does not fit this job)
 
 
 @dataclass(frozen=True, slots=True)

@@ -371,7 +371,7 @@ class JobManager:
         elif isinstance(msg, P.Failed):
             return Failure("a user function raised" if msg.operator != tasks[msg.task_index].task_id
                            else "a task failed", operator=msg.operator, subtask=msg.subtask,
-                           error=msg.error, traceback=msg.traceback)
+                           error=msg.error, traceback=msg.traceback, fatal=msg.fatal)
         return None
 
     def _kill(self, task: TaskInfo, attempt: int, sig: int = signal.SIGKILL) -> None:

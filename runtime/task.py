@@ -191,7 +191,11 @@ class Task:
 
         self._send(P.Register(spec.index, env.attempt, spec.task_id, os.getpid(), host,
                               gate.endpoint if gate else ""))
-        restored = self._restore() if env.restore_dir is not None else {}
+        try:
+            restored = self._restore() if env.restore_dir is not None else {}
+        except Exception as err:  # the checkpoint does not fit: restarting cannot help
+            self._report_failure(self.task_id, err, fatal=True)
+            raise TaskCancelled(f"restoring {env.restore_dir} failed: {err}") from err
         for op in self.operators:
             if op.step.kind is StepKind.SINK or restored.get(op.name) is not None:
                 op.restore_state(restored.get(op.name))
@@ -225,13 +229,16 @@ class Task:
         def operator_state(name: str, parallelism: int) -> Any:
             for path, op in files_with(name):
                 if op["subtask"] == subtask:
+                    blob = read_operator_state(path, name)
+                    if blob is None:
+                        return None
                     if op["parallelism"] != parallelism:
                         raise RuntimeError(
                             f"cannot restore '{name}' at parallelism {parallelism}: the checkpoint "
                             f"has it at parallelism {op['parallelism']} and its state is not keyed; "
                             f"run '{name}' with parallelism {op['parallelism']}")
-                    blob = read_operator_state(path, name)
-                    return None if blob is None else msgpack.unpackb(blob, raw=False, strict_map_key=False)
+                    # as on the channels: sequences come back as tuples
+                    return msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=False)
             return None
 
         if self.reader is not None and self.source_step is not None:
@@ -540,11 +547,11 @@ class Task:
             self._report_failure(self.task_id, err)
             raise
 
-    def _report_failure(self, operator: str, err: BaseException) -> None:
+    def _report_failure(self, operator: str, err: BaseException, fatal: bool = False) -> None:
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
         with contextlib.suppress(zmq.ZMQError):
             self._send(P.Failed(self.index, self.attempt, operator, self.spec.subtask,
-                                f"{type(err).__name__}: {err}", tb))
+                                f"{type(err).__name__}: {err}", tb, fatal))
 
     def _final_metrics(self) -> dict[str, Any]:
         return {"records_in": self.records_in, "records_out": self.records_out,
@@ -662,5 +669,7 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
             task.close(graceful)
         if gate is not None:
             gate.close()
-        zctx.term()
+        # Closes whatever a half-built Task left open (term() alone would wait forever),
+        # giving a queued Failed message up to a second to leave.
+        zctx.destroy(linger=1000)
     return []

@@ -18,8 +18,10 @@ maps):
 
 * keys — state keys, map-state keys, and keys of any dict inside a value — come back
   with every array (recursively) as a **tuple**, since a key must be hashable;
-* everywhere else arrays come back as **lists**: a list-state value is a list, a
-  tuple stored as a value (or nested in one) comes back as a list;
+* values follow the channels' rule: a value-state value, an element of a list state
+  and a map-state value come back with arrays (recursively) as **tuples**; the list
+  of a list state stays a **list** (it is appended to); arrays inside dicts inside a
+  value come back as lists;
 * maps come back as dicts (map-state values, dicts inside values).
 """
 
@@ -49,6 +51,18 @@ def _freeze(obj: Any) -> Any:
     if obj.__class__ is list:
         return tuple([_freeze(x) if x.__class__ is list else x for x in obj])
     return obj
+
+
+def _value_thaw(value: Any) -> Any:
+    return _freeze(value) if value.__class__ is list else value
+
+
+def _list_thaw(value: list[Any]) -> list[Any]:
+    return [_freeze(x) if x.__class__ is list else x for x in value]
+
+
+def _map_thaw(value: dict[Any, Any]) -> dict[Any, Any]:
+    return {k: (_freeze(v) if v.__class__ is list else v) for k, v in value.items()}
 
 
 def _pairs_to_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
@@ -81,6 +95,13 @@ def _unpack(blob: bytes) -> list[list[Any]]:
 def _pack(entries: list[list[Any]]) -> bytes:
     packed: bytes = msgpack.packb([FORMAT_VERSION, entries], use_bin_type=True)
     return packed
+
+
+# Restored values follow the channels' rule (sequences are tuples), except the list of
+# a list state, which stays a list so it can be appended to.
+_THAW: dict[StateKind, Callable[[Any], Any]] = {
+    StateKind.VALUE: _value_thaw, StateKind.LIST: _list_thaw, StateKind.MAP: _map_thaw,
+}
 
 
 class KeyedStateBackend:
@@ -210,9 +231,10 @@ class KeyedStateBackend:
                         f"unknown kind {kind!r}"
                     ) from None
                 state = self._state(name, state_kind)
+                thaw = _THAW[state_kind]
                 for key, value in entries.items():
                     if key_group_of(key) in owned:
-                        state[key] = value
+                        state[key] = thaw(value)
 
     def num_keys(self) -> int:
         """Number of distinct keys over all states (a metric; not for the hot path)."""

@@ -33,7 +33,7 @@ MESSAGES: list[P.Message] = [
     P.SinkOutput(4, 0, "out", 1, 12, [1, "two", [3, 4], {"k": b"v"}, None, 2.5, True]),
     P.SinkOutput(4, 0, "out", 1, 13, []),
     P.Finished(5, 0, {"records_in": 10, "records_out": 9}),
-    P.Failed(5, 0, "map", 1, "ZeroDivisionError: division by zero", "Traceback ...\n  ..."),
+    P.Failed(5, 0, "map", 1, "ZeroDivisionError: division by zero", "Traceback ...\n  ...", False),
     P.Closed(5, 1),
     P.Trigger(11, 1_700_000_001.5, False),
     P.Trigger(12, 1_700_000_002.0, True),
