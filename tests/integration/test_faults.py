@@ -20,6 +20,8 @@ from tests.integration.topologies import (
     final_counts,
     pipeline,
     pipeline_expected,
+    pipeline_to_files,
+    read_part_files,
     slow_branch,
     slow_words,
     write_corpus,
@@ -113,6 +115,8 @@ def test_without_blocking_the_same_kill_gives_wrong_counts() -> None:
     loose = slow_branch(n, snapshot_mode="at_least_once", **CHK).run(
         faults=[Kill("count[0]", after_checkpoint=2)])
     assert len(exact.restarts) == 1 and len(loose.restarts) == 1
+    # the setting that makes alignment matter: barriers reached "merge" far apart
+    assert min(c["max_alignment_ms"] for c in loose.checkpoints[:2]) > 50
     assert multiset(exact.output("counts")) == multiset(reference.output("counts"))
     duplicates = len(loose.output("counts")) - len(reference.output("counts"))
     assert multiset(loose.output("counts")) != multiset(reference.output("counts")), (
@@ -165,3 +169,13 @@ def test_blocked_channels_spill_to_disk_and_replay_in_order() -> None:
     result = slow_branch(n, spill_threshold=1024, **CHK).run()
     assert sum(c["spilled_bytes"] for c in result.checkpoints) > 0
     assert multiset(result.output("counts")) == multiset(reference.output("counts"))
+
+
+def test_file_sink_output_is_exactly_once_under_kills(tmp_path: Any) -> None:
+    n = 14_000
+    out = str(tmp_path / "out")
+    result = pipeline_to_files(n, out, **CHK).run(
+        faults=[Kill("files[1]", after_checkpoint=3), Kill("count[0]", after_seconds=0.5, attempt=1)])
+    assert len(result.restarts) == 2, result.summary()
+    assert read_part_files(out) == pipeline_expected(n)
+    assert not [p for p in os.listdir(out) if p.endswith(".staging")]  # no leftovers

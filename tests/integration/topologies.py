@@ -93,7 +93,8 @@ def slow_branch(n: int, **config: Any) -> Dataflow:
         return x
 
     fast = flow.source(GeneratorSource(lambda i: 2 * i, n, rate=n / 2), name="fast")
-    lagging = flow.source(GeneratorSource(lambda i: 2 * i + 1, n // 5, rate=n / 10), name="lagging")
+    # asked for 10x what its slow map can do: always busy with a full 1000-record batch
+    lagging = flow.source(GeneratorSource(lambda i: 2 * i + 1, n // 5, rate=n), name="lagging")
     (lagging.map(slow, name="slow").union(fast, name="merge")
         .key_by(lambda x: x % 10).aggregate(0, lambda c, _x: c + 1, name="count")
         .collect("counts"))
@@ -137,3 +138,29 @@ def slow_words(paths: list[str], **config: Any) -> Dataflow:
          .aggregate(0, lambda c, _w: c + 1, name="count")
          .collect("counts"))
     return flow
+
+
+def pipeline_to_files(n: int, directory: str, rate: float | None = 8_000, **config: Any) -> Dataflow:
+    """The pipeline above, ending in an exactly-once FileSink with 2 part files."""
+    from runtime.sinks import FileSink
+
+    flow = Dataflow("pipeline", parallelism=2, **config)
+    (flow.source(GeneratorSource(lambda i: i, n, rate=rate), name="numbers")
+         .rebalance()
+         .map(_square, name="square")
+         .key_by(lambda x: x % 17)
+         .aggregate(0, lambda c, _x: c + 1, name="count")
+         .rebalance()
+         .sink(FileSink(directory), name="files"))
+    return flow
+
+
+def read_part_files(directory: str) -> collections.Counter[Any]:
+    import glob
+    import json
+
+    records: collections.Counter[Any] = collections.Counter()
+    for path in glob.glob(f"{directory}/part-*"):
+        with open(path) as fh:
+            records.update(tuple(json.loads(line)) for line in fh)
+    return records

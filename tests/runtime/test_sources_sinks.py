@@ -393,3 +393,12 @@ def test_collect_sink_restore_recommits_pending_of_the_snapshot() -> None:
     fresh.restore_state(state)
     # Sent again: the driver keeps the first copy per (step, subtask, checkpoint).
     assert again.received == [(1, ["a"])]
+
+
+def test_print_sink_prints_each_record_with_its_subtask(capsys: Any) -> None:
+    from runtime.sinks import PrintSink
+
+    sink = PrintSink(prefix="> ")
+    sink.open(SinkContext("show", 1, 2, 0, lambda n, records: None))
+    sink.write_batch([("a", 1), "b"])
+    assert capsys.readouterr().out == "> show[1]> ('a', 1)\n> show[1]> b\n"
