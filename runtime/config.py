@@ -34,7 +34,7 @@ class JobConfig:
     restart_strategy: Any = None  # jobmanager.restart strategy; default: exponential if checkpointing
     batch_size: int = 1000
     buffer_timeout: float = 0.01
-    channel_hwm: int = 64
+    channel_hwm: int = 8  # batches queued per channel side: bounds barrier latency and memory
     spill_threshold: int = 32 * 1024 * 1024
     compress_min_bytes: int = 64 * 1024
     heartbeat_interval: float = 0.5

@@ -48,7 +48,6 @@ from channels.partitioners import (
     ForwardPartitioner,
     HashPartitioner,
     RebalancePartitioner,
-    key_group_for,
 )
 from channels.zmq_io import InputGate, OutputChannel
 from jobmanager import protocol as P
@@ -174,7 +173,6 @@ class Task:
 
         # Checkpoint bookkeeping.
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="absflow-snapshot")
-        self._key_groups: dict[Any, int] = {}
         self.pending_writes: list[tuple[int, Future[Any], dict[str, Any]]] = []
         self.final_checkpoint: int | None = None
         self.completed_final = False
@@ -455,30 +453,13 @@ class Task:
             self._send(P.Ack(self.index, self.attempt, n, None, metrics))
             return
         path = os.path.join(storage, f"chk-{n}", f"{self.task_id}.state")
-        fns = {name: self._key_group_fn() for name, s in snaps.items() if s.keyed_state is not None}
         kill = self._fault("kill_during_snapshot", n)
-        future = self.writer.submit(self._write_snapshot, path, snaps, fns, layout, kill)
+        future = self.writer.submit(self._write_snapshot, path, snaps, layout, kill)
         self.pending_writes.append((n, future, metrics))
 
-    def _key_group_fn(self) -> Callable[[Any], int]:
-        """key -> key group for the snapshot writer thread, cached (keys recur between
-        checkpoints; only the writer thread touches the cache)."""
-        cache = self._key_groups
-        max_par = self.plan.max_parallelism
-
-        def key_group(key: Any) -> int:
-            kg = cache.get(key)
-            if kg is None:
-                if len(cache) > 1_000_000:
-                    cache.clear()
-                kg = cache[key] = key_group_for(key, max_par)
-            return kg
-
-        return key_group
-
     @staticmethod
-    def _write_snapshot(path: str, snaps: dict[str, OperatorSnapshot], fns: dict[str, Any],
-                        layout: dict[str, Any], kill: bool) -> dict[str, Any]:
+    def _write_snapshot(path: str, snaps: dict[str, OperatorSnapshot], layout: dict[str, Any],
+                        kill: bool) -> dict[str, Any]:
         t0 = time.perf_counter()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if kill:  # fault injection: die with a half-written state file on disk
@@ -486,7 +467,10 @@ class Task:
                 fh.write(b"ABSF-partial")
                 fh.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        info = write_task_snapshot(path, snaps, fns)
+        # Keyed state is written as one section per operator (no key-group regrouping in
+        # this thread, which competes with the task loop for the GIL); a restore at another
+        # parallelism filters the keys by key group.
+        info = write_task_snapshot(path, snaps)
         return {"file": os.path.basename(path), "size": info.size, "crc32": info.crc32,
                 "operators": layout, "async_ms": round((time.perf_counter() - t0) * 1000, 3)}
 

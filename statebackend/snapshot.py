@@ -19,7 +19,9 @@ File format (all integers big-endian)::
     20+H    ...   sections, each an lz4 block (size stored) of a msgpack blob
 
 Section offsets are relative to the end of the header; ``kind`` is ``"operator"``
-(key group -1) or ``"keyed"`` (one section per key group present). Each section's
+(key group -1) or ``"keyed"``: one section per key group present when the writer is
+given a key-group function for the operator, else one section (key group -2) with the
+instance's whole key-group range, whose keys a restore filters by key group. Each section's
 crc32 covers its bytes on disk; a reader verifies the header and every section it
 reads, so a truncated or bit-flipped file raises :class:`CorruptStateError`.
 """
@@ -45,6 +47,7 @@ FILE_VERSION = 1
 _PREFIX = struct.Struct(">8sHHII")  # magic, version, flags, header length, header crc32
 OPERATOR_SECTION = "operator"
 KEYED_SECTION = "keyed"
+WHOLE_RANGE = -2  # key group of a keyed section holding the instance's whole range
 _CHUNK = 1 << 20
 
 
@@ -118,10 +121,10 @@ def write_task_snapshot(
         if snap.keyed_state is not None:
             fn = fns.get(op)
             if fn is None:
-                raise StateError(
-                    f"cannot write {path!r}: operator {op!r} has keyed state but no "
-                    f"key_group_fns entry; pass key_group_fns={{{op!r}: key_group_of}}"
-                )
+                # One section for the instance's whole key-group range: no regrouping in
+                # the writer (cheap); a restore filters the keys by key group instead.
+                payloads.append((op, KEYED_SECTION, WHOLE_RANGE, snap.keyed_state))
+                continue
             for kg, blob in KeyedStateBackend.split_by_key_group(snap.keyed_state, fn).items():
                 payloads.append((op, KEYED_SECTION, kg, blob))
 
@@ -169,13 +172,20 @@ def read_operator_state(path: str, operator: str) -> bytes | None:
 
 def read_keyed_state(path: str, operator: str, key_groups: range) -> list[bytes]:
     """Keyed-state blobs of ``operator`` for those of ``key_groups`` present in the file,
-    in key-group order (feed them to :meth:`KeyedStateBackend.restore`)."""
+    in key-group order (feed them to :meth:`KeyedStateBackend.restore`, which keeps only
+    the keys of its own key groups: a whole-range section may hold others)."""
     with _open(path) as f:
         header = _read_header(f, path)
+        owned = header.operators.get(operator)
+        whole = (
+            owned is not None and owned[1] is not None
+            and owned[1] < key_groups.stop and key_groups.start < owned[2]
+        )
         wanted = [
             s
             for s in header.sections
-            if s.operator == operator and s.kind == KEYED_SECTION and s.key_group in key_groups
+            if s.operator == operator and s.kind == KEYED_SECTION
+            and (s.key_group in key_groups or (s.key_group == WHOLE_RANGE and whole))
         ]
         wanted.sort(key=lambda s: s.key_group)
         return [_read_section(f, path, header, s) for s in wanted]

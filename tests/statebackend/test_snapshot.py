@@ -10,7 +10,6 @@ from statebackend import (
     CorruptStateError,
     KeyedStateBackend,
     OperatorSnapshot,
-    StateError,
     list_operators,
     read_keyed_state,
     read_operator_state,
@@ -129,13 +128,18 @@ def test_trailing_bytes_are_detected(tmp_path: Path) -> None:
         verify_state_file(path)
 
 
-def test_keyed_state_without_key_group_fn(tmp_path: Path) -> None:
-    b = keyed_backend(10, range(MAX_PARALLELISM))
-    with pytest.raises(StateError, match="key_group_fns"):
-        write_task_snapshot(
-            os.path.join(str(tmp_path), "t.state"),
-            {"count": OperatorSnapshot(None, b.snapshot(), range(MAX_PARALLELISM))},
-        )
+def test_keyed_state_without_key_group_fn_is_one_whole_range_section(tmp_path: Path) -> None:
+    src = keyed_backend(200, range(0, 64))
+    path = os.path.join(str(tmp_path), "t.state")
+    write_task_snapshot(path, {"count": OperatorSnapshot(None, src.snapshot(), range(0, 64))})
+    verify_state_file(path)
+    assert len(read_keyed_state(path, "count", range(64, 128))) == 0  # no overlap: nothing read
+    blobs = read_keyed_state(path, "count", range(32, 96))
+    assert len(blobs) == 1
+    dst = keyed_backend(0, range(32, 96))
+    dst.restore(blobs)  # the restore keeps only keys of key groups 32..95
+    expected = {k: v for k, v in src.value_state().items() if KG(k) in range(32, 64)}
+    assert dst.value_state() == expected and expected
 
 
 def test_final_path_never_holds_a_partial_file(
