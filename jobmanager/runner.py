@@ -8,6 +8,7 @@ Spark's stage runs in a background thread and reports its end through a queue.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import shutil
@@ -87,7 +88,8 @@ class JobManager:
                  faults: list[object]) -> None:
         self.plan, self.config = plan, config
         self.driver_kills, self.task_faults = resolve_faults(plan, faults)
-        self.strategy = config.restart_strategy or default_strategy(config.checkpointing)
+        # Strategies count failures: every run gets its own copy of the configured one.
+        self.strategy = copy.deepcopy(config.restart_strategy) or default_strategy(config.checkpointing)
         self.initial_restore: RestorePoint | None = None
         if restore_from is not None:  # first: a bad path must not leave anything behind
             st, n = CheckpointStorage.resolve(restore_from)
@@ -118,18 +120,27 @@ class JobManager:
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> JobResult:
-        spark = launcher.ensure_session(len(self.plan.tasks), self.config)
-        sc = spark.sparkContext
-        launcher.check_slots(sc, len(self.plan.tasks))
+        try:
+            spark = launcher.ensure_session(len(self.plan.tasks), self.config)
+            sc = spark.sparkContext
+            launcher.check_slots(sc, len(self.plan.tasks))
+        except BaseException:
+            self._remove_owned_dirs()
+            raise
         self.local_hosts = {launcher.driver_host(sc), "127.0.0.1", "localhost", socket.gethostname()}
         self.zctx = zmq.Context()
-        self.router = self.zctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        host = launcher.driver_host(sc)
-        port = self.router.bind_to_random_port(f"tcp://{host}")
-        # A dying task process drops its connection at once: check PIDs on every
-        # disconnect instead of waiting ~1 s for Spark to report the failed stage.
-        self.monitor = self.router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            self.router = self.zctx.socket(zmq.ROUTER)
+            self.router.setsockopt(zmq.LINGER, 0)
+            host = launcher.driver_host(sc)
+            port = self.router.bind_to_random_port(f"tcp://{host}")
+            # A dying task process drops its connection at once: check PIDs on every
+            # disconnect instead of waiting ~1 s for Spark to report the failed stage.
+            self.monitor = self.router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        except BaseException:
+            self.zctx.destroy(linger=0)
+            self._remove_owned_dirs()
+            raise
         self.endpoint = f"tcp://{host}:{port}"
         self.tmp_root = tempfile.mkdtemp(prefix="absflow-job-")
         self.owned_dirs.append(self.tmp_root)
@@ -161,8 +172,11 @@ class JobManager:
             self.monitor.close(linger=0)
             self.router.close(linger=0)
             self.zctx.term()
-            for d in self.owned_dirs:
-                shutil.rmtree(d, ignore_errors=True)
+            self._remove_owned_dirs()
+
+    def _remove_owned_dirs(self) -> None:
+        for d in self.owned_dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
     def _give_up(self, failure: Failure, attempt: int) -> AbsflowError:
         where = ""

@@ -46,3 +46,17 @@ def test_too_few_slots_fail_fast_with_a_clear_error(spark: Any) -> None:
         launcher.check_slots(spark.sparkContext, 1000)
     message = str(info.value)
     assert "1000 tasks" in message and "slot" in message and "local[1000]" in message
+
+
+def test_a_job_needing_more_slots_than_the_active_session_fails_before_submitting(
+        spark: Any, monkeypatch: Any) -> None:
+    from runtime import Dataflow
+    from runtime.sources import CollectionSource
+
+    # The test session is absflow's own (it would grow it); pretend it is the user's.
+    monkeypatch.setattr(launcher, "_owned_session", None)
+    flow = Dataflow("wide", parallelism=40, checkpoint_interval=1.0)
+    flow.source(CollectionSource(range(10)), name="items").collect()
+    with pytest.raises(InsufficientSlotsError) as info:
+        flow.run()
+    assert "40 tasks" in str(info.value)
