@@ -111,13 +111,22 @@ def test_without_blocking_the_same_kill_gives_wrong_counts() -> None:
     kill makes records after a barrier count twice. The check above catches it."""
     n = 20_000
     reference = slow_branch(n, **CHK).run()
-    exact = slow_branch(n, **CHK).run(faults=[Kill("count[0]", after_checkpoint=2)])
-    loose = slow_branch(n, snapshot_mode="at_least_once", **CHK).run(
-        faults=[Kill("count[0]", after_checkpoint=2)])
-    assert len(exact.restarts) == 1 and len(loose.restarts) == 1
-    # the setting that makes alignment matter: barriers reached "merge" far apart
-    assert min(c["max_alignment_ms"] for c in loose.checkpoints[:2]) > 50
+    exact = slow_branch(n, **CHK).run(faults=[Kill("count[0]", after_checkpoint=1)])
+    assert len(exact.restarts) == 1
     assert multiset(exact.output("counts")) == multiset(reference.output("counts"))
+    for _ in range(3):
+        loose = slow_branch(n, snapshot_mode="at_least_once", **CHK).run(
+            faults=[Kill("count[0]", after_checkpoint=1)])
+        assert len(loose.restarts) == 1
+        # The setting that makes alignment matter: at the restored checkpoint the two
+        # barriers reached "merge" far apart (else nothing could be counted twice; the
+        # lagging source answers within its ~0.8 s batch, rarely at once: run again).
+        restored = loose.restarts[0].restored_checkpoint
+        skew = [c["max_alignment_ms"] for c in loose.checkpoints if c["checkpoint_id"] == restored]
+        if skew and skew[0] > 30:
+            break
+    else:
+        pytest.fail("three runs without barrier skew at the restored checkpoint")
     duplicates = len(loose.output("counts")) - len(reference.output("counts"))
     assert multiset(loose.output("counts")) != multiset(reference.output("counts")), (
         "without blocking, the restored state should already hold post-barrier records "

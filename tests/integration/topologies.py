@@ -84,17 +84,17 @@ def diamond_expected(n: int) -> dict[str, collections.Counter[Any]]:
 
 def slow_branch(n: int, **config: Any) -> Dataflow:
     """Two sources into one keyed count. The "lagging" source runs through a slow map
-    in its own task, so it answers a trigger only after a ~0.5 s batch: its barrier
-    reaches the union "merge" long after the fast source's (alignment matters)."""
+    in its own task, so it answers a trigger only after its current ~0.8 s batch: its
+    barrier reaches the union "merge" long after the fast source's (alignment matters)."""
     flow = Dataflow("skewed", parallelism=1, **config)
 
     def slow(x: int) -> int:
-        time.sleep(0.0005)
+        time.sleep(0.0008)
         return x
 
     fast = flow.source(GeneratorSource(lambda i: 2 * i, n, rate=n / 2), name="fast")
-    # asked for 10x what its slow map can do: always busy with a full 1000-record batch
-    lagging = flow.source(GeneratorSource(lambda i: 2 * i + 1, n // 5, rate=n), name="lagging")
+    # not rate limited: always busy with a full 1000-record batch (~0.8 s)
+    lagging = flow.source(GeneratorSource(lambda i: 2 * i + 1, n // 8), name="lagging")
     (lagging.map(slow, name="slow").union(fast, name="merge")
         .key_by(lambda x: x % 10).aggregate(0, lambda c, _x: c + 1, name="count")
         .collect("counts"))
