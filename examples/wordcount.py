@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                 expected.update(line.split())
     ok = counts == dict(expected)
     print(f"check against collections.Counter: {'OK' if ok else 'MISMATCH'}")
-    if faults and not result.restarts:
-        print("note: the job finished before the fault fired; try an earlier --after")
+    if result.unfired_faults:
+        print("note: the job finished before a fault fired; try an earlier --after")
     if reference is not None:
         same = collections.Counter(result.output("counts")) == collections.Counter(reference.output("counts"))
         print(f"chaos: {len(result.restarts)} restart(s); output equals the failure-free run "

@@ -33,6 +33,7 @@ class JobResult:
     peak_rss: dict[str, int] = field(default_factory=dict)
     checkpoint_dir: str | None = None
     task_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unfired_faults: list[str] = field(default_factory=list)  # injected kills the job outran
 
     def output(self, name: str | None = None) -> list[Any]:
         """Records of the collect sink ``name`` (may be omitted when there is one)."""
@@ -65,6 +66,8 @@ class JobResult:
             lines.append(f"  restart after attempt {r.attempt} failed ({r.reason}): restored {restored}{rec}")
         if not self.restarts:
             lines.append("  restarts: 0")
+        for fault in self.unfired_faults:
+            lines.append(f"  fault not fired: {fault}")
         if self.peak_rss:
             lines.append(f"  peak task RSS: {max(self.peak_rss.values()) / 2**20:.0f} MiB")
         return "\n".join(lines)

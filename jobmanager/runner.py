@@ -117,6 +117,7 @@ class JobManager:
         self.records_in = 0
         self.records_out = 0
         self.peak_rss: dict[str, int] = {}
+        self.unfired_faults: list[str] = []
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> JobResult:
@@ -292,6 +293,13 @@ class JobManager:
                     stage.join(10.0)
                     self.next_checkpoint_id = coordinator.next_id
                     self._collect_metrics(tasks)
+                    for k in kills:
+                        registered_for = (f"{now - all_registered_at:.2f} s after all tasks registered"
+                                          if all_registered_at is not None else "before all tasks registered")
+                        self.unfired_faults.append(
+                            f"{k} in attempt {attempt}: the attempt finished first, {registered_for}, "
+                            f"{len(coordinator.completed)} checkpoint(s) completed")
+                        log.warning("fault did not fire: %s", self.unfired_faults[-1])
                     return None
                 if all_registered_at is not None:
                     coordinator.on_tick()
@@ -463,7 +471,7 @@ class JobManager:
                           "duration_ms": c.duration_ms, **c.metrics} for c in self.completed],
             failed_checkpoints=self.failed_checkpoints, peak_rss=self.peak_rss,
             checkpoint_dir=None if owned or self.storage is None else self.storage.root,
-            task_metrics=self.task_metrics,
+            task_metrics=self.task_metrics, unfired_faults=self.unfired_faults,
         )
 
 

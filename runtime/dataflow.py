@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from channels.partitioners import DEFAULT_MAX_PARALLELISM
+from runtime.config import JobConfig
 from runtime.errors import GraphError
 from runtime.graph import (
     LogicalGraph,
@@ -35,7 +36,6 @@ from runtime.sources import Source
 
 if TYPE_CHECKING:
     from jobmanager.result import JobResult
-    from runtime.config import JobConfig
 
 
 class Stream:
@@ -178,14 +178,12 @@ class Dataflow:
     ``parallelism`` is the default for sources; other steps default to their input's.
     ``max_parallelism`` is the number of key groups (the most any keyed step can use,
     also after restoring at another parallelism). Checkpoint settings are described in
-    ``jobmanager.config.JobConfig`` and can be passed here as keyword arguments.
+    ``runtime.config.JobConfig`` and can be passed here as keyword arguments.
     """
 
     def __init__(self, name: str = "dataflow", parallelism: int = 1,
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM, chaining: bool = True,
                  **config: Any) -> None:
-        from runtime.config import JobConfig
-
         self.name = name
         self.parallelism = check_parallelism(parallelism, name)
         if not isinstance(max_parallelism, int) or max_parallelism < 1:

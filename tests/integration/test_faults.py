@@ -40,7 +40,7 @@ def test_wordcount_survives_a_killed_counter(tmp_path: Any) -> None:
     paths = write_corpus(str(tmp_path), 120_000)
     reference = slow_words(paths, **CHK).run()
     result = slow_words(paths, **CHK).run(faults=[Kill("count[1]", after_checkpoint=2)])
-    assert len(result.restarts) == 1 and result.restarts[0].restored_checkpoint is not None
+    assert len(result.restarts) == 1 and result.restarts[0].restored_checkpoint is not None, result.summary()
     assert multiset(result.output("counts")) == multiset(reference.output("counts"))
     assert final_counts(result.output("counts")) == corpus_counts(paths)
 
@@ -48,7 +48,7 @@ def test_wordcount_survives_a_killed_counter(tmp_path: Any) -> None:
 def test_diamond_with_two_shuffles_survives_a_kill() -> None:
     n = 8_000
     result = diamond(n, rate=5_000, **CHK).run(faults=[Kill("count5[1]", after_checkpoint=2)])
-    assert len(result.restarts) == 1
+    assert len(result.restarts) == 1, result.summary()
     expected = diamond_expected(n)
     assert multiset(result.output("totals")) == expected["totals"]
     assert multiset(result.output("by5")) == expected["by5"]
@@ -56,8 +56,8 @@ def test_diamond_with_two_shuffles_survives_a_kill() -> None:
 
 @pytest.mark.parametrize("task", ["numbers[0]", "square[1]", "count[0]", "out[0]"])
 def test_kill_source_middle_keyed_and_sink_tasks(task: str) -> None:
-    n = 12_000
-    result = pipeline(n, **CHK).run(faults=[Kill(task, after_checkpoint=3)])
+    n = 16_000
+    result = pipeline(n, **CHK).run(faults=[Kill(task, after_checkpoint=2)])
     assert len(result.restarts) == 1, result.summary()
     assert result.restarts[0].restored_checkpoint is not None
     assert multiset(result.output("out")) == pipeline_expected(n)
@@ -67,17 +67,16 @@ def test_kill_during_alignment() -> None:
     n = 20_000
     reference = slow_branch(n, **CHK).run()
     result = slow_branch(n, **CHK).run(faults=[Kill("merge[0]", during="alignment", after_checkpoint=2)])
-    assert len(result.restarts) == 1
+    assert len(result.restarts) == 1, result.summary()
     assert multiset(result.output("counts")) == multiset(reference.output("counts"))
 
 
 def test_kill_during_snapshot_write_restores_the_previous_checkpoint(tmp_path: Any) -> None:
-    n = 12_000
+    n = 16_000
     result = pipeline(n, checkpoint_dir=str(tmp_path / "chk"), **CHK).run(
-        faults=[Kill("count[1]", during="snapshot", after_checkpoint=3)])
-    assert len(result.restarts) == 1
-    assert result.restarts[0].restored_checkpoint is not None
-    assert result.restarts[0].restored_checkpoint < 3  # checkpoint 3 never completed
+        faults=[Kill("count[1]", during="snapshot", after_checkpoint=2)])
+    assert len(result.restarts) == 1, result.summary()
+    assert result.restarts[0].restored_checkpoint == 1  # checkpoint 2 never completed
     assert multiset(result.output("out")) == pipeline_expected(n)
 
 
@@ -101,7 +100,7 @@ def test_random_kills() -> None:
 def test_udf_raising_once_is_recovered() -> None:
     n = 10_000
     result = pipeline(n, **CHK).run(faults=[RaiseAt("square", record=3_000, subtask=0)])
-    assert len(result.restarts) == 1
+    assert len(result.restarts) == 1, result.summary()
     assert "raised" in result.restarts[0].reason
     assert multiset(result.output("out")) == pipeline_expected(n)
 
@@ -167,7 +166,7 @@ def test_a_frozen_task_is_detected_by_missing_heartbeats() -> None:
     n = 12_000
     result = pipeline(n, heartbeat_timeout=1.5, **CHK).run(
         faults=[Kill("count[1]", after_seconds=0.5, signal=signal.SIGSTOP)])
-    assert len(result.restarts) == 1
+    assert len(result.restarts) == 1, result.summary()
     assert "heart" in result.restarts[0].reason
     assert multiset(result.output("out")) == pipeline_expected(n)
 
@@ -181,10 +180,10 @@ def test_blocked_channels_spill_to_disk_and_replay_in_order() -> None:
 
 
 def test_file_sink_output_is_exactly_once_under_kills(tmp_path: Any) -> None:
-    n = 14_000
+    n = 20_000  # 2.5 s of input: both kills land well before the end, also on a busy machine
     out = str(tmp_path / "out")
     result = pipeline_to_files(n, out, **CHK).run(
-        faults=[Kill("files[1]", after_checkpoint=3), Kill("count[0]", after_seconds=0.5, attempt=1)])
+        faults=[Kill("files[1]", after_checkpoint=1), Kill("count[0]", after_seconds=0.5, attempt=1)])
     assert len(result.restarts) == 2, result.summary()
     assert read_part_files(out) == pipeline_expected(n)
     assert not [p for p in os.listdir(out) if p.endswith(".staging")]  # no leftovers
