@@ -2,6 +2,8 @@
 
 import contextlib
 import os
+import zlib
+from collections.abc import Iterable
 
 
 def unlink_quietly(path: str) -> None:
@@ -22,3 +24,23 @@ def fsync_dir(directory: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def write_atomically(path: str, chunks: Iterable[bytes]) -> int:
+    """Write ``chunks`` to ``path + ".tmp"``, fsync, rename to ``path``, fsync the directory:
+    ``path`` either does not exist or is complete. Returns the crc32 of what was written."""
+    tmp = path + ".tmp"
+    crc = 0
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                crc = zlib.crc32(chunk, crc)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+    fsync_dir(os.path.dirname(path) or ".")
+    return crc

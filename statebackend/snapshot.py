@@ -38,7 +38,7 @@ from typing import Any, BinaryIO
 import lz4.block
 import msgpack
 
-from statebackend._fs import fsync_dir, unlink_quietly
+from statebackend._fs import write_atomically
 from statebackend.errors import CorruptStateError, StateError
 from statebackend.keyed import KeyedStateBackend
 
@@ -142,20 +142,7 @@ def write_task_snapshot(
     )
     prefix = _PREFIX.pack(MAGIC, FILE_VERSION, 0, len(header), zlib.crc32(header))
 
-    tmp = path + ".tmp"
-    crc = 0
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in (prefix, header, *bodies):
-                f.write(chunk)
-                crc = zlib.crc32(chunk, crc)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        unlink_quietly(tmp)
-        raise
-    fsync_dir(os.path.dirname(path) or ".")
+    crc = write_atomically(path, (prefix, header, *bodies))
     size = len(prefix) + len(header) + offset
     return StateFileInfo(path=path, size=size, crc32=crc, sections=len(sections))
 

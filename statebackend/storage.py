@@ -26,7 +26,7 @@ import shutil
 import zlib
 from typing import Any
 
-from statebackend._fs import fsync_dir, unlink_quietly
+from statebackend._fs import unlink_quietly, write_atomically
 from statebackend.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -93,17 +93,7 @@ class CheckpointStorage:
         text = json.dumps({**body, "crc32": crc}, indent=2, sort_keys=True) + "\n"
         directory = self.checkpoint_dir(checkpoint_id)
         path = os.path.join(directory, METADATA)
-        tmp = path + ".tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            unlink_quietly(tmp)
-            raise
-        fsync_dir(directory)
+        write_atomically(path, [text.encode("utf-8")])
         return path
 
     def read_metadata(self, checkpoint_id: int) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from tests.integration.topologies import (
     final_counts,
     pipeline,
     pipeline_expected,
-    pipeline_to_files,
     read_part_files,
     slow_branch,
     slow_words,
@@ -182,7 +181,7 @@ def test_blocked_channels_spill_to_disk_and_replay_in_order() -> None:
 def test_file_sink_output_is_exactly_once_under_kills(tmp_path: Any) -> None:
     n = 20_000  # 2.5 s of input: both kills land well before the end, also on a busy machine
     out = str(tmp_path / "out")
-    result = pipeline_to_files(n, out, **CHK).run(
+    result = pipeline(n, files=out, **CHK).run(
         faults=[Kill("files[1]", after_checkpoint=1), Kill("count[0]", after_seconds=0.5, attempt=1)])
     assert len(result.restarts) == 2, result.summary()
     assert read_part_files(out) == pipeline_expected(n)

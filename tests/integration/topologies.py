@@ -105,17 +105,23 @@ def _square(x: int) -> int:
     return x * x
 
 
-def pipeline(n: int, rate: float | None = 8_000, **config: Any) -> Dataflow:
+def pipeline(n: int, rate: float | None = 8_000, files: str | None = None, **config: Any) -> Dataflow:
     """source (2) -> rebalance -> map "square" (2) -> key_by -> "count" (2) -> rebalance ->
-    sink "out" (1): every kind of task (source, middle, keyed, sink) is its own task."""
+    sink "out" (1): every kind of task (source, middle, keyed, sink) is its own task.
+    With ``files``, the sink is an exactly-once FileSink "files" (2 part files) there."""
+    from runtime.sinks import FileSink
+
     flow = Dataflow("pipeline", parallelism=2, **config)
-    (flow.source(GeneratorSource(lambda i: i, n, rate=rate), name="numbers")
-         .rebalance()
-         .map(_square, name="square")
-         .key_by(lambda x: x % 17)
-         .aggregate(0, lambda c, _x: c + 1, name="count")
-         .rebalance()
-         .collect("out", parallelism=1))
+    counts = (flow.source(GeneratorSource(lambda i: i, n, rate=rate), name="numbers")
+              .rebalance()
+              .map(_square, name="square")
+              .key_by(lambda x: x % 17)
+              .aggregate(0, lambda c, _x: c + 1, name="count")
+              .rebalance())
+    if files is None:
+        counts.collect("out", parallelism=1)
+    else:
+        counts.sink(FileSink(files), name="files")
     return flow
 
 
@@ -137,21 +143,6 @@ def slow_words(paths: list[str], **config: Any) -> Dataflow:
          .key_by(lambda w: w)
          .aggregate(0, lambda c, _w: c + 1, name="count")
          .collect("counts"))
-    return flow
-
-
-def pipeline_to_files(n: int, directory: str, rate: float | None = 8_000, **config: Any) -> Dataflow:
-    """The pipeline above, ending in an exactly-once FileSink with 2 part files."""
-    from runtime.sinks import FileSink
-
-    flow = Dataflow("pipeline", parallelism=2, **config)
-    (flow.source(GeneratorSource(lambda i: i, n, rate=rate), name="numbers")
-         .rebalance()
-         .map(_square, name="square")
-         .key_by(lambda x: x % 17)
-         .aggregate(0, lambda c, _x: c + 1, name="count")
-         .rebalance()
-         .sink(FileSink(directory), name="files"))
     return flow
 
 
