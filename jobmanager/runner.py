@@ -17,6 +17,7 @@ import socket
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,19 +255,13 @@ class JobManager:
         stage_done_at: float | None = None
         try:
             while True:
-                if self.router.poll(20):
-                    while True:
-                        try:
-                            _ident, frame = self.router.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        msg = P.decode(frame)
-                        if getattr(msg, "attempt", attempt) != attempt:
-                            continue  # a straggler of a failed attempt
-                        failure = self._handle(msg, tasks, registered, sources_ended, source_indexes,
-                                               coordinator, send)
-                        if failure is not None:
-                            return failure
+                for msg in self._receive(20):
+                    if getattr(msg, "attempt", attempt) != attempt:
+                        continue  # a straggler of a failed attempt
+                    failure = self._handle(msg, tasks, registered, sources_ended, source_indexes,
+                                           coordinator, send)
+                    if failure is not None:
+                        return failure
                 if self.monitor.poll(0):
                     while self.monitor.poll(0):
                         self.monitor.recv_multipart()
@@ -409,15 +404,19 @@ class JobManager:
         with contextlib.suppress(ProcessLookupError):
             os.kill(task.pid, sig)
 
-    def _drain_closed(self, tasks: dict[int, TaskInfo], attempt: int) -> None:
-        if not self.router.poll(10):
+    def _receive(self, timeout_ms: int) -> Iterator[P.Message]:
+        """Every message waiting on the ROUTER, after waiting up to ``timeout_ms`` for one."""
+        if not self.router.poll(timeout_ms):
             return
         while True:
             try:
-                _, frame = self.router.recv_multipart(zmq.NOBLOCK)
+                _ident, frame = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            msg = P.decode(frame)
+            yield P.decode(frame)
+
+    def _drain_closed(self, tasks: dict[int, TaskInfo], attempt: int) -> None:
+        for msg in self._receive(10):
             if isinstance(msg, P.Closed) and msg.attempt == attempt:
                 tasks[msg.task_index].closed = True
 
