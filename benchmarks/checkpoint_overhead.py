@@ -49,7 +49,9 @@ def run(n: int, interval: float | None, faults: list[Any] | None = None) -> Any:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--n", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bytewax-venv", default=os.path.join(os.path.dirname(REPO), "bytewax-venv"))
@@ -73,13 +75,20 @@ def main() -> None:
             alignment[interval] += [c["mean_alignment_ms"] for c in regular]
             state[interval] += [c["state_bytes"] for c in regular]
             counts[interval].append(len(regular))
-        print(f"  round {rep + 1}/{args.repeat}: " + ", ".join(
-            f"{'off' if i is None else f'{i}s'} {times[i][-1]:.2f}s" for i in INTERVALS), flush=True)
+        print(
+            f"  round {rep + 1}/{args.repeat}: "
+            + ", ".join(
+                f"{'off' if i is None else f'{i}s'} {times[i][-1]:.2f}s" for i in INTERVALS
+            ),
+            flush=True,
+        )
 
     base = statistics.median(times[None])
     print(f"\n== keyed running count, {n:,} records, parallelism 2, median of {args.repeat} ==")
-    print(f"{'interval':>9} {'run s':>7} {'rec/s':>10} {'overhead':>9} {'chk/run':>8} "
-          f"{'p50 ms':>8} {'p99 ms':>8} {'align ms':>9} {'state KiB':>10}")
+    print(
+        f"{'interval':>9} {'run s':>7} {'rec/s':>10} {'overhead':>9} {'chk/run':>8} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'align ms':>9} {'state KiB':>10}"
+    )
     for interval in INTERVALS:
         t = statistics.median(times[interval])
         label = "off" if interval is None else f"{interval} s"
@@ -87,18 +96,22 @@ def main() -> None:
             print(f"{label:>9} {t:>7.2f} {n / t:>10,.0f} {'-':>9}")
             continue
         d = durations[interval]
-        print(f"{label:>9} {t:>7.2f} {n / t:>10,.0f} {100 * (t / base - 1):>8.1f}% "
-              f"{statistics.median(counts[interval]):>8.0f} {percentile(d, 50):>8.1f} {percentile(d, 99):>8.1f} "
-              f"{statistics.mean(alignment[interval]) if alignment[interval] else 0:>9.2f} "
-              f"{statistics.median(state[interval]) / 1024 if state[interval] else 0:>10.0f}")
+        print(
+            f"{label:>9} {t:>7.2f} {n / t:>10,.0f} {100 * (t / base - 1):>8.1f}% "
+            f"{statistics.median(counts[interval]):>8.0f} {percentile(d, 50):>8.1f} {percentile(d, 99):>8.1f} "
+            f"{statistics.mean(alignment[interval]) if alignment[interval] else 0:>9.2f} "
+            f"{statistics.median(state[interval]) / 1024 if state[interval] else 0:>10.0f}"
+        )
     print("targets: overhead <= 5 % at 1 s, <= 20 % at 0.1 s; checkpoint p99 <= 250 ms")
 
     bw = bytewax(args.bytewax_venv, n, 0.1)
     if bw is not None:
         ours = n / statistics.median(times[0.1])
-        print(f"\nbytewax 0.21 with 0.1 s snapshots: {bw['records_per_s_execute']:,} records/s; "
-              f"absflow at 0.1 s: {ours:,.0f} records/s = {ours / bw['records_per_s_execute']:.1f}x "
-              f"(target >= 5x)")
+        print(
+            f"\nbytewax 0.21 with 0.1 s snapshots: {bw['records_per_s_execute']:,} records/s; "
+            f"absflow at 0.1 s: {ours:,.0f} records/s = {ours / bw['records_per_s_execute']:.1f}x "
+            f"(target >= 5x)"
+        )
     else:
         print("\n(no bytewax figure: create ../bytewax-venv as ../shared/peers/README.md says)")
 
@@ -106,9 +119,12 @@ def main() -> None:
     print("\n== recovery ==")
     for restart in r.restarts:
         rec = restart.recovery_seconds
-        print(f"killed count[1] (SIGKILL) -> processing again after restoring checkpoint "
-              f"{restart.restored_checkpoint}: {rec:.2f} s (target <= 3 s)" if rec is not None
-              else "killed, but no record processed after the restore was seen")
+        print(
+            f"killed count[1] (SIGKILL) -> processing again after restoring checkpoint "
+            f"{restart.restored_checkpoint}: {rec:.2f} s (target <= 3 s)"
+            if rec is not None
+            else "killed, but no record processed after the restore was seen"
+        )
     print(f"result after the kill: {check(r, n)}")
 
 

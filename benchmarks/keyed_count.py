@@ -71,7 +71,10 @@ def build(n: int, parallelism: int, **config: Any) -> Dataflow:
 def check(result: Any, n: int) -> dict[str, Any]:
     """Sink summaries of a run: records seen, keys, and whether sum(last counts) == n."""
     summaries = result.outputs.get("sink") or []
-    got = {"n": sum(s["n"] for s in summaries), "keys": sum(s["keys"] for s in summaries),
-           "sum_last": sum(s["sum_last"] for s in summaries)}
+    got = {
+        "n": sum(s["n"] for s in summaries),
+        "keys": sum(s["keys"] for s in summaries),
+        "sum_last": sum(s["sum_last"] for s in summaries),
+    }
     got["correct"] = got["sum_last"] == n and got["n"] == n
     return got

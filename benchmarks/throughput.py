@@ -62,9 +62,13 @@ def absflow_run(n: int, parallelism: int) -> dict[str, Any]:
     got = check(result, n)
     if not got["correct"]:
         raise SystemExit(f"absflow p={parallelism}: wrong result {got}")
-    return {"records_per_s": n / wall, "wall_s": wall, "startup_s": result.startup_seconds,
-            "processing_records_per_s": n / max(1e-9, wall - (result.startup_seconds or 0)),
-            "peak_rss_mib": max(result.peak_rss.values()) / 2**20}
+    return {
+        "records_per_s": n / wall,
+        "wall_s": wall,
+        "startup_s": result.startup_seconds,
+        "processing_records_per_s": n / max(1e-9, wall - (result.startup_seconds or 0)),
+        "peak_rss_mib": max(result.peak_rss.values()) / 2**20,
+    }
 
 
 def bytewax(venv: str, n: int, interval: float) -> dict[str, Any] | None:
@@ -72,8 +76,12 @@ def bytewax(venv: str, n: int, interval: float) -> dict[str, Any] | None:
     script = os.path.join(PEERS, "bytewax_wordcount.py")
     if not (os.path.exists(python) and os.path.exists(script)):
         return None
-    out = subprocess.run([python, script, "--n", str(n), "--interval-s", str(interval)],
-                         capture_output=True, text=True, timeout=600).stdout
+    out = subprocess.run(
+        [python, script, "--n", str(n), "--interval-s", str(interval)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
     for line in out.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -89,18 +97,26 @@ class SlowSink(Sink):
 
 def backpressure_rss(n: int) -> float:
     flow = Dataflow("backpressure", parallelism=1, progress=False)
-    (flow.source(GeneratorSource(lambda i: f"payload-{i:012d}-" + "x" * 64, n))
-         .map(lambda s: s.upper()).rebalance().sink(SlowSink(), name="slow"))
+    (
+        flow.source(GeneratorSource(lambda i: f"payload-{i:012d}-" + "x" * 64, n))
+        .map(lambda s: s.upper())
+        .rebalance()
+        .sink(SlowSink(), name="slow")
+    )
     result = flow.run()
     return max(result.peak_rss.values()) / 2**20
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--n", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bytewax-venv", default=os.path.join(os.path.dirname(REPO), "bytewax-venv"))
-    ap.add_argument("--bytewax-result", default=None, help="a 'RESULT {...}' line of the peer script")
+    ap.add_argument(
+        "--bytewax-result", default=None, help="a 'RESULT {...}' line of the peer script"
+    )
     ap.add_argument("--skip-backpressure", action="store_true")
     args = ap.parse_args()
     n = args.n
@@ -108,7 +124,14 @@ def main() -> None:
     print(f"warming up the SparkSession ... (N = {n:,})", flush=True)
     build(10_000, 2, progress=False).run()
 
-    rows: dict[str, list[float]] = {"a": [], "a_gen": [], "b1": [], "b2": [], "c": [], "bytewax": []}
+    rows: dict[str, list[float]] = {
+        "a": [],
+        "a_gen": [],
+        "b1": [],
+        "b2": [],
+        "c": [],
+        "bytewax": [],
+    }
     startup: list[float] = []
     rss: list[float] = []
     for rep in range(args.repeat):
@@ -125,10 +148,15 @@ def main() -> None:
             bw = bytewax(args.bytewax_venv, n, 0)
             if bw is not None:
                 rows["bytewax"].append(float(bw["records_per_s_execute"]))
-        print(f"  round {rep + 1}/{args.repeat}: " + ", ".join(
-            f"{k} {v[-1]:,.0f}" for k, v in rows.items() if v), flush=True)
+        print(
+            f"  round {rep + 1}/{args.repeat}: "
+            + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rows.items() if v),
+            flush=True,
+        )
     if args.bytewax_result:
-        rows["bytewax"].append(float(json.loads(args.bytewax_result.split("RESULT ", 1)[-1])["records_per_s_execute"]))
+        rows["bytewax"].append(
+            float(json.loads(args.bytewax_result.split("RESULT ", 1)[-1])["records_per_s_execute"])
+        )
 
     med = {k: statistics.median(v) for k, v in rows.items() if v}
     print(f"\n== throughput (records/s, median of {args.repeat}) ==")
@@ -147,15 +175,21 @@ def main() -> None:
         print(f"(b p2)/bytewax    = {med['b2'] / med['bytewax']:.2f}   (target >= 2.5, stretch 4)")
         print(f"(b p1)/bytewax    = {med['b1'] / med['bytewax']:.2f}")
     else:
-        print("(b)/bytewax: no bytewax figure (create ../bytewax-venv as ../shared/peers/README.md says)")
+        print(
+            "(b)/bytewax: no bytewax figure (create ../bytewax-venv as ../shared/peers/README.md says)"
+        )
     print("\n== start-up and memory ==")
-    print(f"start-up, submit -> first record (running session): median {statistics.median(startup):.2f} s, "
-          f"max {max(startup):.2f} s   (target <= 2 s)")
+    print(
+        f"start-up, submit -> first record (running session): median {statistics.median(startup):.2f} s, "
+        f"max {max(startup):.2f} s   (target <= 2 s)"
+    )
     print(f"peak RSS of a task process (keyed count): {max(rss):.0f} MiB")
     if not args.skip_backpressure:
         small, large = backpressure_rss(n // 10), backpressure_rss(n * 4 // 10)
-        print(f"slow sink (backpressure): peak task RSS {small:.0f} MiB at {n // 10:,} records, "
-              f"{large:.0f} MiB at {n * 4 // 10:,} records (flat = bounded buffers)")
+        print(
+            f"slow sink (backpressure): peak task RSS {small:.0f} MiB at {n // 10:,} records, "
+            f"{large:.0f} MiB at {n * 4 // 10:,} records (flat = bounded buffers)"
+        )
 
 
 if __name__ == "__main__":

@@ -35,14 +35,16 @@ def make_corpus(directory: str, words: int, files: int = 4, seed: int = 42) -> l
     if all(os.path.exists(p) for p in paths):
         return paths
     rng = random.Random(seed)
-    vocab = sorted({"".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(20000)})
+    vocab = sorted(
+        {"".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(20000)}
+    )
     rng.shuffle(vocab)
     weights = [1.0 / (rank + 1) for rank in range(len(vocab))]  # Zipf: a few words dominate
     per_file = words // files
     for i, path in enumerate(paths):
         n = per_file if i < files - 1 else words - per_file * (files - 1)
         chosen = rng.choices(vocab, weights, k=n)
-        lines = [" ".join(chosen[j:j + 12]) for j in range(0, n, 12)]
+        lines = [" ".join(chosen[j : j + 12]) for j in range(0, n, 12)]
         tmp = path + ".tmp"
         with open(tmp, "w") as fh:
             fh.write("\n".join(lines) + "\n")
@@ -71,15 +73,23 @@ def final_counts(records: list[tuple[str, int]]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--words", type=int, default=1_000_000)
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--data", default=os.path.join("data", "wordcount"))
-    ap.add_argument("--checkpoint-interval", type=float, default=0.5, help="seconds; 0 turns checkpoints off")
-    ap.add_argument("--checkpoint-dir", default=None, help="keep checkpoints here (default: a temp dir)")
+    ap.add_argument(
+        "--checkpoint-interval", type=float, default=0.5, help="seconds; 0 turns checkpoints off"
+    )
+    ap.add_argument(
+        "--checkpoint-dir", default=None, help="keep checkpoints here (default: a temp dir)"
+    )
     ap.add_argument("--kill-task", default=None, help="SIGKILL this task, e.g. count[1]")
     ap.add_argument("--after", default=None, help="when: 2s, chk3, alignment or snapshot")
-    ap.add_argument("--chaos", type=int, default=None, help="K random kills; compares with a clean run")
+    ap.add_argument(
+        "--chaos", type=int, default=None, help="K random kills; compares with a clean run"
+    )
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--top", type=int, default=10)
     args = ap.parse_args(argv)
@@ -107,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     for word, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: args.top]:
         print(f"  {word:<12} {count:>9,}")
     words = len(result.output("counts"))  # one running count per word, exactly once
-    print(f"\n{words:,} words counted ({len(counts):,} distinct) in {result.duration:.2f} s: "
-          f"{words / result.duration:,.0f} words/s ({elapsed:.2f} s with Spark start-up)")
+    print(
+        f"\n{words:,} words counted ({len(counts):,} distinct) in {result.duration:.2f} s: "
+        f"{words / result.duration:,.0f} words/s ({elapsed:.2f} s with Spark start-up)"
+    )
     print(result.summary())
 
     expected: collections.Counter[str] = collections.Counter()
@@ -121,9 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     if result.unfired_faults:
         print("note: the job finished before a fault fired; try an earlier --after")
     if reference is not None:
-        same = collections.Counter(result.output("counts")) == collections.Counter(reference.output("counts"))
-        print(f"chaos: {len(result.restarts)} restart(s); output equals the failure-free run "
-              f"record for record: {'YES' if same else 'NO'}")
+        same = collections.Counter(result.output("counts")) == collections.Counter(
+            reference.output("counts")
+        )
+        print(
+            f"chaos: {len(result.restarts)} restart(s); output equals the failure-free run "
+            f"record for record: {'YES' if same else 'NO'}"
+        )
         ok = ok and same
     return 0 if ok else 1
 

@@ -22,11 +22,24 @@ from statebackend.storage import METADATA, CheckpointStorage
 _CHK = re.compile(r"chk-(\d+)")
 
 SUMMARY_METRICS = (
-    "duration_ms", "max_start_delay_ms", "max_alignment_ms", "mean_alignment_ms",
-    "max_sync_ms", "max_async_ms", "state_bytes", "spilled_bytes", "keys",
+    "duration_ms",
+    "max_start_delay_ms",
+    "max_alignment_ms",
+    "mean_alignment_ms",
+    "max_sync_ms",
+    "max_async_ms",
+    "state_bytes",
+    "spilled_bytes",
+    "keys",
 )
-TASK_METRICS = ("start_delay_ms", "alignment_ms", "sync_ms", "async_ms", "state_bytes",
-                "spilled_bytes")
+TASK_METRICS = (
+    "start_delay_ms",
+    "alignment_ms",
+    "sync_ms",
+    "async_ms",
+    "state_bytes",
+    "spilled_bytes",
+)
 
 
 class UsageError(Exception):
@@ -53,11 +66,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
 
-    numeric = [bool(cells) and all(_is_number(r[i]) or r[i] == "-" for r in cells)
-               for i in range(len(headers))]
+    numeric = [
+        bool(cells) and all(_is_number(r[i]) or r[i] == "-" for r in cells)
+        for i in range(len(headers))
+    ]
 
     def line(row: Sequence[str]) -> str:
-        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric, strict=True)]
+        parts = [
+            c.rjust(w) if num else c.ljust(w)
+            for c, w, num in zip(row, widths, numeric, strict=True)
+        ]
         return "  ".join(parts).rstrip()
 
     return "\n".join([line(list(headers)), line(["-" * w for w in widths]), *map(line, cells)])
@@ -79,8 +97,11 @@ def _open_root(directory: str) -> CheckpointStorage:
 
 def checkpoint_ids(directory: str) -> list[int]:
     """Ids of the ``chk-<n>`` directories, ascending (complete or not)."""
-    ids = [int(m.group(1)) for name in os.listdir(directory)
-           if (m := _CHK.fullmatch(name)) and os.path.isdir(os.path.join(directory, name))]
+    ids = [
+        int(m.group(1))
+        for name in os.listdir(directory)
+        if (m := _CHK.fullmatch(name)) and os.path.isdir(os.path.join(directory, name))
+    ]
     return sorted(ids)
 
 
@@ -110,15 +131,39 @@ def list_checkpoints(directory: str, out: TextIO) -> int:
         meta = meta or {}
         metrics = meta.get("metrics", {})
         tasks = metrics.get("tasks", len(meta.get("task_metrics", {})) if meta else None)
-        rows.append([
-            n, status, meta.get("final") if meta else None, meta.get("attempt"),
-            _time(meta.get("trigger_time")), meta.get("duration_ms", metrics.get("duration_ms")),
-            metrics.get("state_bytes"), tasks, metrics.get("max_alignment_ms"),
-            metrics.get("spilled_bytes"),
-        ])
+        rows.append(
+            [
+                n,
+                status,
+                meta.get("final") if meta else None,
+                meta.get("attempt"),
+                _time(meta.get("trigger_time")),
+                meta.get("duration_ms", metrics.get("duration_ms")),
+                metrics.get("state_bytes"),
+                tasks,
+                metrics.get("max_alignment_ms"),
+                metrics.get("spilled_bytes"),
+            ]
+        )
     out.write(f"checkpoints in {storage.root}\n")
-    out.write(table(["id", "status", "final", "attempt", "triggered", "duration_ms",
-                     "state_bytes", "tasks", "max_align_ms", "spilled_bytes"], rows) + "\n")
+    out.write(
+        table(
+            [
+                "id",
+                "status",
+                "final",
+                "attempt",
+                "triggered",
+                "duration_ms",
+                "state_bytes",
+                "tasks",
+                "max_align_ms",
+                "spilled_bytes",
+            ],
+            rows,
+        )
+        + "\n"
+    )
     return 0
 
 
@@ -140,8 +185,10 @@ def show_checkpoint(directory: str, n: int, out: TextIO, err: TextIO) -> int:
         known = ", ".join(map(str, checkpoint_ids(storage.root))) or "none"
         raise UsageError(f"no checkpoint {n} in {storage.root} (checkpoints: {known})")
     if not os.path.isfile(os.path.join(path, METADATA)):
-        raise UsageError(f"checkpoint {n} in {storage.root} is incomplete: it has no {METADATA} "
-                         "(in progress, or aborted)")
+        raise UsageError(
+            f"checkpoint {n} in {storage.root} is incomplete: it has no {METADATA} "
+            "(in progress, or aborted)"
+        )
     try:
         meta = storage.read_metadata(n)
     except CorruptCheckpointError as error:
@@ -149,10 +196,14 @@ def show_checkpoint(directory: str, n: int, out: TextIO, err: TextIO) -> int:
         return 1
 
     out.write(f"checkpoint {n} of job {meta.get('job', '?')!r} in {path}\n")
-    out.write(f"  attempt {_cell(meta.get('attempt'))}, final {_cell(meta.get('final'))}, "
-              f"max parallelism {_cell(meta.get('max_parallelism'))}\n")
-    out.write(f"  triggered {_time(meta.get('trigger_time'))}, "
-              f"completed {_time(meta.get('completed_time'))}\n\n")
+    out.write(
+        f"  attempt {_cell(meta.get('attempt'))}, final {_cell(meta.get('final'))}, "
+        f"max parallelism {_cell(meta.get('max_parallelism'))}\n"
+    )
+    out.write(
+        f"  triggered {_time(meta.get('trigger_time'))}, "
+        f"completed {_time(meta.get('completed_time'))}\n\n"
+    )
 
     metrics = meta.get("metrics", {})
     out.write("summary\n")
@@ -168,8 +219,17 @@ def show_checkpoint(directory: str, n: int, out: TextIO, err: TextIO) -> int:
 
     files: dict[str, Any] = meta.get("tasks", {})
     out.write(f"\nstate files ({len(files)})\n")
-    rows = [[task, info.get("file"), info.get("size"), f"{info.get('crc32', 0):#010x}",
-             _operators(info)] for task, info in files.items() if isinstance(info, dict)]
+    rows = [
+        [
+            task,
+            info.get("file"),
+            info.get("size"),
+            f"{info.get('crc32', 0):#010x}",
+            _operators(info),
+        ]
+        for task, info in files.items()
+        if isinstance(info, dict)
+    ]
     out.write(table(["task", "file", "size", "crc32", "operators"], rows) + "\n\n")
 
     try:
@@ -177,24 +237,33 @@ def show_checkpoint(directory: str, n: int, out: TextIO, err: TextIO) -> int:
     except (CheckpointNotFoundError, CorruptCheckpointError) as error:
         out.write(f"verification: CORRUPT: {error}\n")
         return 1
-    count = "1 state file matches its" if len(files) == 1 else f"{len(files)} state files match their"
+    count = (
+        "1 state file matches its" if len(files) == 1 else f"{len(files)} state files match their"
+    )
     out.write(f"verification: OK ({count} recorded size and checksums)\n")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m jobmanager",
-                                     description="absflow job manager tools")
+    parser = argparse.ArgumentParser(
+        prog="python -m jobmanager", description="absflow job manager tools"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    chk = commands.add_parser("checkpoints", help="list or inspect the checkpoints in a root",
-                              description="List the checkpoints in a checkpoint root, or show one.")
+    chk = commands.add_parser(
+        "checkpoints",
+        help="list or inspect the checkpoints in a root",
+        description="List the checkpoints in a checkpoint root, or show one.",
+    )
     chk.add_argument("directory", metavar="DIR", help="checkpoint root (holds chk-<n> directories)")
-    chk.add_argument("--show", metavar="N", type=int, help="print checkpoint N in detail and verify it")
+    chk.add_argument(
+        "--show", metavar="N", type=int, help="print checkpoint N in detail and verify it"
+    )
     return parser
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
-         err: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
     """Run the command line; returns the exit code (argparse exits 2 on bad usage)."""
     out = out or sys.stdout
     err = err or sys.stderr

@@ -7,28 +7,19 @@ whole run, across restarts, so files of a failed attempt never mix with a new on
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobmanager import protocol as P
+from channels import control as P
+from channels.control import CheckpointFailureReason
 from runtime.config import JobConfig
 from runtime.plan import JobPlan
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.coordinator")
-
-
-class CheckpointFailureReason(enum.Enum):
-    EXPIRED = "the checkpoint did not complete within checkpoint_timeout"
-    DECLINED = "a task declined the checkpoint"
-    SUBSUMED = "a newer checkpoint completed first"
-    INPUT_ENDED = "the input ended before the checkpoint could complete"
-    TASK_FAILURE = "a task failed while the checkpoint was pending"
-    WRITE_FAILED = "writing the checkpoint metadata failed"
 
 
 @dataclass
@@ -57,15 +48,33 @@ class FailedCheckpoint:
     detail: str
 
 
+_COUNTED = frozenset(
+    {
+        CheckpointFailureReason.EXPIRED,
+        CheckpointFailureReason.DECLINED,
+        CheckpointFailureReason.STATE_WRITE_FAILED,
+        CheckpointFailureReason.METADATA_WRITE_FAILED,
+    }
+)
+"""Reasons that count towards ``tolerable_checkpoint_failures`` (as in Flink)."""
+
+
 class CheckpointCoordinator:
     """Triggers checkpoint n every ``checkpoint_interval`` by sending Trigger(n) to the
     source tasks only, completes n when every task acked, aborts it on timeout,
     decline or failure. ``send(task_index, message)`` reaches one task."""
 
-    def __init__(self, plan: JobPlan, config: JobConfig, storage: CheckpointStorage | None,
-                 send: Callable[[int, P.Message], None], first_id: int, attempt: int,
-                 on_complete: Callable[[CompletedCheckpoint], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        plan: JobPlan,
+        config: JobConfig,
+        storage: CheckpointStorage | None,
+        send: Callable[[int, P.Message], None],
+        first_id: int,
+        attempt: int,
+        on_complete: Callable[[CompletedCheckpoint], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.plan, self.config, self.storage, self.send = plan, config, storage, send
         self.attempt = attempt
         self.clock = clock
@@ -89,9 +98,12 @@ class CheckpointCoordinator:
         now = self.clock()
         for cp in list(self.pending.values()):
             if now - cp.trigger_mono > self.config.checkpoint_timeout:
-                self.abort(cp.checkpoint_id, CheckpointFailureReason.EXPIRED,
-                           f"{self.config.checkpoint_timeout:.1f} s passed, "
-                           f"{len(cp.not_yet_acked)} task(s) did not ack")
+                self.abort(
+                    cp.checkpoint_id,
+                    CheckpointFailureReason.EXPIRED,
+                    f"{self.config.checkpoint_timeout:.1f} s passed, "
+                    f"{len(cp.not_yet_acked)} task(s) did not ack",
+                )
         interval = self.config.checkpoint_interval
         if interval is None or self.final_triggered:
             return
@@ -136,10 +148,16 @@ class CheckpointCoordinator:
     def on_decline(self, decline: P.Decline) -> None:
         if decline.checkpoint_id in self.pending:
             task = self.plan.tasks[decline.task_index].task_id
-            self.abort(decline.checkpoint_id, CheckpointFailureReason.DECLINED,
-                       f"task {task}: {decline.reason}")
+            reason = CheckpointFailureReason.from_wire(decline.reason)
+            # A decline always counts towards tolerable_checkpoint_failures, whatever its reason.
+            self.abort(
+                decline.checkpoint_id,
+                reason,
+                f"declined by task {task}: {decline.detail}",
+                counted=True,
+            )
 
-    def _complete(self, cp: PendingCheckpoint) -> CompletedCheckpoint:
+    def _complete(self, cp: PendingCheckpoint) -> CompletedCheckpoint | None:
         del self.pending[cp.checkpoint_id]
         done = self.clock()
         duration_ms = (done - cp.trigger_mono) * 1000
@@ -155,16 +173,30 @@ class CheckpointCoordinator:
         path = None
         if self.storage is not None:
             metadata = {
-                "checkpoint_id": cp.checkpoint_id, "job": self.plan.name, "attempt": self.attempt,
-                "final": cp.final, "trigger_time": cp.trigger_time, "completed_time": time.time(),
-                "duration_ms": round(duration_ms, 3), "max_parallelism": self.plan.max_parallelism,
-                "tasks": tasks, "task_metrics": per_task, "metrics": metrics,
+                "checkpoint_id": cp.checkpoint_id,
+                "job": self.plan.name,
+                "attempt": self.attempt,
+                "final": cp.final,
+                "trigger_time": cp.trigger_time,
+                "completed_time": time.time(),
+                "duration_ms": round(duration_ms, 3),
+                "max_parallelism": self.plan.max_parallelism,
+                "tasks": tasks,
+                "task_metrics": per_task,
+                "metrics": metrics,
             }
             try:
                 path = self.storage.write_metadata(cp.checkpoint_id, metadata)
-            except OSError as err:
-                self.abort(cp.checkpoint_id, CheckpointFailureReason.WRITE_FAILED, str(err), pending=cp)
-                raise
+            except (
+                OSError
+            ) as err:  # e.g. a full disk: a failed checkpoint, tolerable like any other
+                self.abort(
+                    cp.checkpoint_id,
+                    CheckpointFailureReason.METADATA_WRITE_FAILED,
+                    f"{type(err).__name__}: {err}",
+                    pending=cp,
+                )
+                return None
         completed = CompletedCheckpoint(cp.checkpoint_id, cp.final, duration_ms, metrics, path)
         self.completed.append(completed)
         self.last_completion = done
@@ -173,7 +205,9 @@ class CheckpointCoordinator:
             self.final_completed = True
         # Older pending checkpoints are subsumed by this one.
         for older in [n for n in self.pending if n < cp.checkpoint_id]:
-            self.abort(older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cp.checkpoint_id} completed")
+            self.abort(
+                older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cp.checkpoint_id} completed"
+            )
         for index in sorted(self.all_tasks):
             self.send(index, P.Complete(cp.checkpoint_id))
         if self.storage is not None:
@@ -183,15 +217,22 @@ class CheckpointCoordinator:
         return completed
 
     # -- aborting -------------------------------------------------------------------------
-    def abort(self, checkpoint_id: int, reason: CheckpointFailureReason, detail: str = "",
-              pending: PendingCheckpoint | None = None) -> None:
+    def abort(
+        self,
+        checkpoint_id: int,
+        reason: CheckpointFailureReason,
+        detail: str = "",
+        pending: PendingCheckpoint | None = None,
+        counted: bool = False,
+    ) -> None:
         cp = self.pending.pop(checkpoint_id, None) or pending
         if cp is None:
             return
         self.failed.append(FailedCheckpoint(checkpoint_id, reason, detail))
-        log.info("checkpoint %d aborted (%s): %s %s", checkpoint_id, reason.name, reason.value, detail)
-        if reason in (CheckpointFailureReason.EXPIRED, CheckpointFailureReason.DECLINED,
-                      CheckpointFailureReason.WRITE_FAILED):
+        log.info(
+            "checkpoint %d aborted (%s): %s %s", checkpoint_id, reason.name, reason.value, detail
+        )
+        if counted or reason in _COUNTED:
             self.consecutive_failures += 1
         if reason is not CheckpointFailureReason.TASK_FAILURE:
             for index in sorted(self.all_tasks):
@@ -214,6 +255,7 @@ class CheckpointCoordinator:
 
 def summarize(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Checkpoint-level figures from the tasks' ack metrics."""
+
     def values(key: str) -> list[float]:
         return [float(m[key]) for m in per_task.values() if key in m]
 
@@ -224,7 +266,9 @@ def summarize(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "tasks": len(per_task),
         "max_start_delay_ms": mx("start_delay_ms"),
         "max_alignment_ms": mx("alignment_ms"),
-        "mean_alignment_ms": round(sum(values("alignment_ms")) / max(1, len(values("alignment_ms"))), 3),
+        "mean_alignment_ms": round(
+            sum(values("alignment_ms")) / max(1, len(values("alignment_ms"))), 3
+        ),
         "max_sync_ms": mx("sync_ms"),
         "max_async_ms": mx("async_ms"),
         "state_bytes": int(sum(values("state_bytes"))),

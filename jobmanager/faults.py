@@ -78,27 +78,52 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
             t = _task(plan, fault.task)
             if fault.during is None:
                 if fault.after_seconds is None and fault.after_checkpoint is None:
-                    raise GraphError(f"Kill({fault.task!r}) needs after_seconds, after_checkpoint or during.")
-                driver.append(DriverKill(t, fault.attempt, fault.after_seconds, fault.after_checkpoint,
-                                         fault.signal))
+                    raise GraphError(
+                        f"Kill({fault.task!r}) needs after_seconds, after_checkpoint or during."
+                    )
+                driver.append(
+                    DriverKill(
+                        t, fault.attempt, fault.after_seconds, fault.after_checkpoint, fault.signal
+                    )
+                )
             elif fault.signal != signal.SIGKILL:
-                raise GraphError(f"Kill({fault.task!r}, during=...) always sends SIGKILL; drop signal=.")
+                raise GraphError(
+                    f"Kill({fault.task!r}, during=...) always sends SIGKILL; drop signal=."
+                )
             elif fault.during in ("alignment", "snapshot"):
                 if fault.during == "alignment" and len(plan.tasks[t].inputs) < 2:
                     raise GraphError(
                         f"Kill({fault.task!r}, during='alignment'): the task has "
-                        f"{len(plan.tasks[t].inputs)} input channel(s); alignment needs at least 2.")
-                kind = "kill_during_alignment" if fault.during == "alignment" else "kill_during_snapshot"
+                        f"{len(plan.tasks[t].inputs)} input channel(s); alignment needs at least 2."
+                    )
+                kind = (
+                    "kill_during_alignment"
+                    if fault.during == "alignment"
+                    else "kill_during_snapshot"
+                )
                 task.append(TaskFault(kind, t, fault.attempt, fault.after_checkpoint or 1))
             else:
                 raise GraphError(f"Kill(during={fault.during!r}): use 'alignment' or 'snapshot'.")
         elif isinstance(fault, RaiseAt):
-            matches = [x for x in plan.tasks if x.subtask == fault.subtask
-                       and any(s.name == fault.operator for s in plan.chain_steps(x))]
+            matches = [
+                x
+                for x in plan.tasks
+                if x.subtask == fault.subtask
+                and any(s.name == fault.operator for s in plan.chain_steps(x))
+            ]
             if not matches:
-                raise GraphError(f"RaiseAt: no step '{fault.operator}' with subtask {fault.subtask}.")
-            task.append(TaskFault("raise_at_record", matches[0].index, fault.attempt,
-                                  operator=fault.operator, record=fault.record))
+                raise GraphError(
+                    f"RaiseAt: no step '{fault.operator}' with subtask {fault.subtask}."
+                )
+            task.append(
+                TaskFault(
+                    "raise_at_record",
+                    matches[0].index,
+                    fault.attempt,
+                    operator=fault.operator,
+                    record=fault.record,
+                )
+            )
         elif isinstance(fault, RandomKills):
             rng = random.Random(fault.seed)
             for attempt in range(fault.count):
@@ -117,8 +142,9 @@ def _task(plan: JobPlan, ref: str) -> int:
         raise GraphError(str(err)) from None
 
 
-def parse_kill_args(kill_task: str | None, after: str | None, chaos: int | None,
-                    seed: int | None = None) -> list[object]:
+def parse_kill_args(
+    kill_task: str | None, after: str | None, chaos: int | None, seed: int | None = None
+) -> list[object]:
     """Faults from the examples' command line: ``--kill-task count[1] --after 3s``
     (or ``--after chk2``, ``--after alignment``, ``--after snapshot``) and ``--chaos K``."""
     faults: list[object] = []

@@ -14,10 +14,12 @@ import queue
 import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from runtime.config import JobConfig, TaskEnvironment
-from runtime.errors import InsufficientSlotsError
+from runtime.errors import InsufficientSlotsError, WorkerStartError
 from runtime.plan import JobPlan
 
 log = logging.getLogger("absflow.launcher")
@@ -35,11 +37,24 @@ def _stop_owned() -> None:
             _owned_session = None
 
 
-def ensure_session(tasks_needed: int, config: JobConfig) -> Any:
-    """The active SparkSession, or an embedded local one with a slot per task.
+def submitted() -> bool:
+    """True when this driver was started by spark-submit (or another Spark launcher that
+    hands pyspark a running JVM gateway): the submitted configuration, ``--master``
+    included, is then the one to use."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
-    An embedded session is created once per driver process (stopped at exit) and
-    recreated bigger if a later job needs more slots than it has.
+
+def ensure_session(
+    tasks_needed: int, config: JobConfig, say: Callable[[str], None] = log.info
+) -> Any:
+    """The SparkSession to run on.
+
+    * an active session (the user's, or the one spark-submit configured): used as is;
+    * under spark-submit with no session yet: one built from the submitted
+      configuration (``--master``, ``--conf``), never overridden;
+    * a plain ``python script.py``: an embedded ``local[tasks + 2]`` session, created once
+      per driver process (stopped at exit) and recreated bigger if a later job needs
+      more slots than it has.
     """
     global _owned_session
     from pyspark import SparkContext
@@ -50,6 +65,9 @@ def ensure_session(tasks_needed: int, config: JobConfig) -> Any:
         active = SparkSession.builder.getOrCreate()
     if active is not None and active is not _owned_session:
         return active
+    if active is None and submitted() and config.local_master is None:
+        say("using the SparkSession configured by spark-submit")
+        return SparkSession.builder.appName("absflow").getOrCreate()
     if active is not None and available_slots(active.sparkContext) >= tasks_needed:
         return active
     if active is not None:
@@ -73,23 +91,52 @@ def ensure_session(tasks_needed: int, config: JobConfig) -> Any:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("FATAL")
-    warm_up(spark.sparkContext, available_slots(spark.sparkContext))
     if _owned_session is None:
         atexit.register(_stop_owned)
     _owned_session = spark
+    warm_up(spark.sparkContext, available_slots(spark.sparkContext), say=say)
     return spark
 
 
-def warm_up(sc: Any, n: int) -> None:
+def _load_task_code(_: Any) -> list[int]:
+    import runtime.task  # noqa: F401
+
+    return [os.getpid()]
+
+
+WARM_UP_ATTEMPTS = 3
+
+
+def warm_up(
+    sc: Any,
+    n: int,
+    say: Callable[[str], None] = log.info,
+    load: Callable[[Any], list[int]] = _load_task_code,
+    attempts: int = WARM_UP_ATTEMPTS,
+) -> None:
     """Start ``n`` Python workers at once and import the task code in them, so the
-    first barrier stage (and a restart) takes pooled workers instead of forking."""
+    first barrier stage (and a restart) takes pooled workers instead of forking.
 
-    def load(_: Any) -> list[int]:
-        import runtime.task  # noqa: F401
-
-        return [os.getpid()]
-
-    sc.parallelize(range(n), n).barrier().mapPartitions(load).collect()
+    A worker lost during the warm-up (e.g. under load) fails Spark's barrier stage; it
+    is tried again, ``attempts`` times in all, then fails with a WorkerStartError.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            sc.parallelize(range(n), n).barrier().mapPartitions(load).collect()
+            return
+        except (
+            Exception
+        ) as err:  # Py4JJavaError: "Could not recover from a failed barrier ResultStage"
+            reason = describe_stage_error(err)
+            if attempt == attempts:
+                raise WorkerStartError(
+                    f"starting {n} Spark Python workers failed {attempts} times; the last time: "
+                    f"{reason}. Check that the executors can run {sys.executable} and import "
+                    f"absflow, and that the machine is not out of memory."
+                ) from err
+            say(
+                f"starting Python workers failed ({reason}); trying again ({attempt + 1} of {attempts})"
+            )
 
 
 def available_slots(sc: Any) -> int:
@@ -101,15 +148,47 @@ def available_slots(sc: Any) -> int:
         return int(sc.defaultParallelism)
 
 
-def check_slots(sc: Any, needed: int) -> None:
-    """Fail fast where Spark would wait silently for slots a barrier stage cannot get."""
+def _fixed_local(master: str) -> bool:
+    """``local``/``local[n]``/``local[*]``: every slot exists as soon as the context does."""
+    return master == "local" or (
+        master.startswith("local[") and not master.startswith("local-cluster")
+    )
+
+
+def check_slots(
+    sc: Any,
+    needed: int,
+    wait: float = 60.0,
+    say: Callable[[str], None] = log.info,
+    clock: Callable[[], float] = time.monotonic,
+    poll: float = 0.2,
+) -> int:
+    """Fail fast where Spark would wait silently for slots a barrier stage cannot get.
+
+    On a cluster (``local-cluster``, standalone, YARN) executors register after the
+    context starts: wait up to ``wait`` seconds for enough slots, saying so, then fail
+    naming the slots needed and available. Returns the slots available.
+    """
     slots = available_slots(sc)
+    if slots < needed and not _fixed_local(sc.master):
+        say(
+            f"waiting up to {wait:.0f} s for executors: {slots} of {needed} task slots registered "
+            f"(master {sc.master})"
+        )
+        deadline = clock() + wait
+        while slots < needed and clock() < deadline:
+            time.sleep(poll)
+            slots = available_slots(sc)
+        if slots >= needed:
+            say(f"executors ready: {slots} task slots")
     if slots < needed:
+        waited = "" if _fixed_local(sc.master) else f" after waiting {wait:.0f} s for executors"
         raise InsufficientSlotsError(
-            f"the job has {needed} tasks but the SparkSession has only {slots} task slots "
+            f"the job has {needed} tasks but the SparkSession has only {slots} task slots{waited} "
             f"(master {sc.master}); a barrier stage needs one slot per task. Use "
             f"local[{needed}] (or more executors/cores), or lower the parallelism or chain more steps."
         )
+    return slots
 
 
 def driver_host(sc: Any) -> str:
@@ -129,7 +208,9 @@ class StageRunner:
         self.sc = spark.sparkContext
         self.plan, self.env, self.group = plan, env, group
         self.outcome: queue.Queue[BaseException | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name=f"absflow-stage-{env.attempt}", daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, name=f"absflow-stage-{env.attempt}", daemon=True
+        )
 
     def start(self) -> StageRunner:
         self.thread.start()

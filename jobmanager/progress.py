@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import TextIO
+
+log = logging.getLogger("absflow.jobmanager")
 
 
 class Progress:
@@ -15,8 +18,14 @@ class Progress:
         self.next_draw = 0.0
         self.width = 0
 
-    def update(self, records_in: int, records_out: int, checkpoints: int, restarts: int,
-               last_checkpoint_ms: float | None) -> None:
+    def update(
+        self,
+        records_in: int,
+        records_out: int,
+        checkpoints: int,
+        restarts: int,
+        last_checkpoint_ms: float | None,
+    ) -> None:
         if not self.enabled:
             return
         now = time.monotonic()
@@ -25,12 +34,24 @@ class Progress:
         self.next_draw = now + 0.2
         elapsed = now - self.start
         rate = records_in / elapsed if elapsed > 0 else 0.0
-        chk = f"  chk {checkpoints}" + (f" ({last_checkpoint_ms:.0f} ms)" if last_checkpoint_ms else "")
-        line = (f"in {records_in:,}  out {records_out:,}  {rate:,.0f} rec/s  {elapsed:.1f} s"
-                f"{chk if checkpoints else ''}{f'  restarts {restarts}' if restarts else ''}")
+        chk = f"  chk {checkpoints}" + (
+            f" ({last_checkpoint_ms:.0f} ms)" if last_checkpoint_ms else ""
+        )
+        line = (
+            f"in {records_in:,}  out {records_out:,}  {rate:,.0f} rec/s  {elapsed:.1f} s"
+            f"{chk if checkpoints else ''}{f'  restarts {restarts}' if restarts else ''}"
+        )
         self.width = max(self.width, len(line))
         self.stream.write("\r" + line.ljust(self.width))
         self.stream.flush()
+
+    def say(self, text: str) -> None:
+        """A one-off status line (e.g. waiting for executors): on the terminal when the
+        progress line is on, and always in the log."""
+        log.info("%s", text)
+        if self.enabled:
+            self.stream.write("\r" + text.ljust(self.width) + "\n")
+            self.stream.flush()
 
     def close(self) -> None:
         if self.enabled and self.width:

@@ -94,12 +94,18 @@ class ExponentialBackoff(RestartStrategy):
         if self.used >= self.max_attempts:
             return None
         self.used += 1
-        self.current = self.initial if self.current == 0.0 else min(self.max_delay, self.current * self.multiplier)
+        self.current = (
+            self.initial
+            if self.current == 0.0
+            else min(self.max_delay, self.current * self.multiplier)
+        )
         return self.current
 
     def describe(self) -> str:
-        return (f"exponential back-off ({self.initial} s x{self.multiplier} up to {self.max_delay} s, "
-                f"at most {self.max_attempts} restarts)")
+        return (
+            f"exponential back-off ({self.initial} s x{self.multiplier} up to {self.max_delay} s, "
+            f"at most {self.max_attempts} restarts)"
+        )
 
 
 def default_strategy(checkpointing: bool) -> RestartStrategy:

@@ -50,20 +50,30 @@ class JobResult:
         return self.records_in / self.duration if self.duration > 0 else 0.0
 
     def summary(self) -> str:
-        lines = [f"job '{self.name}': {self.records_in:,} records in, {self.records_out:,} out "
-                 f"in {self.duration:.2f} s ({self.records_per_second:,.0f} records/s)"]
+        lines = [
+            f"job '{self.name}': {self.records_in:,} records in, {self.records_out:,} out "
+            f"in {self.duration:.2f} s ({self.records_per_second:,.0f} records/s)"
+        ]
         if self.startup_seconds is not None:
             lines.append(f"  start-up (submit -> first record): {self.startup_seconds:.2f} s")
         done = [c for c in self.checkpoints if not c.get("final")]
         if self.checkpoints:
             durations = sorted(c["duration_ms"] for c in self.checkpoints)
-            lines.append(f"  checkpoints: {len(done)} completed + final, "
-                         f"{len(self.failed_checkpoints)} failed, median duration "
-                         f"{durations[len(durations) // 2]:.1f} ms")
+            lines.append(
+                f"  checkpoints: {len(done)} completed + final, "
+                f"{len(self.failed_checkpoints)} failed, median duration "
+                f"{durations[len(durations) // 2]:.1f} ms"
+            )
         for r in self.restarts:
-            restored = f"checkpoint {r.restored_checkpoint}" if r.restored_checkpoint else "the start"
-            rec = f", processing again after {r.recovery_seconds:.2f} s" if r.recovery_seconds else ""
-            lines.append(f"  restart after attempt {r.attempt} failed ({r.reason}): restored {restored}{rec}")
+            restored = (
+                f"checkpoint {r.restored_checkpoint}" if r.restored_checkpoint else "the start"
+            )
+            rec = (
+                f", processing again after {r.recovery_seconds:.2f} s" if r.recovery_seconds else ""
+            )
+            lines.append(
+                f"  restart after attempt {r.attempt} failed ({r.reason}): restored {restored}{rec}"
+            )
         if not self.restarts:
             lines.append("  restarts: 0")
         for fault in self.unfired_faults:

@@ -23,11 +23,11 @@ from typing import Any
 
 import zmq
 
+from channels import control as P
+from channels.control import CheckpointFailureReason
 from jobmanager import launcher
-from jobmanager import protocol as P
 from jobmanager.coordinator import (
     CheckpointCoordinator,
-    CheckpointFailureReason,
     CompletedCheckpoint,
 )
 from jobmanager.faults import DriverKill, resolve_faults
@@ -78,19 +78,26 @@ class RestorePoint:
     metadata: dict[str, Any]
 
 
-def run_job(plan: JobPlan, config: JobConfig, restore_from: str | None = None,
-            faults: list[object] | None = None) -> JobResult:
+def run_job(
+    plan: JobPlan,
+    config: JobConfig,
+    restore_from: str | None = None,
+    faults: list[object] | None = None,
+) -> JobResult:
     """Run ``plan`` to completion; raise TaskFailedError when restarts are exhausted."""
     return JobManager(plan, config, restore_from, faults or []).run()
 
 
 class JobManager:
-    def __init__(self, plan: JobPlan, config: JobConfig, restore_from: str | None,
-                 faults: list[object]) -> None:
+    def __init__(
+        self, plan: JobPlan, config: JobConfig, restore_from: str | None, faults: list[object]
+    ) -> None:
         self.plan, self.config = plan, config
         self.driver_kills, self.task_faults = resolve_faults(plan, faults)
         # Strategies count failures: every run gets its own copy of the configured one.
-        self.strategy = copy.deepcopy(config.restart_strategy) or default_strategy(config.checkpointing)
+        self.strategy = copy.deepcopy(config.restart_strategy) or default_strategy(
+            config.checkpointing
+        )
         self.initial_restore: RestorePoint | None = None
         if restore_from is not None:  # first: a bad path must not leave anything behind
             st, n = CheckpointStorage.resolve(restore_from)
@@ -123,13 +130,22 @@ class JobManager:
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> JobResult:
         try:
-            spark = launcher.ensure_session(len(self.plan.tasks), self.config)
+            spark = launcher.ensure_session(
+                len(self.plan.tasks), self.config, say=self.progress.say
+            )
             sc = spark.sparkContext
-            launcher.check_slots(sc, len(self.plan.tasks))
+            launcher.check_slots(
+                sc, len(self.plan.tasks), wait=self.config.executor_wait, say=self.progress.say
+            )
         except BaseException:
             self._remove_owned_dirs()
             raise
-        self.local_hosts = {launcher.driver_host(sc), "127.0.0.1", "localhost", socket.gethostname()}
+        self.local_hosts = {
+            launcher.driver_host(sc),
+            "127.0.0.1",
+            "localhost",
+            socket.gethostname(),
+        }
         self.zctx = zmq.Context()
         try:
             self.router = self.zctx.socket(zmq.ROUTER)
@@ -160,11 +176,22 @@ class JobManager:
                 if delay is None:
                     raise self._give_up(failure, attempt)
                 restore = self._latest_restore_point()
-                self.restarts.append(Restart(attempt, failure.reason,
-                                             restore.checkpoint_id if restore else None, failed_at))
+                self.restarts.append(
+                    Restart(
+                        attempt,
+                        failure.reason,
+                        restore.checkpoint_id if restore else None,
+                        failed_at,
+                    )
+                )
                 self._drop_uncommitted(restore)
-                log.warning("attempt %d failed (%s); restarting from %s in %.2f s", attempt, failure.reason,
-                            f"checkpoint {restore.checkpoint_id}" if restore else "the start", delay)
+                log.warning(
+                    "attempt %d failed (%s); restarting from %s in %.2f s",
+                    attempt,
+                    failure.reason,
+                    f"checkpoint {restore.checkpoint_id}" if restore else "the start",
+                    delay,
+                )
                 time.sleep(delay)
                 attempt += 1
             return self._result(time.monotonic() - started)
@@ -190,7 +217,9 @@ class JobManager:
         return TaskFailedError(
             f"job '{self.plan.name}' failed{tried}: {failure.reason}{where}; restart strategy: "
             f"{self.strategy.describe()}{detail}{remote}",
-            operator=failure.operator, subtask=failure.subtask, remote_traceback=failure.traceback,
+            operator=failure.operator,
+            subtask=failure.subtask,
+            remote_traceback=failure.traceback,
         )
 
     def _latest_restore_point(self) -> RestorePoint | None:
@@ -201,7 +230,11 @@ class JobManager:
                 try:
                     return RestorePoint(self.storage, n, self.storage.check(n))
                 except (StateError, OSError) as err:
-                    log.warning("checkpoint %d cannot be restored (%s); falling back to an older one", n, err)
+                    log.warning(
+                        "checkpoint %d cannot be restored (%s); falling back to an older one",
+                        n,
+                        err,
+                    )
         if self.initial_restore is not None:
             r = self.initial_restore
             return RestorePoint(r.storage, r.checkpoint_id, r.storage.check(r.checkpoint_id))
@@ -214,11 +247,14 @@ class JobManager:
             del self.committed[key]
 
     # -- one attempt -------------------------------------------------------------------------
-    def _run_attempt(self, spark: Any, attempt: int, restore: RestorePoint | None,
-                     started: float) -> Failure | None:
+    def _run_attempt(
+        self, spark: Any, attempt: int, restore: RestorePoint | None, started: float
+    ) -> Failure | None:
         plan, config = self.plan, self.config
         env = TaskEnvironment(
-            jm_endpoint=self.endpoint, attempt=attempt, config=config,
+            jm_endpoint=self.endpoint,
+            attempt=attempt,
+            config=config,
             checkpoint_root=self.storage.root if self.storage else None,
             restore_dir=restore.storage.checkpoint_dir(restore.checkpoint_id) if restore else None,
             restore_metadata=restore.metadata if restore else None,
@@ -237,19 +273,26 @@ class JobManager:
 
         def send(index: int, msg: P.Message) -> None:
             try:
-                self.router.send_multipart([f"{index}:{attempt}".encode(), P.encode(msg)], zmq.NOBLOCK)
+                self.router.send_multipart(
+                    [f"{index}:{attempt}".encode(), P.encode(msg)], zmq.NOBLOCK
+                )
             except zmq.ZMQError as err:
                 log.debug("cannot reach task %d: %s", index, err)
 
         def on_complete(cp: CompletedCheckpoint) -> None:
             self.completed.append(cp)
             for k in list(kills):
-                if k.after_checkpoint is not None and cp.checkpoint_id >= k.after_checkpoint and not cp.final:
+                if (
+                    k.after_checkpoint is not None
+                    and cp.checkpoint_id >= k.after_checkpoint
+                    and not cp.final
+                ):
                     self._kill(tasks[k.task_index], attempt, k.signal)
                     kills.remove(k)
 
-        coordinator = CheckpointCoordinator(plan, config, self.storage, send, self.next_checkpoint_id,
-                                            attempt, on_complete)
+        coordinator = CheckpointCoordinator(
+            plan, config, self.storage, send, self.next_checkpoint_id, attempt, on_complete
+        )
         stage = launcher.StageRunner(spark, plan, env, f"absflow-{self.run_id}-{attempt}").start()
         failure: Failure | None = None
         stage_done_at: float | None = None
@@ -258,21 +301,33 @@ class JobManager:
                 for msg in self._receive(20):
                     if getattr(msg, "attempt", attempt) != attempt:
                         continue  # a straggler of a failed attempt
-                    failure = self._handle(msg, tasks, registered, sources_ended, source_indexes,
-                                           coordinator, send)
+                    failure = self._handle(
+                        msg, tasks, registered, sources_ended, source_indexes, coordinator, send
+                    )
                     if failure is not None:
                         return failure
                 if self.monitor.poll(0):
                     while self.monitor.poll(0):
                         self.monitor.recv_multipart()
-                    dead = [t for t in tasks.values() if t.pid and t.host in self.local_hosts
-                            and not t.closed and not _alive(t.pid)]
+                    dead = [
+                        t
+                        for t in tasks.values()
+                        if t.pid
+                        and t.host in self.local_hosts
+                        and not t.closed
+                        and not _alive(t.pid)
+                    ]
                     if dead:
                         return Failure(f"task {dead[0].task_id} (pid {dead[0].pid}) died")
                 now = time.monotonic()
                 if all_registered_at is None and len(registered) == len(tasks):
                     all_registered_at = now
-                    log.info("attempt %d: all %d tasks registered %.3f s after submit", attempt, len(tasks), now - submit)
+                    log.info(
+                        "attempt %d: all %d tasks registered %.3f s after submit",
+                        attempt,
+                        len(tasks),
+                        now - submit,
+                    )
                     coordinator.started = now
                     coordinator.last_completion = now
                 if first_record_wall is None:
@@ -281,7 +336,9 @@ class JobManager:
                     if firsts:
                         first_record_wall = min(firsts)
                         if attempt == 0 and self.startup_seconds is None:
-                            self.startup_seconds = first_record_wall - (time.time() - (now - submit))
+                            self.startup_seconds = first_record_wall - (
+                                time.time() - (now - submit)
+                            )
                         if self.restarts and self.restarts[-1].resumed_at is None:
                             self.restarts[-1].resumed_at = first_record_wall
                 if all(t.finished for t in tasks.values()):
@@ -289,47 +346,69 @@ class JobManager:
                     self.next_checkpoint_id = coordinator.next_id
                     self._collect_metrics(tasks)
                     for k in kills:
-                        registered_for = (f"{now - all_registered_at:.2f} s after all tasks registered"
-                                          if all_registered_at is not None else "before all tasks registered")
+                        registered_for = (
+                            f"{now - all_registered_at:.2f} s after all tasks registered"
+                            if all_registered_at is not None
+                            else "before all tasks registered"
+                        )
                         self.unfired_faults.append(
                             f"{k} in attempt {attempt}: the attempt finished first, {registered_for}, "
-                            f"{len(coordinator.completed)} checkpoint(s) completed")
+                            f"{len(coordinator.completed)} checkpoint(s) completed"
+                        )
                         log.warning("fault did not fire: %s", self.unfired_faults[-1])
                     return None
                 if all_registered_at is not None:
                     coordinator.on_tick()
                     if coordinator.final_failed is not None:
                         f = coordinator.final_failed
-                        return Failure(f"the final checkpoint {f.checkpoint_id} failed "
-                                       f"({f.reason.name}: {f.detail})")
+                        return Failure(
+                            f"the final checkpoint {f.checkpoint_id} failed "
+                            f"({f.reason.name}: {f.detail})"
+                        )
                     if coordinator.too_many_failures:
-                        return Failure(f"{coordinator.consecutive_failures} consecutive checkpoint failures "
-                                       f"(tolerable_checkpoint_failures={config.tolerable_checkpoint_failures})")
+                        return Failure(
+                            f"{coordinator.consecutive_failures} consecutive checkpoint failures "
+                            f"(tolerable_checkpoint_failures={config.tolerable_checkpoint_failures})"
+                        )
                     for k in list(kills):
-                        if k.after_seconds is not None and now - all_registered_at >= k.after_seconds:
+                        if (
+                            k.after_seconds is not None
+                            and now - all_registered_at >= k.after_seconds
+                        ):
                             self._kill(tasks[k.task_index], attempt, k.signal)
                             kills.remove(k)
                     for t in tasks.values():
                         if not t.finished and now - t.last_seen > config.heartbeat_timeout:
-                            return Failure(f"task {t.task_id} stopped heart-beating "
-                                           f"for {config.heartbeat_timeout:.0f} s")
+                            return Failure(
+                                f"task {t.task_id} stopped heart-beating "
+                                f"for {config.heartbeat_timeout:.0f} s"
+                            )
                 elif now - submit > REGISTRATION_TIMEOUT:
                     missing = [tasks[i].task_id for i in tasks if i not in registered]
-                    return Failure(f"tasks {missing} did not start within {REGISTRATION_TIMEOUT:.0f} s", fatal=True)
+                    return Failure(
+                        f"tasks {missing} did not start within {REGISTRATION_TIMEOUT:.0f} s",
+                        fatal=True,
+                    )
                 if stage_done_at is None and not stage.outcome.empty():
                     err = stage.outcome.get()
                     stage_done_at = now
                     if err is not None:
-                        return Failure(launcher.describe_stage_error(err), error=_first_lines(str(err)))
+                        return Failure(
+                            launcher.describe_stage_error(err), error=_first_lines(str(err))
+                        )
                 if stage_done_at is not None and now - stage_done_at > 5.0:
                     return Failure("the barrier stage ended before every task finished")
                 if config.timeout is not None and now - started > config.timeout:
-                    return Failure(f"the job ran longer than timeout={config.timeout} s", fatal=True)
+                    return Failure(
+                        f"the job ran longer than timeout={config.timeout} s", fatal=True
+                    )
                 self.progress.update(
                     sum(tasks[i].records_in for i in source_indexes),
                     sum(tasks[i].records_out for i in sink_indexes),
-                    len(self.completed), len(self.restarts),
-                    self.completed[-1].duration_ms if self.completed else None)
+                    len(self.completed),
+                    len(self.restarts),
+                    self.completed[-1].duration_ms if self.completed else None,
+                )
         except KeyboardInterrupt:
             failure = Failure("cancelled by the user (Ctrl-C)", fatal=True)
             raise JobCancelledError(f"job '{plan.name}' was cancelled") from None
@@ -343,16 +422,26 @@ class JobManager:
                 self._end_attempt(stage, tasks, send, attempt)
             self.failed_checkpoints.extend(
                 {"checkpoint_id": f.checkpoint_id, "reason": f.reason.name, "detail": f.detail}
-                for f in coordinator.failed)
+                for f in coordinator.failed
+            )
 
     def _sink_tasks(self) -> list[int]:
         from runtime.graph import StepKind
 
-        return [t.index for t in self.plan.tasks if self.plan.chain_steps(t)[-1].kind is StepKind.SINK]
+        return [
+            t.index for t in self.plan.tasks if self.plan.chain_steps(t)[-1].kind is StepKind.SINK
+        ]
 
-    def _handle(self, msg: P.Message, tasks: dict[int, TaskInfo], registered: set[int],
-                sources_ended: set[int], source_indexes: set[int], coordinator: CheckpointCoordinator,
-                send: Any) -> Failure | None:
+    def _handle(
+        self,
+        msg: P.Message,
+        tasks: dict[int, TaskInfo],
+        registered: set[int],
+        sources_ended: set[int],
+        source_indexes: set[int],
+        coordinator: CheckpointCoordinator,
+        send: Any,
+    ) -> Failure | None:
         now = time.monotonic()
         if isinstance(msg, P.Heartbeat):
             t = tasks[msg.task_index]
@@ -386,9 +475,16 @@ class JobManager:
         elif isinstance(msg, P.Closed):
             tasks[msg.task_index].closed = True
         elif isinstance(msg, P.Failed):
-            return Failure("a user function raised" if msg.operator != tasks[msg.task_index].task_id
-                           else "a task failed", operator=msg.operator, subtask=msg.subtask,
-                           error=msg.error, traceback=msg.traceback, fatal=msg.fatal)
+            return Failure(
+                "a user function raised"
+                if msg.operator != tasks[msg.task_index].task_id
+                else "a task failed",
+                operator=msg.operator,
+                subtask=msg.subtask,
+                error=msg.error,
+                traceback=msg.traceback,
+                fatal=msg.fatal,
+            )
         return None
 
     def _kill(self, task: TaskInfo, attempt: int, sig: int = signal.SIGKILL) -> None:
@@ -397,9 +493,13 @@ class JobManager:
             log.warning("fault injection: task %s has not registered; no kill", task.task_id)
             return
         if task.host not in self.local_hosts:
-            raise AbsflowError(f"cannot kill task {task.task_id} on host {task.host}: "
-                               "kill faults need the task processes on the driver's machine")
-        log.warning("fault injection: %s task %s (pid %d)", signal.Signals(sig).name, task.task_id, task.pid)
+            raise AbsflowError(
+                f"cannot kill task {task.task_id} on host {task.host}: "
+                "kill faults need the task processes on the driver's machine"
+            )
+        log.warning(
+            "fault injection: %s task %s (pid %d)", signal.Signals(sig).name, task.task_id, task.pid
+        )
         self.kill_times.setdefault(attempt, time.time())
         with contextlib.suppress(ProcessLookupError):
             os.kill(task.pid, sig)
@@ -420,8 +520,9 @@ class JobManager:
             if isinstance(msg, P.Closed) and msg.attempt == attempt:
                 tasks[msg.task_index].closed = True
 
-    def _end_attempt(self, stage: launcher.StageRunner, tasks: dict[int, TaskInfo], send: Any,
-                     attempt: int) -> None:
+    def _end_attempt(
+        self, stage: launcher.StageRunner, tasks: dict[int, TaskInfo], send: Any, attempt: int
+    ) -> None:
         """Stop every task of a failed attempt and wait until its processes and ports are gone."""
         for index in tasks:
             send(index, P.Cancel("the attempt failed"))
@@ -441,7 +542,8 @@ class JobManager:
             log.warning("the barrier stage of the failed attempt did not end within 30 s")
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and (
-            any(not t.closed and _alive(t.pid) for t in local) or any(_port_in_use(t.endpoint) for t in local)
+            any(not t.closed and _alive(t.pid) for t in local)
+            or any(_port_in_use(t.endpoint) for t in local)
         ):
             time.sleep(0.02)
         log.info("attempt ended: stage done, processes and ports gone")
@@ -459,18 +561,33 @@ class JobManager:
         for step in self.plan.steps:
             if step.kind is StepKind.SINK and isinstance(step.fn, CollectSink):
                 outputs[step.name] = []  # present even when empty
-        for (step_name, _subtask, _n), records in sorted(self.committed.items(), key=lambda kv: (kv[0][2], kv[0][1])):
+        for (step_name, _subtask, _n), records in sorted(
+            self.committed.items(), key=lambda kv: (kv[0][2], kv[0][1])
+        ):
             outputs.setdefault(step_name, []).extend(records)
         owned = self.storage is not None and self.storage.root in self.owned_dirs
         return JobResult(
-            name=self.plan.name, outputs=outputs, duration=duration,
-            records_in=self.records_in, records_out=self.records_out,
-            startup_seconds=self.startup_seconds, restarts=self.restarts,
-            checkpoints=[{"checkpoint_id": c.checkpoint_id, "final": c.final,
-                          "duration_ms": c.duration_ms, **c.metrics} for c in self.completed],
-            failed_checkpoints=self.failed_checkpoints, peak_rss=self.peak_rss,
+            name=self.plan.name,
+            outputs=outputs,
+            duration=duration,
+            records_in=self.records_in,
+            records_out=self.records_out,
+            startup_seconds=self.startup_seconds,
+            restarts=self.restarts,
+            checkpoints=[
+                {
+                    "checkpoint_id": c.checkpoint_id,
+                    "final": c.final,
+                    "duration_ms": c.duration_ms,
+                    **c.metrics,
+                }
+                for c in self.completed
+            ],
+            failed_checkpoints=self.failed_checkpoints,
+            peak_rss=self.peak_rss,
             checkpoint_dir=None if owned or self.storage is None else self.storage.root,
-            task_metrics=self.task_metrics, unfired_faults=self.unfired_faults,
+            task_metrics=self.task_metrics,
+            unfired_faults=self.unfired_faults,
         )
 
 

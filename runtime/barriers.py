@@ -26,7 +26,6 @@ synchronously, from inside the ``on_*`` / ``abort`` call that caused the action.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
 
+from channels.control import CheckpointFailureReason
 from channels.errors import AbsflowError
 from channels.messages import Barrier, CancelBarrier
 
@@ -41,20 +41,6 @@ logger = logging.getLogger(__name__)
 
 NO_CHECKPOINT = -1
 """`latest_checkpoint_id` before any checkpoint was triggered or aborted."""
-
-
-class AbortReason(enum.Enum):
-    """Why a task gave up a checkpoint; the value is the human message."""
-
-    SUBSUMED = "a newer checkpoint's barrier arrived before this checkpoint was aligned"
-    DECLINED = "an upstream task declined the checkpoint (cancel barrier received)"
-    EXPIRED = "the job manager aborted the checkpoint (it expired)"
-    INPUT_ENDED = "the task's inputs ended before the checkpoint's barrier could be handled"
-    TASK_FAILURE = "the task failed while taking part in the checkpoint"
-
-    @property
-    def message(self) -> str:
-        return self.value
 
 
 class BarrierProtocolError(AbsflowError, RuntimeError):
@@ -86,7 +72,7 @@ class CheckpointActions(Protocol):
         first barrier arrived (alignment time = now - alignment_started_at).
         """
 
-    def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
+    def abort_checkpoint(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None:
         """Forward ``CancelBarrier(checkpoint_id)`` on all outputs and report the decline."""
 
     def end_of_all_inputs(self) -> None:
@@ -99,7 +85,7 @@ class BarrierHandler(Protocol):
     def on_barrier(self, channel: int, barrier: Barrier) -> None: ...
     def on_cancel(self, channel: int, cancel: CancelBarrier) -> None: ...
     def on_end_of_input(self, channel: int) -> None: ...
-    def abort(self, checkpoint_id: int, reason: AbortReason) -> None: ...
+    def abort(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None: ...
 
     @property
     def blocked_channels(self) -> frozenset[int]: ...
@@ -142,7 +128,7 @@ class _Inputs:
         self.actions.trigger_checkpoint(barrier, started_at)
         self.latest = max(self.latest, barrier.checkpoint_id)
 
-    def abort(self, checkpoint_id: int, reason: AbortReason) -> None:
+    def abort(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None:
         logger.debug("checkpoint %d aborted: %s", checkpoint_id, reason.message)
         self.actions.abort_checkpoint(checkpoint_id, reason)
         self.latest = max(self.latest, checkpoint_id)
@@ -174,13 +160,15 @@ class WaitingForBarrier:
 
     def cancel_received(self, inputs: _Inputs, cancel: CancelBarrier) -> AlignerState:
         # Record the abort so the checkpoint's barriers from other channels are ignored.
-        inputs.abort(cancel.checkpoint_id, AbortReason.DECLINED)
+        inputs.abort(cancel.checkpoint_id, CheckpointFailureReason.DECLINED)
         return self
 
     def end_of_input(self, inputs: _Inputs) -> AlignerState:
         return self
 
-    def abort(self, inputs: _Inputs, checkpoint_id: int, reason: AbortReason) -> AlignerState:
+    def abort(
+        self, inputs: _Inputs, checkpoint_id: int, reason: CheckpointFailureReason
+    ) -> AlignerState:
         inputs.abort(checkpoint_id, reason)
         return self
 
@@ -206,7 +194,7 @@ class Aligning:
             # Some channel skipped that checkpoint, so it can never be aligned here.
             return self
         if barrier.checkpoint_id > self.checkpoint_id:
-            subsumed = self._abort(inputs, AbortReason.SUBSUMED)
+            subsumed = self._abort(inputs, CheckpointFailureReason.SUBSUMED)
             return subsumed.barrier_received(inputs, channel, barrier)
         aligned = self.blocked | {channel}
         if aligned >= inputs.live:
@@ -221,9 +209,9 @@ class Aligning:
             return self
         if cancel.checkpoint_id > self.checkpoint_id:
             # The cancelling channel has passed our checkpoint without its barrier.
-            subsumed = self._abort(inputs, AbortReason.SUBSUMED)
+            subsumed = self._abort(inputs, CheckpointFailureReason.SUBSUMED)
             return subsumed.cancel_received(inputs, cancel)
-        return self._abort(inputs, AbortReason.DECLINED)
+        return self._abort(inputs, CheckpointFailureReason.DECLINED)
 
     def end_of_input(self, inputs: _Inputs) -> AlignerState:
         # Ended inputs count as aligned.
@@ -231,7 +219,9 @@ class Aligning:
             return self._trigger(inputs)
         return self
 
-    def abort(self, inputs: _Inputs, checkpoint_id: int, reason: AbortReason) -> AlignerState:
+    def abort(
+        self, inputs: _Inputs, checkpoint_id: int, reason: CheckpointFailureReason
+    ) -> AlignerState:
         if checkpoint_id == self.checkpoint_id:
             return self._abort(inputs, reason)
         # An older id never started here. A newer one is not ours to abort: our
@@ -243,7 +233,7 @@ class Aligning:
         inputs.trigger(self.barrier, self.started_at)
         return self._unblock(inputs)
 
-    def _abort(self, inputs: _Inputs, reason: AbortReason) -> WaitingForBarrier:
+    def _abort(self, inputs: _Inputs, reason: CheckpointFailureReason) -> WaitingForBarrier:
         inputs.abort(self.checkpoint_id, reason)
         return self._unblock(inputs)
 
@@ -307,7 +297,7 @@ class BarrierAligner:
         if not self._inputs.live:
             self._inputs.actions.end_of_all_inputs()
 
-    def abort(self, checkpoint_id: int, reason: AbortReason) -> None:
+    def abort(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None:
         """Control-plane abort (e.g. the job manager expired the checkpoint).
 
         Aborts the checkpoint being aligned if it is ``checkpoint_id``; while
@@ -351,7 +341,7 @@ class BarrierTracker:
 
     Several checkpoints may be pending at once; checkpoint n triggers when its
     barrier has come from every live channel. Triggering or aborting n drops
-    every older pending checkpoint (aborted as `AbortReason.SUBSUMED`).
+    every older pending checkpoint (aborted as `CheckpointFailureReason.SUBSUMED`).
     """
 
     def __init__(
@@ -398,7 +388,7 @@ class BarrierTracker:
 
     def on_cancel(self, channel: int, cancel: CancelBarrier) -> None:
         self._inputs.check_live(channel, cancel)
-        self.abort(cancel.checkpoint_id, AbortReason.DECLINED)
+        self.abort(cancel.checkpoint_id, CheckpointFailureReason.DECLINED)
 
     def on_end_of_input(self, channel: int) -> None:
         self._inputs.check_live(channel, "end of input")
@@ -407,7 +397,7 @@ class BarrierTracker:
         if not self._inputs.live:
             self._inputs.actions.end_of_all_inputs()
 
-    def abort(self, checkpoint_id: int, reason: AbortReason) -> None:
+    def abort(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None:
         """Abort a pending or not yet seen checkpoint; ignore finished or skipped ones."""
         if checkpoint_id in self._pending or self._is_new(checkpoint_id):
             self._drop_older_than(checkpoint_id)
@@ -427,7 +417,7 @@ class BarrierTracker:
     def _drop_older_than(self, checkpoint_id: int) -> None:
         for older in [pending_id for pending_id in self._pending if pending_id < checkpoint_id]:
             del self._pending[older]
-            self._inputs.abort(older, AbortReason.SUBSUMED)
+            self._inputs.abort(older, CheckpointFailureReason.SUBSUMED)
 
     def __repr__(self) -> str:
         return (

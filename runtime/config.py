@@ -31,7 +31,9 @@ class JobConfig:
     tolerable_checkpoint_failures: int = 3
     retained_checkpoints: int = 3
     snapshot_mode: SnapshotMode | str = SnapshotMode.EXACTLY_ONCE
-    restart_strategy: Any = None  # jobmanager.restart strategy; default: exponential if checkpointing
+    restart_strategy: Any = (
+        None  # jobmanager.restart strategy; default: exponential if checkpointing
+    )
     batch_size: int = 1000
     buffer_timeout: float = 0.01
     channel_hwm: int = 8  # batches queued per channel side: bounds barrier latency and memory
@@ -41,6 +43,7 @@ class JobConfig:
     heartbeat_timeout: float = 15.0
     progress: bool | None = None  # None: only when stderr is a terminal
     local_master: str | None = None  # embedded SparkSession master (default local[n])
+    executor_wait: float = 60.0  # on a cluster: how long to wait for executors to register
     timeout: float | None = None  # give up (cancel) after this many seconds
 
     def __post_init__(self) -> None:
@@ -49,10 +52,19 @@ class JobConfig:
                 object.__setattr__(self, "snapshot_mode", SnapshotMode(self.snapshot_mode))
             except ValueError:
                 modes = ", ".join(m.value for m in SnapshotMode)
-                raise GraphError(f"snapshot_mode {self.snapshot_mode!r} is unknown; use one of {modes}.") from None
+                raise GraphError(
+                    f"snapshot_mode {self.snapshot_mode!r} is unknown; use one of {modes}."
+                ) from None
         if self.checkpoint_interval is not None and not self.checkpoint_interval > 0:
-            raise GraphError(f"checkpoint_interval must be > 0 seconds (or None for off), got {self.checkpoint_interval!r}.")
-        for name in ("batch_size", "channel_hwm", "max_concurrent_checkpoints", "retained_checkpoints"):
+            raise GraphError(
+                f"checkpoint_interval must be > 0 seconds (or None for off), got {self.checkpoint_interval!r}."
+            )
+        for name in (
+            "batch_size",
+            "channel_hwm",
+            "max_concurrent_checkpoints",
+            "retained_checkpoints",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise GraphError(f"{name} must be an int >= 1, got {value!r}.")

@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 class Stream:
     """The output of a step. ``partitioning`` applies to the edge into the next step."""
 
-    def __init__(self, flow: Dataflow, step: Step, partitioning: Partitioning = Partitioning.FORWARD) -> None:
+    def __init__(
+        self, flow: Dataflow, step: Step, partitioning: Partitioning = Partitioning.FORWARD
+    ) -> None:
         self.flow = flow
         self.step = step
         self.partitioning = partitioning
@@ -63,12 +65,23 @@ class Stream:
         return KeyedStream(self.flow, self.step, key_fn)
 
     # -- stateless operators ---------------------------------------------------------
-    def _then(self, kind: StepKind, fn: Any, name: str | None, parallelism: int | None,
-              args: dict[str, Any] | None = None, key_fn: Callable[[Any], Any] | None = None,
-              partitioning: Partitioning | None = None) -> Step:
+    def _then(
+        self,
+        kind: StepKind,
+        fn: Any,
+        name: str | None,
+        parallelism: int | None,
+        args: dict[str, Any] | None = None,
+        key_fn: Callable[[Any], Any] | None = None,
+        partitioning: Partitioning | None = None,
+    ) -> Step:
         flow = self.flow
         step_name = flow.graph.unique_name(name, kind.value)
-        par = check_parallelism(parallelism, step_name) if parallelism is not None else self.step.parallelism
+        par = (
+            check_parallelism(parallelism, step_name)
+            if parallelism is not None
+            else self.step.parallelism
+        )
         if kind is not StepKind.SINK or not isinstance(fn, Sink):
             check_callable(fn, step_name)
         check_picklable(fn, step_name, "function" if kind is not StepKind.SINK else "sink")
@@ -76,17 +89,24 @@ class Stream:
         flow.graph.connect(self.step, step, partitioning or self.partitioning, key_fn)
         return step
 
-    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> Stream:
+    def map(
+        self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None
+    ) -> Stream:
         """One output record ``fn(record)`` per input record."""
         return Stream(self.flow, self._then(StepKind.MAP, fn, name, parallelism))
 
-    def flat_map(self, fn: Callable[[Any], Iterable[Any]], name: str | None = None,
-                 parallelism: int | None = None) -> Stream:
+    def flat_map(
+        self,
+        fn: Callable[[Any], Iterable[Any]],
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
         """Zero or more output records per input record: the items of ``fn(record)``."""
         return Stream(self.flow, self._then(StepKind.FLAT_MAP, fn, name, parallelism))
 
-    def filter(self, fn: Callable[[Any], bool], name: str | None = None,
-               parallelism: int | None = None) -> Stream:
+    def filter(
+        self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None
+    ) -> Stream:
         """Keep the records for which ``fn(record)`` is true."""
         return Stream(self.flow, self._then(StepKind.FILTER, fn, name, parallelism))
 
@@ -98,9 +118,13 @@ class Stream:
             raise GraphError(f"union '{step_name}' needs at least one other stream.")
         for other in others:
             if not isinstance(other, Stream) or isinstance(other, KeyedStream):
-                raise GraphError(f"union '{step_name}': can only union Streams, got {type(other).__name__}.")
+                raise GraphError(
+                    f"union '{step_name}': can only union Streams, got {type(other).__name__}."
+                )
             if other.flow is not flow:
-                raise GraphError(f"union '{step_name}': stream '{other.step.name}' belongs to another Dataflow.")
+                raise GraphError(
+                    f"union '{step_name}': stream '{other.step.name}' belongs to another Dataflow."
+                )
         step = flow.graph.add_step(step_name, StepKind.UNION, self.step.parallelism)
         for stream in (self, *others):
             flow.graph.connect(stream.step, step, stream.partitioning)
@@ -133,37 +157,60 @@ class KeyedStream:
         self.step = step
         self.key_fn = key_fn
 
-    def _keyed(self, kind: StepKind, fn: Any, name: str | None, parallelism: int | None,
-               args: dict[str, Any] | None = None) -> Stream:
+    def _keyed(
+        self,
+        kind: StepKind,
+        fn: Any,
+        name: str | None,
+        parallelism: int | None,
+        args: dict[str, Any] | None = None,
+    ) -> Stream:
         upstream = Stream(self.flow, self.step, Partitioning.HASH)
         step = upstream._then(kind, fn, name, parallelism, args, key_fn=self.key_fn)
         return Stream(self.flow, step)
 
-    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> Stream:
+    def map(
+        self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None
+    ) -> Stream:
         """A stateless map after hash partitioning (records of one key reach one subtask)."""
         return self._keyed(StepKind.MAP, fn, name, parallelism)
 
-    def flat_map(self, fn: Callable[[Any], Iterable[Any]], name: str | None = None,
-                 parallelism: int | None = None) -> Stream:
+    def flat_map(
+        self,
+        fn: Callable[[Any], Iterable[Any]],
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
         return self._keyed(StepKind.FLAT_MAP, fn, name, parallelism)
 
-    def filter(self, fn: Callable[[Any], bool], name: str | None = None,
-               parallelism: int | None = None) -> Stream:
+    def filter(
+        self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None
+    ) -> Stream:
         return self._keyed(StepKind.FILTER, fn, name, parallelism)
 
-    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None,
-               parallelism: int | None = None) -> Stream:
+    def reduce(
+        self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None
+    ) -> Stream:
         """Running reduce per key: emits ``fn(previous, record)`` (the first record as is)."""
         return self._keyed(StepKind.REDUCE, fn, name, parallelism)
 
-    def aggregate(self, initial: Any, add: Callable[[Any, Any], Any], name: str | None = None,
-                  parallelism: int | None = None) -> Stream:
+    def aggregate(
+        self,
+        initial: Any,
+        add: Callable[[Any, Any], Any],
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
         """Running aggregate per key: ``acc = add(acc, record)`` starting from ``initial``
         (a value, or a zero-argument callable for mutable accumulators); emits ``(key, acc)``."""
         return self._keyed(StepKind.AGGREGATE, add, name, parallelism, {"initial": initial})
 
-    def process(self, fn: Callable[[Any, Any, Any], Iterable[Any] | None], name: str | None = None,
-                parallelism: int | None = None) -> Stream:
+    def process(
+        self,
+        fn: Callable[[Any, Any, Any], Iterable[Any] | None],
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
         """General keyed function ``fn(key, record, state)`` returning records to emit (or None).
 
         ``state`` is scoped to the record's key: ``state.value`` (get/set, None if unset),
@@ -181,9 +228,14 @@ class Dataflow:
     ``runtime.config.JobConfig`` and can be passed here as keyword arguments.
     """
 
-    def __init__(self, name: str = "dataflow", parallelism: int = 1,
-                 max_parallelism: int = DEFAULT_MAX_PARALLELISM, chaining: bool = True,
-                 **config: Any) -> None:
+    def __init__(
+        self,
+        name: str = "dataflow",
+        parallelism: int = 1,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        chaining: bool = True,
+        **config: Any,
+    ) -> None:
         self.name = name
         self.parallelism = check_parallelism(parallelism, name)
         if not isinstance(max_parallelism, int) or max_parallelism < 1:
@@ -194,14 +246,18 @@ class Dataflow:
         # replace() rejects unknown settings with a GraphError listing the known ones.
         self.config: JobConfig = JobConfig().replace(**config)
 
-    def source(self, source: Source, name: str | None = None, parallelism: int | None = None) -> Stream:
+    def source(
+        self, source: Source, name: str | None = None, parallelism: int | None = None
+    ) -> Stream:
         """Add a source (GeneratorSource, TextFileSource, CollectionSource or your own)."""
         if not isinstance(source, Source):
             raise GraphError(
                 f"source(...) needs a runtime.sources.Source instance, got {type(source).__name__}."
             )
         step_name = self.graph.unique_name(name, source.name)
-        par = check_parallelism(parallelism if parallelism is not None else self.parallelism, step_name)
+        par = check_parallelism(
+            parallelism if parallelism is not None else self.parallelism, step_name
+        )
         source.validate(step_name)
         check_picklable(source, step_name, "source")
         step = self.graph.add_step(step_name, StepKind.SOURCE, par, fn=source)
@@ -227,8 +283,9 @@ class Dataflow:
         print(text)
         return text
 
-    def run(self, restore_from: str | None = None, faults: Iterable[Any] = (),
-            **overrides: Any) -> JobResult:
+    def run(
+        self, restore_from: str | None = None, faults: Iterable[Any] = (), **overrides: Any
+    ) -> JobResult:
         """Run to completion (bounded sources) on the active SparkSession or a local one.
 
         ``restore_from``: a checkpoint directory (``chk-<n>``) or a checkpoint root (its

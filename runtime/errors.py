@@ -20,7 +20,10 @@ class TaskFailedError(AbsflowError, RuntimeError):
     """
 
     def __init__(
-        self, message: str, operator: str | None = None, subtask: int | None = None,
+        self,
+        message: str,
+        operator: str | None = None,
+        subtask: int | None = None,
         remote_traceback: str | None = None,
     ) -> None:
         super().__init__(message)
@@ -31,6 +34,10 @@ class TaskFailedError(AbsflowError, RuntimeError):
 
 class InsufficientSlotsError(AbsflowError, RuntimeError):
     """The SparkSession has fewer task slots than the job has tasks."""
+
+
+class WorkerStartError(AbsflowError, RuntimeError):
+    """Spark could not start the Python workers that run the tasks."""
 
 
 class JobCancelledError(AbsflowError, RuntimeError):
@@ -44,4 +51,5 @@ __all__ = [
     "JobCancelledError",
     "TaskFailedError",
     "UnpicklableFunctionError",
+    "WorkerStartError",
 ]

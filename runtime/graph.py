@@ -123,19 +123,32 @@ class LogicalGraph:
         return name
 
     def add_step(
-        self, name: str, kind: StepKind, parallelism: int, fn: Any = None,
-        args: dict[str, Any] | None = None, key_fn: Callable[[Any], Any] | None = None,
+        self,
+        name: str,
+        kind: StepKind,
+        parallelism: int,
+        fn: Any = None,
+        args: dict[str, Any] | None = None,
+        key_fn: Callable[[Any], Any] | None = None,
     ) -> Step:
         step = Step(
-            id=len(self.steps), name=name, kind=kind, parallelism=parallelism, fn=fn,
-            args=args or {}, key_fn=key_fn,
+            id=len(self.steps),
+            name=name,
+            kind=kind,
+            parallelism=parallelism,
+            fn=fn,
+            args=args or {},
+            key_fn=key_fn,
         )
         self._names.add(name)
         self.steps.append(step)
         return step
 
     def connect(
-        self, source: Step, target: Step, partitioning: Partitioning,
+        self,
+        source: Step,
+        target: Step,
+        partitioning: Partitioning,
         key_fn: Callable[[Any], Any] | None = None,
     ) -> Edge:
         edge = Edge(source.id, target.id, partitioning, key_fn)
@@ -165,7 +178,10 @@ class LogicalGraph:
                 )
             for edge in step.inputs:
                 src = self.steps[edge.source]
-                if edge.partitioning is Partitioning.FORWARD and src.parallelism != step.parallelism:
+                if (
+                    edge.partitioning is Partitioning.FORWARD
+                    and src.parallelism != step.parallelism
+                ):
                     raise GraphError(
                         f"forward edge from '{src.name}' (parallelism {src.parallelism}) to "
                         f"'{step.name}' (parallelism {step.parallelism}): a forward edge needs "
@@ -174,7 +190,9 @@ class LogicalGraph:
                     )
                 if edge.partitioning is Partitioning.HASH and edge.key_fn is None:
                     raise GraphError(f"hash edge into '{step.name}' has no key function.")
-            if step.kind.keyed and any(e.partitioning is not Partitioning.HASH for e in step.inputs):
+            if step.kind.keyed and any(
+                e.partitioning is not Partitioning.HASH for e in step.inputs
+            ):
                 raise GraphError(
                     f"keyed step '{step.name}' must follow .key_by(...) on every input."
                 )

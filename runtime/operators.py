@@ -78,7 +78,8 @@ class KeyedOperator(Operator):
         assert step.key_fn is not None
         self.key_fn: Callable[[Any], Any] = step.key_fn
         self.keyed_state = KeyedStateBackend(
-            step.name, max_parallelism,
+            step.name,
+            max_parallelism,
             key_group_range(subtask, step.parallelism, max_parallelism),
             lambda key: key_group_for(key, max_parallelism),
         )
@@ -214,7 +215,9 @@ class SinkOperator(Operator):
         self.sink.close()
 
 
-def build_operator(step: Step, subtask: int, max_parallelism: int, sink_ctx: SinkContext | None) -> Operator:
+def build_operator(
+    step: Step, subtask: int, max_parallelism: int, sink_ctx: SinkContext | None
+) -> Operator:
     """The runtime operator of a (non-source) step."""
     kind = step.kind
     if kind is StepKind.MAP:

@@ -74,12 +74,16 @@ class JobPlan:
     def resolve_task(self, ref: str) -> TaskSpec:
         """Find a task by ``name[i]`` where name is any step of its chain (for fault injection)."""
         if "[" not in ref or not ref.endswith("]"):
-            raise ValueError(f"task reference {ref!r} must look like 'step[subtask]', e.g. 'count[1]'")
+            raise ValueError(
+                f"task reference {ref!r} must look like 'step[subtask]', e.g. 'count[1]'"
+            )
         name, _, rest = ref.partition("[")
         try:
             subtask = int(rest[:-1])
         except ValueError:
-            raise ValueError(f"task reference {ref!r}: subtask {rest[:-1]!r} is not an int") from None
+            raise ValueError(
+                f"task reference {ref!r}: subtask {rest[:-1]!r} is not an int"
+            ) from None
         for chain in self.chains:
             if any(self.steps[s].name == name for s in chain.step_ids):
                 for t in self.tasks:
@@ -94,12 +98,18 @@ class JobPlan:
 
     @property
     def source_tasks(self) -> list[TaskSpec]:
-        return [t for t in self.tasks if self.steps[self.chains[t.chain].step_ids[0]].kind is StepKind.SOURCE]
+        return [
+            t
+            for t in self.tasks
+            if self.steps[self.chains[t.chain].step_ids[0]].kind is StepKind.SOURCE
+        ]
 
     def explain(self) -> str:
-        lines = [f"Physical plan of '{self.name}': {len(self.tasks)} tasks, "
-                 f"{len(self.chains)} chains, {len(self.channels)} channels "
-                 f"(max parallelism {self.max_parallelism} key groups)"]
+        lines = [
+            f"Physical plan of '{self.name}': {len(self.tasks)} tasks, "
+            f"{len(self.chains)} chains, {len(self.channels)} channels "
+            f"(max parallelism {self.max_parallelism} key groups)"
+        ]
         for chain in self.chains:
             steps = [self.steps[s] for s in chain.step_ids]
             ops = " -> ".join(f"{s.kind.value} '{s.name}'" for s in steps)
@@ -129,7 +139,9 @@ def _chainable(graph: LogicalGraph, step: Step) -> bool:
     )
 
 
-def build_plan(graph: LogicalGraph, name: str, max_parallelism: int, chaining: bool = True) -> JobPlan:
+def build_plan(
+    graph: LogicalGraph, name: str, max_parallelism: int, chaining: bool = True
+) -> JobPlan:
     """Fuse chains, assign tasks, and lay out channels. The graph must be validated."""
     chains: list[Chain] = []
     chain_of: dict[int, int] = {}
@@ -156,19 +168,31 @@ def build_plan(graph: LogicalGraph, name: str, max_parallelism: int, chaining: b
             target_chain = chains[chain_of[edge.target]]
             for s in range(chain.parallelism):
                 src_task = tasks[first_task[chain.id] + s]
-                targets = [s] if edge.partitioning is Partitioning.FORWARD else list(
-                    range(target_chain.parallelism)
+                targets = (
+                    [s]
+                    if edge.partitioning is Partitioning.FORWARD
+                    else list(range(target_chain.parallelism))
                 )
                 ids: list[int] = []
                 for d in targets:
                     dst_task = tasks[first_task[target_chain.id] + d]
-                    spec = ChannelSpec(len(channels), edge.source, edge.target,
-                                       src_task.index, dst_task.index, edge.partitioning)
+                    spec = ChannelSpec(
+                        len(channels),
+                        edge.source,
+                        edge.target,
+                        src_task.index,
+                        dst_task.index,
+                        edge.partitioning,
+                    )
                     channels.append(spec)
                     dst_task.inputs.append(spec.id)
                     ids.append(spec.id)
-                src_task.outputs.append(OutputSpec(
-                    edge.partitioning, edge.key_fn, ids,
-                    [tasks[first_task[target_chain.id] + d].task_id for d in targets],
-                ))
+                src_task.outputs.append(
+                    OutputSpec(
+                        edge.partitioning,
+                        edge.key_fn,
+                        ids,
+                        [tasks[first_task[target_chain.id] + d].task_id for d in targets],
+                    )
+                )
     return JobPlan(name, graph.steps, chains, tasks, channels, max_parallelism)

@@ -154,7 +154,9 @@ class FileSink(TwoPhaseCommitSink):
         super().open(ctx)
 
     def _staging(self, n: int | str) -> str:
-        return os.path.join(self.directory, f".part-{self.ctx.subtask}.{self.ctx.attempt}.{n}.staging")
+        return os.path.join(
+            self.directory, f".part-{self.ctx.subtask}.{self.ctx.attempt}.{n}.staging"
+        )
 
     def _committed(self) -> tuple[int, int]:
         checkpoint, length, _ = self._read_marker()
@@ -174,8 +176,14 @@ class FileSink(TwoPhaseCommitSink):
     def _write_marker(self, checkpoint_id: int, length: int, history: list[list[int]]) -> None:
         tmp = self.marker + ".tmp"
         with open(tmp, "w") as fh:
-            json.dump({"checkpoint": checkpoint_id, "length": length,
-                       "history": history[-self.HISTORY:]}, fh)
+            json.dump(
+                {
+                    "checkpoint": checkpoint_id,
+                    "length": length,
+                    "history": history[-self.HISTORY :],
+                },
+                fh,
+            )
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.marker)
@@ -251,7 +259,11 @@ class FileSink(TwoPhaseCommitSink):
         prefix = f".part-{self.ctx.subtask}."
         for name in os.listdir(self.directory):
             path = os.path.join(self.directory, name)
-            if name.startswith(prefix) and name.endswith(".staging") and path != self.current["path"]:
+            if (
+                name.startswith(prefix)
+                and name.endswith(".staging")
+                and path != self.current["path"]
+            ):
                 os.remove(path)
 
     def close(self) -> None:

@@ -68,8 +68,14 @@ class _RateLimiter:
 
 
 class _GeneratorReader(SourceReader):
-    def __init__(self, fn: Callable[[int], Any], count: int | None, subtask: int,
-                 parallelism: int, rate: float | None) -> None:
+    def __init__(
+        self,
+        fn: Callable[[int], Any],
+        count: int | None,
+        subtask: int,
+        parallelism: int,
+        rate: float | None,
+    ) -> None:
         self.fn, self.count, self.step = fn, count, parallelism
         self.next = subtask
         self.limiter = _RateLimiter(rate / parallelism if rate else None)
@@ -104,17 +110,22 @@ class GeneratorSource(Source):
 
     name = "generator"
 
-    def __init__(self, fn: Callable[[int], Any], count: int | None,
-                 rate: float | None = None) -> None:
+    def __init__(
+        self, fn: Callable[[int], Any], count: int | None, rate: float | None = None
+    ) -> None:
         self.fn, self.count, self.rate = fn, count, rate
 
     def validate(self, step_name: str) -> None:
         if not callable(self.fn):
             raise GraphError(f"source '{step_name}': GeneratorSource needs a callable fn(i).")
         if self.count is not None and (not isinstance(self.count, int) or self.count < 0):
-            raise GraphError(f"source '{step_name}': count must be an int >= 0 or None, got {self.count!r}.")
+            raise GraphError(
+                f"source '{step_name}': count must be an int >= 0 or None, got {self.count!r}."
+            )
         if self.rate is not None and not self.rate > 0:
-            raise GraphError(f"source '{step_name}': rate must be > 0 records/s, got {self.rate!r}.")
+            raise GraphError(
+                f"source '{step_name}': rate must be > 0 records/s, got {self.rate!r}."
+            )
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         return _GeneratorReader(self.fn, self.count, subtask, parallelism, self.rate)
@@ -128,7 +139,7 @@ class _CollectionReader(SourceReader):
     def read_batch(self, max_records: int) -> list[Any] | None:
         if self.pos >= len(self.items):
             return None
-        batch = list(self.items[self.pos:self.pos + max_records])
+        batch = list(self.items[self.pos : self.pos + max_records])
         self.pos += len(batch)
         return batch
 
@@ -251,8 +262,11 @@ class TextFileSource(Source):
     def files(self) -> list[str]:
         found: list[str] = []
         for pattern in self.patterns:
-            matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else (
-                [pattern] if os.path.exists(pattern) else [])
+            matches = (
+                sorted(glob.glob(pattern))
+                if glob.has_magic(pattern)
+                else ([pattern] if os.path.exists(pattern) else [])
+            )
             found.extend(m for m in matches if os.path.isfile(m))
         return found
 

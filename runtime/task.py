@@ -31,6 +31,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from channels import control as P
 from channels.messages import (
     HEADER,
     KIND_BARRIER,
@@ -50,8 +51,7 @@ from channels.partitioners import (
     RebalancePartitioner,
 )
 from channels.zmq_io import InputGate, OutputChannel
-from jobmanager import protocol as P
-from runtime.barriers import AbortReason, BarrierAligner, BarrierTracker
+from runtime.barriers import BarrierAligner, BarrierTracker
 from runtime.config import SnapshotMode, TaskEnvironment
 from runtime.graph import Partitioning, StepKind
 from runtime.operators import Operator, build_operator
@@ -113,8 +113,16 @@ def _rss_bytes() -> int:
 class Task:
     """Runs one subtask of one chain until the job ends or the task is cancelled."""
 
-    def __init__(self, plan: JobPlan, spec: TaskSpec, env: TaskEnvironment, zctx: zmq.Context[Any],
-                 gate: InputGate | None, endpoints: dict[int, str], host: str) -> None:
+    def __init__(
+        self,
+        plan: JobPlan,
+        spec: TaskSpec,
+        env: TaskEnvironment,
+        zctx: zmq.Context[Any],
+        gate: InputGate | None,
+        endpoints: dict[int, str],
+        host: str,
+    ) -> None:
         self.plan, self.spec, self.env = plan, spec, env
         self.config = env.config
         self.zctx, self.gate = zctx, gate
@@ -137,29 +145,52 @@ class Task:
             chans = []
             for ch in out.channels:
                 target = plan.channels[ch].target_task
-                oc = OutputChannel(zctx, endpoints[target], ch, batch_size=cfg.batch_size,
-                                   sndhwm=cfg.channel_hwm, compress_min_bytes=cfg.compress_min_bytes,
-                                   on_backpressure=self._on_backpressure)
+                oc = OutputChannel(
+                    zctx,
+                    endpoints[target],
+                    ch,
+                    batch_size=cfg.batch_size,
+                    sndhwm=cfg.channel_hwm,
+                    compress_min_bytes=cfg.compress_min_bytes,
+                    on_backpressure=self._on_backpressure,
+                )
                 chans.append(oc)
                 self.all_channels.append(oc)
-            self.outputs.append((self._partitioner(out.partitioning, out.key_fn, len(chans)), chans))
+            self.outputs.append(
+                (self._partitioner(out.partitioning, out.key_fn, len(chans)), chans)
+            )
 
         # Operators of the chain (a source step is read by the loop, not an operator).
-        self.reader = steps[0].fn.create_reader(spec.subtask, steps[0].parallelism) if self.is_source else None
+        self.reader = (
+            steps[0].fn.create_reader(spec.subtask, steps[0].parallelism)
+            if self.is_source
+            else None
+        )
         self.source_step = steps[0] if self.is_source else None
         self.operators: list[Operator] = []
         for step in steps[1:] if self.is_source else steps:
             ctx = None
             if step.kind is StepKind.SINK:
-                ctx = SinkContext(step.name, spec.subtask, step.parallelism, env.attempt,
-                                  self._sink_sender(step.name))
+                ctx = SinkContext(
+                    step.name,
+                    spec.subtask,
+                    step.parallelism,
+                    env.attempt,
+                    self._sink_sender(step.name),
+                )
             op = build_operator(step, spec.subtask, plan.max_parallelism, ctx)
             for fault in env.faults:
-                if (fault.kind == "raise_at_record" and fault.operator == step.name
-                        and fault.task_index == spec.index and fault.attempt == env.attempt):
+                if (
+                    fault.kind == "raise_at_record"
+                    and fault.operator == step.name
+                    and fault.task_index == spec.index
+                    and fault.attempt == env.attempt
+                ):
                     op = _RaiseAtRecord(op, fault.record or 0)
             self.operators.append(op)
-        self.processes: list[Callable[[list[Any]], list[Any]]] = [op.process for op in self.operators]
+        self.processes: list[Callable[[list[Any]], list[Any]]] = [
+            op.process for op in self.operators
+        ]
         tail = steps[-1]
         self.sink_position = len(self.operators) - 1 if tail.kind is StepKind.SINK else -1
 
@@ -187,8 +218,16 @@ class Task:
         self.next_heartbeat = 0.0
         self.spilled_total = 0
 
-        self._send(P.Register(spec.index, env.attempt, spec.task_id, os.getpid(), host,
-                              gate.endpoint if gate else ""))
+        self._send(
+            P.Register(
+                spec.index,
+                env.attempt,
+                spec.task_id,
+                os.getpid(),
+                host,
+                gate.endpoint if gate else "",
+            )
+        )
         try:
             restored = self._restore() if env.restore_dir is not None else {}
         except Exception as err:  # the checkpoint does not fit: restarting cannot help
@@ -234,7 +273,8 @@ class Task:
                         raise RuntimeError(
                             f"cannot restore '{name}' at parallelism {parallelism}: the checkpoint "
                             f"has it at parallelism {op['parallelism']} and its state is not keyed; "
-                            f"run '{name}' with parallelism {op['parallelism']}")
+                            f"run '{name}' with parallelism {op['parallelism']}"
+                        )
                     # as on the channels: sequences come back as tuples
                     return msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=False)
             return None
@@ -262,7 +302,12 @@ class Task:
 
     def _sink_sender(self, step: str) -> Callable[[int, list[Any]], None]:
         def send(checkpoint_id: int, records: list[Any]) -> None:
-            self._send(P.SinkOutput(self.index, self.attempt, step, self.spec.subtask, checkpoint_id, records))
+            self._send(
+                P.SinkOutput(
+                    self.index, self.attempt, step, self.spec.subtask, checkpoint_id, records
+                )
+            )
+
         return send
 
     def _read_control(self) -> None:
@@ -285,7 +330,9 @@ class Task:
             elif isinstance(msg, P.Complete):
                 self._checkpoint_complete(msg.checkpoint_id)
             elif isinstance(msg, P.Abort) and self.barriers is not None:
-                self.barriers.abort(msg.checkpoint_id, AbortReason.EXPIRED)
+                self.barriers.abort(
+                    msg.checkpoint_id, P.CheckpointFailureReason.from_wire(msg.reason)
+                )
 
     def _on_backpressure(self) -> None:
         # Called from inside a blocked send: only queue control messages (acting on a
@@ -298,8 +345,16 @@ class Task:
             self.next_heartbeat = now + self.config.heartbeat_interval
             rss = _rss_bytes()
             self.peak_rss = max(self.peak_rss, rss)
-            self._send(P.Heartbeat(self.index, self.attempt, self.records_in, self.records_out, rss,
-                                   self.first_record_at))
+            self._send(
+                P.Heartbeat(
+                    self.index,
+                    self.attempt,
+                    self.records_in,
+                    self.records_out,
+                    rss,
+                    self.first_record_at,
+                )
+            )
             if now - self.last_jm_contact > self.config.heartbeat_timeout:
                 raise TaskCancelled("the job manager stopped answering heartbeats")
         if self.pending_writes:
@@ -389,18 +444,21 @@ class Task:
     def trigger_checkpoint(self, barrier: Barrier, alignment_started_at: float) -> None:
         now = time.monotonic()
         metrics = {
-            "start_delay_ms": round((self.first_barrier_at.pop(barrier.checkpoint_id, time.time())
-                                     - barrier.timestamp) * 1000, 3),
+            "start_delay_ms": round(
+                (self.first_barrier_at.pop(barrier.checkpoint_id, time.time()) - barrier.timestamp)
+                * 1000,
+                3,
+            ),
             "alignment_ms": round((now - alignment_started_at) * 1000, 3),
             "spilled_bytes": sum(b.spilled_bytes for b in self.buffers.values()),
         }
         self._checkpoint(barrier, metrics)
 
-    def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
+    def abort_checkpoint(self, checkpoint_id: int, reason: P.CheckpointFailureReason) -> None:
         self.first_barrier_at.pop(checkpoint_id, None)
         for ch in self.all_channels:
             ch.send_event(CancelBarrier(checkpoint_id))
-        self._send(P.Decline(self.index, self.attempt, checkpoint_id, reason.name))
+        self._send(P.Decline(self.index, self.attempt, checkpoint_id, reason.name, reason.message))
 
     def end_of_all_inputs(self) -> None:
         self.inputs_ended = True
@@ -410,8 +468,14 @@ class Task:
     # -- checkpoints -----------------------------------------------------------------------
     def _trigger_source_checkpoint(self, msg: P.Trigger) -> None:
         barrier = Barrier(msg.checkpoint_id, msg.timestamp, msg.final)
-        self._checkpoint(barrier, {"start_delay_ms": round((time.time() - msg.timestamp) * 1000, 3),
-                                   "alignment_ms": 0.0, "spilled_bytes": 0})
+        self._checkpoint(
+            barrier,
+            {
+                "start_delay_ms": round((time.time() - msg.timestamp) * 1000, 3),
+                "alignment_ms": 0.0,
+                "spilled_bytes": 0,
+            },
+        )
         if msg.final:
             self.end_of_all_inputs()
 
@@ -428,9 +492,12 @@ class Task:
         layout: dict[str, dict[str, Any]] = {}
         if self.reader is not None and self.source_step is not None:
             snaps[self.source_step.name] = OperatorSnapshot(
-                msgpack.packb(self.reader.snapshot(), use_bin_type=True), None, None)
-            layout[self.source_step.name] = {"subtask": self.spec.subtask,
-                                             "parallelism": self.source_step.parallelism}
+                msgpack.packb(self.reader.snapshot(), use_bin_type=True), None, None
+            )
+            layout[self.source_step.name] = {
+                "subtask": self.spec.subtask,
+                "parallelism": self.source_step.parallelism,
+            }
         keys = 0
         for op in self.operators:
             state = op.snapshot_state(n)  # sinks pre-commit here, also without storage
@@ -438,8 +505,9 @@ class Task:
                 continue
             keyed = op.keyed_state
             op_blob = None if state is None else msgpack.packb(state, use_bin_type=True)
-            snaps[op.name] = OperatorSnapshot(op_blob, keyed.snapshot() if keyed else None,
-                                              keyed.key_groups if keyed else None)
+            snaps[op.name] = OperatorSnapshot(
+                op_blob, keyed.snapshot() if keyed else None, keyed.key_groups if keyed else None
+            )
             layout[op.name] = {"subtask": self.spec.subtask, "parallelism": op.step.parallelism}
             if keyed is not None:
                 layout[op.name]["key_groups"] = [keyed.key_groups.start, keyed.key_groups.stop]
@@ -458,8 +526,9 @@ class Task:
         self.pending_writes.append((n, future, metrics))
 
     @staticmethod
-    def _write_snapshot(path: str, snaps: dict[str, OperatorSnapshot], layout: dict[str, Any],
-                        kill: bool) -> dict[str, Any]:
+    def _write_snapshot(
+        path: str, snaps: dict[str, OperatorSnapshot], layout: dict[str, Any], kill: bool
+    ) -> dict[str, Any]:
         t0 = time.perf_counter()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if kill:  # fault injection: die with a half-written state file on disk
@@ -471,8 +540,13 @@ class Task:
         # this thread, which competes with the task loop for the GIL); a restore at another
         # parallelism filters the keys by key group.
         info = write_task_snapshot(path, snaps)
-        return {"file": os.path.basename(path), "size": info.size, "crc32": info.crc32,
-                "operators": layout, "async_ms": round((time.perf_counter() - t0) * 1000, 3)}
+        return {
+            "file": os.path.basename(path),
+            "size": info.size,
+            "crc32": info.crc32,
+            "operators": layout,
+            "async_ms": round((time.perf_counter() - t0) * 1000, 3),
+        }
 
     def _collect_snapshot_writes(self, wait: bool = False) -> None:
         still = []
@@ -484,7 +558,15 @@ class Task:
                 state = future.result()
             except Exception as err:  # e.g. disk full: decline, the job goes on
                 log.warning("task %s: writing checkpoint %d failed: %s", self.task_id, n, err)
-                self._send(P.Decline(self.index, self.attempt, n, f"state write failed: {err}"))
+                self._send(
+                    P.Decline(
+                        self.index,
+                        self.attempt,
+                        n,
+                        P.CheckpointFailureReason.STATE_WRITE_FAILED.name,
+                        f"{type(err).__name__}: {err}",
+                    )
+                )
                 continue
             metrics["async_ms"] = state.pop("async_ms")
             metrics["state_bytes"] = state["size"]
@@ -503,8 +585,12 @@ class Task:
     # -- fault injection ---------------------------------------------------------------
     def _fault(self, kind: str, checkpoint_id: int) -> bool:
         for fault in self.env.faults:
-            if (fault.kind == kind and fault.task_index == self.index and fault.attempt == self.attempt
-                    and checkpoint_id >= (fault.checkpoint_id or 0)):
+            if (
+                fault.kind == kind
+                and fault.task_index == self.index
+                and fault.attempt == self.attempt
+                and checkpoint_id >= (fault.checkpoint_id or 0)
+            ):
                 return True
         return False
 
@@ -534,12 +620,25 @@ class Task:
     def _report_failure(self, operator: str, err: BaseException, fatal: bool = False) -> None:
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
         with contextlib.suppress(zmq.ZMQError):
-            self._send(P.Failed(self.index, self.attempt, operator, self.spec.subtask,
-                                f"{type(err).__name__}: {err}", tb, fatal))
+            self._send(
+                P.Failed(
+                    self.index,
+                    self.attempt,
+                    operator,
+                    self.spec.subtask,
+                    f"{type(err).__name__}: {err}",
+                    tb,
+                    fatal,
+                )
+            )
 
     def _final_metrics(self) -> dict[str, Any]:
-        return {"records_in": self.records_in, "records_out": self.records_out,
-                "peak_rss": max(self.peak_rss, _rss_bytes()), "spilled_bytes": self.spilled_total}
+        return {
+            "records_in": self.records_in,
+            "records_out": self.records_out,
+            "peak_rss": max(self.peak_rss, _rss_bytes()),
+            "spilled_bytes": self.spilled_total,
+        }
 
     def _flush_all(self) -> None:
         for ch in self.all_channels:

@@ -100,7 +100,9 @@ def _pack(entries: list[list[Any]]) -> bytes:
 # Restored values follow the channels' rule (sequences are tuples), except the list of
 # a list state, which stays a list so it can be appended to.
 _THAW: dict[StateKind, Callable[[Any], Any]] = {
-    StateKind.VALUE: _value_thaw, StateKind.LIST: _list_thaw, StateKind.MAP: _map_thaw,
+    StateKind.VALUE: _value_thaw,
+    StateKind.LIST: _list_thaw,
+    StateKind.MAP: _map_thaw,
 }
 
 

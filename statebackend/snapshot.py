@@ -165,13 +165,16 @@ def read_keyed_state(path: str, operator: str, key_groups: range) -> list[bytes]
         header = _read_header(f, path)
         owned = header.operators.get(operator)
         whole = (
-            owned is not None and owned[1] is not None
-            and owned[1] < key_groups.stop and key_groups.start < owned[2]
+            owned is not None
+            and owned[1] is not None
+            and owned[1] < key_groups.stop
+            and key_groups.start < owned[2]
         )
         wanted = [
             s
             for s in header.sections
-            if s.operator == operator and s.kind == KEYED_SECTION
+            if s.operator == operator
+            and s.kind == KEYED_SECTION
             and (s.key_group in key_groups or (s.key_group == WHOLE_RANGE and whole))
         ]
         wanted.sort(key=lambda s: s.key_group)

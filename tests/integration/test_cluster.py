@@ -15,8 +15,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_job_with_a_kill_on_two_executor_jvms() -> None:
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.cluster_job"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration.cluster_job"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     fields = dict(item.split("=") for item in lines[-1].split()[1:])

@@ -17,7 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def load_example(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, "examples", f"{name}.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -26,7 +28,12 @@ def load_example(name: str) -> Any:
 
 def test_wordcount_example_checks_its_counts(tmp_path: Any, capsys: Any) -> None:
     wordcount = load_example("wordcount")
-    assert wordcount.main(["--words", "60000", "--data", str(tmp_path), "--checkpoint-interval", "0.2"]) == 0
+    assert (
+        wordcount.main(
+            ["--words", "60000", "--data", str(tmp_path), "--checkpoint-interval", "0.2"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "check against collections.Counter: OK" in out and "60,000 words counted" in out
 
@@ -34,8 +41,20 @@ def test_wordcount_example_checks_its_counts(tmp_path: Any, capsys: Any) -> None
 @pytest.mark.slow
 def test_wordcount_example_chaos_compares_with_a_clean_run(tmp_path: Any, capsys: Any) -> None:
     wordcount = load_example("wordcount")
-    code = wordcount.main(["--words", "400000", "--data", str(tmp_path), "--checkpoint-interval", "0.1",
-                           "--chaos", "1", "--seed", "3"])
+    code = wordcount.main(
+        [
+            "--words",
+            "400000",
+            "--data",
+            str(tmp_path),
+            "--checkpoint-interval",
+            "0.1",
+            "--chaos",
+            "1",
+            "--seed",
+            "3",
+        ]
+    )
     out = capsys.readouterr().out
     assert "output equals the failure-free run record for record: YES" in out, out
     assert code == 0
@@ -49,7 +68,8 @@ def test_too_few_slots_fail_fast_with_a_clear_error(spark: Any) -> None:
 
 
 def test_a_job_needing_more_slots_than_the_active_session_fails_before_submitting(
-        spark: Any, monkeypatch: Any) -> None:
+    spark: Any, monkeypatch: Any
+) -> None:
     from runtime import Dataflow
     from runtime.sources import CollectionSource
 

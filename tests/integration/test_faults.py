@@ -39,7 +39,9 @@ def test_wordcount_survives_a_killed_counter(tmp_path: Any) -> None:
     paths = write_corpus(str(tmp_path), 120_000)
     reference = slow_words(paths, **CHK).run()
     result = slow_words(paths, **CHK).run(faults=[Kill("count[1]", after_checkpoint=2)])
-    assert len(result.restarts) == 1 and result.restarts[0].restored_checkpoint is not None, result.summary()
+    assert len(result.restarts) == 1 and result.restarts[0].restored_checkpoint is not None, (
+        result.summary()
+    )
     assert multiset(result.output("counts")) == multiset(reference.output("counts"))
     assert final_counts(result.output("counts")) == corpus_counts(paths)
 
@@ -65,7 +67,9 @@ def test_kill_source_middle_keyed_and_sink_tasks(task: str) -> None:
 def test_kill_during_alignment() -> None:
     n = 20_000
     reference = slow_branch(n, **CHK).run()
-    result = slow_branch(n, **CHK).run(faults=[Kill("merge[0]", during="alignment", after_checkpoint=2)])
+    result = slow_branch(n, **CHK).run(
+        faults=[Kill("merge[0]", during="alignment", after_checkpoint=2)]
+    )
     assert len(result.restarts) == 1, result.summary()
     assert multiset(result.output("counts")) == multiset(reference.output("counts"))
 
@@ -73,7 +77,8 @@ def test_kill_during_alignment() -> None:
 def test_kill_during_snapshot_write_restores_the_previous_checkpoint(tmp_path: Any) -> None:
     n = 16_000
     result = pipeline(n, checkpoint_dir=str(tmp_path / "chk"), **CHK).run(
-        faults=[Kill("count[1]", during="snapshot", after_checkpoint=2)])
+        faults=[Kill("count[1]", during="snapshot", after_checkpoint=2)]
+    )
     assert len(result.restarts) == 1, result.summary()
     assert result.restarts[0].restored_checkpoint == 1  # checkpoint 2 never completed
     assert multiset(result.output("out")) == pipeline_expected(n)
@@ -81,9 +86,11 @@ def test_kill_during_snapshot_write_restores_the_previous_checkpoint(tmp_path: A
 
 def test_three_kills_in_one_run() -> None:
     n = 20_000
-    faults = [Kill("count[0]", after_seconds=0.6, attempt=0),
-              Kill("numbers[1]", after_seconds=0.6, attempt=1),
-              Kill("out[0]", after_seconds=0.6, attempt=2)]
+    faults = [
+        Kill("count[0]", after_seconds=0.6, attempt=0),
+        Kill("numbers[1]", after_seconds=0.6, attempt=1),
+        Kill("out[0]", after_seconds=0.6, attempt=2),
+    ]
     result = pipeline(n, **CHK).run(faults=faults)
     assert len(result.restarts) == 3, result.summary()
     assert multiset(result.output("out")) == pipeline_expected(n)
@@ -91,7 +98,9 @@ def test_three_kills_in_one_run() -> None:
 
 def test_random_kills() -> None:
     n = 24_000
-    result = pipeline(n, **CHK).run(faults=[RandomKills(2, seed=11, min_seconds=0.3, max_seconds=0.9)])
+    result = pipeline(n, **CHK).run(
+        faults=[RandomKills(2, seed=11, min_seconds=0.3, max_seconds=0.9)]
+    )
     assert len(result.restarts) == 2, result.summary()
     assert multiset(result.output("out")) == pipeline_expected(n)
 
@@ -114,7 +123,8 @@ def test_without_blocking_the_same_kill_gives_wrong_counts() -> None:
     assert multiset(exact.output("counts")) == multiset(reference.output("counts"))
     for _ in range(3):
         loose = slow_branch(n, snapshot_mode="at_least_once", **CHK).run(
-            faults=[Kill("count[0]", after_checkpoint=1)])
+            faults=[Kill("count[0]", after_checkpoint=1)]
+        )
         assert len(loose.restarts) == 1
         # The setting that makes alignment matter: at the restored checkpoint the two
         # barriers reached "merge" far apart (else nothing could be counted twice; the
@@ -128,11 +138,14 @@ def test_without_blocking_the_same_kill_gives_wrong_counts() -> None:
     duplicates = len(loose.output("counts")) - len(reference.output("counts"))
     assert multiset(loose.output("counts")) != multiset(reference.output("counts")), (
         "without blocking, the restored state should already hold post-barrier records "
-        "that the sources replay; the output should differ from the failure-free run")
+        "that the sources replay; the output should differ from the failure-free run"
+    )
     assert duplicates > 0
 
 
-def test_restore_from_falls_back_past_a_corrupt_latest_checkpoint(tmp_path: Any, caplog: Any) -> None:
+def test_restore_from_falls_back_past_a_corrupt_latest_checkpoint(
+    tmp_path: Any, caplog: Any
+) -> None:
     root = tmp_path / "chk"
     n = 10_000
     first = pipeline(n, checkpoint_dir=str(root), **CHK).run()
@@ -145,9 +158,13 @@ def test_restore_from_falls_back_past_a_corrupt_latest_checkpoint(tmp_path: Any,
     (root / f"chk-{final_id + 1}").mkdir()
     (root / f"chk-{final_id + 1}" / "count[0].state.tmp").write_bytes(b"ABSF-partial")
     with caplog.at_level(logging.WARNING, logger="absflow"):
-        resumed = pipeline(n, checkpoint_dir=str(tmp_path / "chk2"), **CHK).run(restore_from=str(root))
-    assert any(f"chk-{final_id}" in r.getMessage() or f"checkpoint {final_id}" in r.getMessage()
-               for r in caplog.records), [r.getMessage() for r in caplog.records]
+        resumed = pipeline(n, checkpoint_dir=str(tmp_path / "chk2"), **CHK).run(
+            restore_from=str(root)
+        )
+    assert any(
+        f"chk-{final_id}" in r.getMessage() or f"checkpoint {final_id}" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
     # the previous checkpoint covered all input but part of the output: the rest is committed now
     assert multiset(first.output("out")) == pipeline_expected(n)
     assert len(resumed.output("out")) <= len(first.output("out"))
@@ -164,7 +181,8 @@ def test_missing_restore_from_path_is_a_clear_error(tmp_path: Any) -> None:
 def test_a_frozen_task_is_detected_by_missing_heartbeats() -> None:
     n = 12_000
     result = pipeline(n, heartbeat_timeout=1.5, **CHK).run(
-        faults=[Kill("count[1]", after_seconds=0.5, signal=signal.SIGSTOP)])
+        faults=[Kill("count[1]", after_seconds=0.5, signal=signal.SIGSTOP)]
+    )
     assert len(result.restarts) == 1, result.summary()
     assert "heart" in result.restarts[0].reason
     assert multiset(result.output("out")) == pipeline_expected(n)
@@ -182,7 +200,11 @@ def test_file_sink_output_is_exactly_once_under_kills(tmp_path: Any) -> None:
     n = 20_000  # 2.5 s of input: both kills land well before the end, also on a busy machine
     out = str(tmp_path / "out")
     result = pipeline(n, files=out, **CHK).run(
-        faults=[Kill("files[1]", after_checkpoint=1), Kill("count[0]", after_seconds=0.5, attempt=1)])
+        faults=[
+            Kill("files[1]", after_checkpoint=1),
+            Kill("count[0]", after_seconds=0.5, attempt=1),
+        ]
+    )
     assert len(result.restarts) == 2, result.summary()
     assert read_part_files(out) == pipeline_expected(n)
     assert not [p for p in os.listdir(out) if p.endswith(".staging")]  # no leftovers

@@ -35,11 +35,14 @@ def test_wordcount_equals_counter(tmp_path: Any) -> None:
 
 def test_wordcount_at_parallelism_three_with_checkpoints(tmp_path: Any) -> None:
     paths = write_corpus(str(tmp_path), 20_000)
-    result = wordcount(paths, parallelism=3, checkpoint_interval=0.05,
-                       checkpoint_dir=str(tmp_path / "chk")).run()
+    result = wordcount(
+        paths, parallelism=3, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "chk")
+    ).run()
     assert final_counts(result.output("counts")) == corpus_counts(paths)
     assert result.checkpoints[-1]["final"]
-    assert os.path.exists(tmp_path / "chk" / f"chk-{result.checkpoints[-1]['checkpoint_id']}" / "_metadata")
+    assert os.path.exists(
+        tmp_path / "chk" / f"chk-{result.checkpoints[-1]['checkpoint_id']}" / "_metadata"
+    )
 
 
 def test_diamond_gives_exact_output() -> None:
@@ -52,10 +55,12 @@ def test_diamond_gives_exact_output() -> None:
 
 def test_broadcast_delivers_every_record_to_every_subtask() -> None:
     flow = Dataflow("broadcast", parallelism=1)
-    (flow.source(CollectionSource(range(500)), name="items")
-         .broadcast()
-         .map(lambda x: x * 10, name="times10", parallelism=3)
-         .collect("out", parallelism=3))
+    (
+        flow.source(CollectionSource(range(500)), name="items")
+        .broadcast()
+        .map(lambda x: x * 10, name="times10", parallelism=3)
+        .collect("out", parallelism=3)
+    )
     out = flow.run().output("out")
     assert collections.Counter(out) == collections.Counter({x * 10: 3 for x in range(500)})
 
@@ -66,10 +71,12 @@ def test_rebalance_spreads_records_exactly_once() -> None:
     def tag(x: int) -> tuple[int, int]:
         return (x, os.getpid())
 
-    (flow.source(CollectionSource(range(3_000)), name="items")
-         .rebalance()
-         .map(tag, name="tag", parallelism=3)
-         .collect("out", parallelism=3))
+    (
+        flow.source(CollectionSource(range(3_000)), name="items")
+        .rebalance()
+        .map(tag, name="tag", parallelism=3)
+        .collect("out", parallelism=3)
+    )
     out = flow.run().output("out")
     assert sorted(x for x, _ in out) == list(range(3_000))
     assert len({pid for _, pid in out}) == 3  # every subtask got records
@@ -86,12 +93,16 @@ def test_filter_flat_map_process_and_file_sink(tmp_path: Any) -> None:
         state.value = (state.value or 0) + 1
         return [(key, value, state.value)]
 
-    (flow.source(CollectionSource(list(range(200)) * 2), name="items")
-         .filter(lambda x: x % 4 != 0, name="no4")
-         .flat_map(lambda x: [x, x], name="twice")
-         .key_by(lambda x: x % 7)
-         .process(dedupe, name="dedupe")
-         .sink(FileSink(str(tmp_path / "out"), format=lambda t: f"{t[0]} {t[1]} {t[2]}"), name="files"))
+    (
+        flow.source(CollectionSource(list(range(200)) * 2), name="items")
+        .filter(lambda x: x % 4 != 0, name="no4")
+        .flat_map(lambda x: [x, x], name="twice")
+        .key_by(lambda x: x % 7)
+        .process(dedupe, name="dedupe")
+        .sink(
+            FileSink(str(tmp_path / "out"), format=lambda t: f"{t[0]} {t[1]} {t[2]}"), name="files"
+        )
+    )
     flow.run()
     lines = []
     for i in range(2):
@@ -144,11 +155,13 @@ class SlowSink(Sink):
 def test_slow_sink_loses_nothing_and_keeps_order_per_key() -> None:
     n = 60_000
     flow = Dataflow("slow", parallelism=2, batch_size=100, channel_hwm=4)
-    (flow.source(GeneratorSource(lambda i: (i % 13, i), n), name="pairs")
-         .key_by(lambda kv: kv[0])
-         .map(lambda kv: kv, name="same", parallelism=2)
-         .rebalance()
-         .sink(SlowSink(), name="slow", parallelism=1))
+    (
+        flow.source(GeneratorSource(lambda i: (i % 13, i), n), name="pairs")
+        .key_by(lambda kv: kv[0])
+        .map(lambda kv: kv, name="same", parallelism=2)
+        .rebalance()
+        .sink(SlowSink(), name="slow", parallelism=1)
+    )
     out = flow.run().output("slow")
     assert len(out) == n
     per_key = collections.defaultdict(list)

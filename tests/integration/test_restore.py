@@ -14,13 +14,17 @@ from runtime.sources import GeneratorSource
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
 
 
-def counting(n: int, count_parallelism: int, source_parallelism: int = 2, **config: Any) -> Dataflow:
+def counting(
+    n: int, count_parallelism: int, source_parallelism: int = 2, **config: Any
+) -> Dataflow:
     flow = Dataflow("rescale", parallelism=source_parallelism, **config)
-    (flow.source(GeneratorSource(lambda i: i % 50, n), name="numbers")
-         .key_by(lambda x: x)
-         .aggregate(0, lambda c, _x: c + 1, name="count", parallelism=count_parallelism)
-         .rebalance()
-         .collect("out", parallelism=1))
+    (
+        flow.source(GeneratorSource(lambda i: i % 50, n), name="numbers")
+        .key_by(lambda x: x)
+        .aggregate(0, lambda c, _x: c + 1, name="count", parallelism=count_parallelism)
+        .rebalance()
+        .collect("out", parallelism=1)
+    )
     return flow
 
 
@@ -28,8 +32,9 @@ def test_restore_keyed_state_at_another_parallelism(tmp_path: Any) -> None:
     root = str(tmp_path / "chk")
     first = counting(3_000, 2, checkpoint_interval=0.05, checkpoint_dir=root).run()
     assert max(c for _, c in first.output("out")) == 60
-    resumed = counting(6_000, 3, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "chk2")).run(
-        restore_from=root)
+    resumed = counting(
+        6_000, 3, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "chk2")
+    ).run(restore_from=root)
     new = [(k, c) for k, c in resumed.output("out") if c > 60]
     per_key = collections.defaultdict(list)
     for k, c in new:

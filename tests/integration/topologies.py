@@ -17,9 +17,13 @@ def write_corpus(directory: str, words: int, files: int = 3, seed: int = 7) -> l
     paths = []
     for f in range(files):
         path = f"{directory}/part-{f}.txt"
-        chosen = rng.choices(vocab, weights=[1 / (i + 1) for i in range(len(vocab))], k=words // files)
+        chosen = rng.choices(
+            vocab, weights=[1 / (i + 1) for i in range(len(vocab))], k=words // files
+        )
         with open(path, "w") as fh:
-            fh.write("\n".join(" ".join(chosen[j:j + 9]) for j in range(0, len(chosen), 9)) + "\n")
+            fh.write(
+                "\n".join(" ".join(chosen[j : j + 9]) for j in range(0, len(chosen), 9)) + "\n"
+            )
         paths.append(path)
     return paths
 
@@ -35,11 +39,13 @@ def corpus_counts(paths: list[str]) -> dict[str, int]:
 
 def wordcount(paths: list[str], parallelism: int = 2, **config: Any) -> Dataflow:
     flow = Dataflow("wordcount", parallelism=parallelism, **config)
-    (flow.source(TextFileSource(paths), name="lines")
-         .flat_map(str.split, name="split")
-         .key_by(lambda w: w)
-         .aggregate(0, lambda c, _w: c + 1, name="count")
-         .collect("counts"))
+    (
+        flow.source(TextFileSource(paths), name="lines")
+        .flat_map(str.split, name="split")
+        .key_by(lambda w: w)
+        .aggregate(0, lambda c, _w: c + 1, name="count")
+        .collect("counts")
+    )
     return flow
 
 
@@ -59,12 +65,16 @@ def diamond(n: int, rate: float | None = None, **config: Any) -> Dataflow:
     two sinks: "totals" ((tag, key), running count) and "by5" ((key, running count))."""
     flow = Dataflow("diamond", parallelism=2, **config)
     src = flow.source(GeneratorSource(lambda i: i, n, rate=rate), name="numbers")
-    by3 = (src.map(lambda x: (x % 3, 1), name="pair3")
-              .key_by(_first).reduce(lambda a, b: (a[0], a[1] + b[1]), name="count3"))
+    by3 = (
+        src.map(lambda x: (x % 3, 1), name="pair3")
+        .key_by(_first)
+        .reduce(lambda a, b: (a[0], a[1] + b[1]), name="count3")
+    )
     by5 = src.key_by(lambda x: x % 5).aggregate(0, lambda c, _x: c + 1, name="count5")
     by5.collect("by5")
     tagged = by3.map(lambda t: ("three", t[0]), name="tag3").union(
-        by5.map(lambda t: ("five", t[0]), name="tag5"), name="both")
+        by5.map(lambda t: ("five", t[0]), name="tag5"), name="both"
+    )
     tagged.key_by(lambda t: t).aggregate(0, lambda c, _t: c + 1, name="per_key").collect("totals")
     return flow
 
@@ -95,9 +105,13 @@ def slow_branch(n: int, **config: Any) -> Dataflow:
     fast = flow.source(GeneratorSource(lambda i: 2 * i, n, rate=n / 2), name="fast")
     # not rate limited: always busy with a full 1000-record batch (~0.8 s)
     lagging = flow.source(GeneratorSource(lambda i: 2 * i + 1, n // 8), name="lagging")
-    (lagging.map(slow, name="slow").union(fast, name="merge")
-        .key_by(lambda x: x % 10).aggregate(0, lambda c, _x: c + 1, name="count")
-        .collect("counts"))
+    (
+        lagging.map(slow, name="slow")
+        .union(fast, name="merge")
+        .key_by(lambda x: x % 10)
+        .aggregate(0, lambda c, _x: c + 1, name="count")
+        .collect("counts")
+    )
     return flow
 
 
@@ -105,19 +119,23 @@ def _square(x: int) -> int:
     return x * x
 
 
-def pipeline(n: int, rate: float | None = 8_000, files: str | None = None, **config: Any) -> Dataflow:
+def pipeline(
+    n: int, rate: float | None = 8_000, files: str | None = None, **config: Any
+) -> Dataflow:
     """source (2) -> rebalance -> map "square" (2) -> key_by -> "count" (2) -> rebalance ->
     sink "out" (1): every kind of task (source, middle, keyed, sink) is its own task.
     With ``files``, the sink is an exactly-once FileSink "files" (2 part files) there."""
     from runtime.sinks import FileSink
 
     flow = Dataflow("pipeline", parallelism=2, **config)
-    counts = (flow.source(GeneratorSource(lambda i: i, n, rate=rate), name="numbers")
-              .rebalance()
-              .map(_square, name="square")
-              .key_by(lambda x: x % 17)
-              .aggregate(0, lambda c, _x: c + 1, name="count")
-              .rebalance())
+    counts = (
+        flow.source(GeneratorSource(lambda i: i, n, rate=rate), name="numbers")
+        .rebalance()
+        .map(_square, name="square")
+        .key_by(lambda x: x % 17)
+        .aggregate(0, lambda c, _x: c + 1, name="count")
+        .rebalance()
+    )
     if files is None:
         counts.collect("out", parallelism=1)
     else:
@@ -138,11 +156,13 @@ def slow_words(paths: list[str], **config: Any) -> Dataflow:
         time.sleep(0.0002)
         return line.split()
 
-    (flow.source(TextFileSource(paths), name="lines")
-         .flat_map(split_slowly, name="split")
-         .key_by(lambda w: w)
-         .aggregate(0, lambda c, _w: c + 1, name="count")
-         .collect("counts"))
+    (
+        flow.source(TextFileSource(paths), name="lines")
+        .flat_map(split_slowly, name="split")
+        .key_by(lambda w: w)
+        .aggregate(0, lambda c, _w: c + 1, name="count")
+        .collect("counts")
+    )
     return flow
 
 

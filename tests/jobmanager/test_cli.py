@@ -19,8 +19,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def task_metrics(align: float) -> dict[str, Any]:
-    return {"start_delay_ms": 0.4, "alignment_ms": align, "sync_ms": 0.3, "async_ms": 2.5,
-            "state_bytes": 120, "spilled_bytes": 64, "keys": 3}
+    return {
+        "start_delay_ms": 0.4,
+        "alignment_ms": align,
+        "sync_ms": 0.3,
+        "async_ms": 2.5,
+        "state_bytes": 120,
+        "spilled_bytes": 64,
+        "keys": 3,
+    }
 
 
 def write_checkpoint(storage: CheckpointStorage, n: int, final: bool = False) -> str:
@@ -28,16 +35,39 @@ def write_checkpoint(storage: CheckpointStorage, n: int, final: bool = False) ->
     path = storage.task_state_path(n, "src[0]")
     snap = OperatorSnapshot(msgpack.packb(n * 100), None, None)
     info = write_task_snapshot(path, {"src": snap})
-    storage.write_metadata(n, {
-        "job": "wordcount", "attempt": 1, "final": final, "trigger_time": 1_700_000_000.0 + n,
-        "completed_time": 1_700_000_000.5 + n, "duration_ms": 12.5 * n, "max_parallelism": 128,
-        "tasks": {"src[0]": {"file": os.path.basename(path), "size": info.size, "crc32": info.crc32,
-                             "operators": {"src": {"subtask": 0, "parallelism": 1}}}},
-        "task_metrics": {"src[0]": task_metrics(0.0), "count[0]": task_metrics(7.25)},
-        "metrics": {"tasks": 2, "duration_ms": 12.5 * n, "max_start_delay_ms": 0.4,
-                    "max_alignment_ms": 7.25, "mean_alignment_ms": 3.625, "max_sync_ms": 0.3,
-                    "max_async_ms": 2.5, "state_bytes": 240 + n, "spilled_bytes": 128, "keys": 6},
-    })
+    storage.write_metadata(
+        n,
+        {
+            "job": "wordcount",
+            "attempt": 1,
+            "final": final,
+            "trigger_time": 1_700_000_000.0 + n,
+            "completed_time": 1_700_000_000.5 + n,
+            "duration_ms": 12.5 * n,
+            "max_parallelism": 128,
+            "tasks": {
+                "src[0]": {
+                    "file": os.path.basename(path),
+                    "size": info.size,
+                    "crc32": info.crc32,
+                    "operators": {"src": {"subtask": 0, "parallelism": 1}},
+                }
+            },
+            "task_metrics": {"src[0]": task_metrics(0.0), "count[0]": task_metrics(7.25)},
+            "metrics": {
+                "tasks": 2,
+                "duration_ms": 12.5 * n,
+                "max_start_delay_ms": 0.4,
+                "max_alignment_ms": 7.25,
+                "mean_alignment_ms": 3.625,
+                "max_sync_ms": 0.3,
+                "max_async_ms": 2.5,
+                "state_bytes": 240 + n,
+                "spilled_bytes": 128,
+                "keys": 6,
+            },
+        },
+    )
     return path
 
 
@@ -62,11 +92,24 @@ def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lines = out.splitlines()
     assert lines[0] == f"checkpoints in {root}"
     header = lines[1].split()
-    assert header == ["id", "status", "final", "attempt", "triggered", "duration_ms",
-                      "state_bytes", "tasks", "max_align_ms", "spilled_bytes"]
+    assert header == [
+        "id",
+        "status",
+        "final",
+        "attempt",
+        "triggered",
+        "duration_ms",
+        "state_bytes",
+        "tasks",
+        "max_align_ms",
+        "spilled_bytes",
+    ]
     rows = lines[3:]
-    assert [r.split()[:3] for r in rows] == [["3", "completed", "no"], ["12", "completed", "yes"],
-                                             ["13", "incomplete", "-"]]  # newest last
+    assert [r.split()[:3] for r in rows] == [
+        ["3", "completed", "no"],
+        ["12", "completed", "yes"],
+        ["13", "incomplete", "-"],
+    ]  # newest last
     assert "37.5" in rows[0] and "243" in rows[0] and "7.2" in rows[0] and "128" in rows[0]
     assert "150.0" in rows[1] and "252" in rows[1]
     # Aligned: every column starts at the same offset on every line.
@@ -98,16 +141,36 @@ def test_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and err == ""
     assert "checkpoint 12 of job 'wordcount'" in out
     assert "attempt 1, final yes, max parallelism 128" in out
-    for key in ("duration_ms", "max_start_delay_ms", "max_alignment_ms", "mean_alignment_ms",
-                "max_sync_ms", "max_async_ms", "state_bytes", "spilled_bytes", "keys"):
+    for key in (
+        "duration_ms",
+        "max_start_delay_ms",
+        "max_alignment_ms",
+        "mean_alignment_ms",
+        "max_sync_ms",
+        "max_async_ms",
+        "state_bytes",
+        "spilled_bytes",
+        "keys",
+    ):
         assert any(line.split()[:1] == [key] for line in out.splitlines()), key
     assert "tasks (2)" in out
-    task_header = next(line for line in out.splitlines() if line.startswith("task ") and "alignment_ms" in line)
-    assert task_header.split() == ["task", "start_delay_ms", "alignment_ms", "sync_ms", "async_ms",
-                                   "state_bytes", "spilled_bytes"]
+    task_header = next(
+        line for line in out.splitlines() if line.startswith("task ") and "alignment_ms" in line
+    )
+    assert task_header.split() == [
+        "task",
+        "start_delay_ms",
+        "alignment_ms",
+        "sync_ms",
+        "async_ms",
+        "state_bytes",
+        "spilled_bytes",
+    ]
     count_row = next(line for line in out.splitlines() if line.startswith("count[0]"))
     assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64"]
-    state_row = next(line for line in out.splitlines() if line.startswith("src[0]") and ".state" in line)
+    state_row = next(
+        line for line in out.splitlines() if line.startswith("src[0]") and ".state" in line
+    )
     assert "src[0].state" in state_row and "src" in state_row.split()[-1]
     assert "verification: OK (1 state file matches" in out
     assert "  max_alignment_ms    7.25" in out
@@ -157,12 +220,23 @@ def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_as_module(root: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    ok = subprocess.run([sys.executable, "-m", "jobmanager", "checkpoints", str(root)],
-                        capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    ok = subprocess.run(
+        [sys.executable, "-m", "jobmanager", "checkpoints", str(root)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "completed" in ok.stdout and "incomplete" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "jobmanager", "checkpoints", str(root / "x"),
-                          "--show", "1"], capture_output=True, text=True, cwd=REPO, env=env,
-                         timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "jobmanager", "checkpoints", str(root / "x"), "--show", "1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=60,
+    )
     assert bad.returncode == 2
     assert "does not exist" in bad.stderr and "Traceback" not in bad.stderr

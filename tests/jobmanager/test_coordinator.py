@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from jobmanager import protocol as P
+from channels import control as P
+from channels.control import CheckpointFailureReason
 from jobmanager.coordinator import (
     CheckpointCoordinator,
-    CheckpointFailureReason,
     CompletedCheckpoint,
 )
 from runtime.config import JobConfig
@@ -36,7 +36,9 @@ def last(a: Any, b: Any) -> Any:
 def small_plan() -> JobPlan:
     """src[0], src[1] --hash--> count[0], count[1] (task indexes 0..3)."""
     flow = Dataflow("job", parallelism=2)
-    flow.source(GeneratorSource(ident, 10), name="src").key_by(ident).reduce(last, name="count").collect("out")
+    flow.source(GeneratorSource(ident, 10), name="src").key_by(ident).reduce(
+        last, name="count"
+    ).collect("out")
     plan = flow.plan()
     assert [t.task_id for t in plan.tasks] == ["src[0]", "src[1]", "count[0]", "count[1]"]
     return plan
@@ -64,7 +66,7 @@ class Sent:
         self.log.append((index, message))
 
     def new(self) -> list[tuple[int, P.Message]]:
-        out = self.log[self.seen:]
+        out = self.log[self.seen :]
         self.seen = len(self.log)
         return out
 
@@ -79,8 +81,14 @@ class Harness:
         self.storage = CheckpointStorage(str(tmp_path / "chk"))
         self.completed: list[CompletedCheckpoint] = []
         self.coord = CheckpointCoordinator(
-            small_plan(), self.config, self.storage, self.sent, first_id=1, attempt=0,
-            on_complete=self.completed.append, clock=self.clock,
+            small_plan(),
+            self.config,
+            self.storage,
+            self.sent,
+            first_id=1,
+            attempt=0,
+            on_complete=self.completed.append,
+            clock=self.clock,
         )
 
     def tick(self, advance: float = 0.0) -> list[tuple[int, P.Message]]:
@@ -92,9 +100,15 @@ class Harness:
         done = None
         for index in tasks or ALL:
             info = {"file": f"t{index}.state", "size": 10, "crc32": 1} if state else None
-            metrics = {"alignment_ms": float(index), "sync_ms": 1.0, "async_ms": 2.0,
-                       "state_bytes": 100, "spilled_bytes": 0, "keys": index,
-                       "start_delay_ms": 0.5}
+            metrics = {
+                "alignment_ms": float(index),
+                "sync_ms": 1.0,
+                "async_ms": 2.0,
+                "state_bytes": 100,
+                "spilled_bytes": 0,
+                "keys": index,
+                "start_delay_ms": 0.5,
+            }
             done = self.coord.on_ack(P.Ack(index, 0, n, info, metrics)) or done
         return done
 
@@ -209,7 +223,10 @@ def test_timeout_aborts_expired(tmp_path: Path) -> None:
     assert 1 not in h.coord.pending
     assert triggers(sent) == []  # the interval runs from the last trigger (t=10): due at 20
     (failed,) = h.coord.failed
-    assert failed.reason is CheckpointFailureReason.EXPIRED and "1 task(s) did not ack" in failed.detail
+    assert (
+        failed.reason is CheckpointFailureReason.EXPIRED
+        and "1 task(s) did not ack" in failed.detail
+    )
     assert not os.path.exists(os.path.join(h.storage.root, "chk-1"))
     assert h.coord.consecutive_failures == 1
     assert h.ack(1, 3) is None  # the straggler's ack is late now
@@ -219,12 +236,13 @@ def test_timeout_aborts_expired(tmp_path: Path) -> None:
 def test_decline_aborts_declined(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.tick(10)
-    h.coord.on_decline(P.Decline(2, 0, 1, "disk full"))
-    assert of_type(h.sent.new(), P.Abort) == [(i, P.Abort(1, "DECLINED")) for i in ALL]
+    h.coord.on_decline(P.Decline(2, 0, 1, "STATE_WRITE_FAILED", "disk full"))
+    assert of_type(h.sent.new(), P.Abort) == [(i, P.Abort(1, "STATE_WRITE_FAILED")) for i in ALL]
     (failed,) = h.coord.failed
-    assert failed.reason is CheckpointFailureReason.DECLINED
-    assert failed.detail == "task count[0]: disk full"
-    h.coord.on_decline(P.Decline(3, 0, 1, "again"))  # already aborted: nothing
+    assert failed.reason is CheckpointFailureReason.STATE_WRITE_FAILED
+    assert failed.detail == "declined by task count[0]: disk full"
+    assert h.coord.consecutive_failures == 1
+    h.coord.on_decline(P.Decline(3, 0, 1, "DECLINED", "again"))  # already aborted: nothing
     assert h.sent.new() == [] and len(h.coord.failed) == 1
 
 
@@ -249,7 +267,7 @@ def test_consecutive_failures_beyond_tolerable(tmp_path: Path) -> None:
     h = Harness(tmp_path, tolerable_checkpoint_failures=2, checkpoint_timeout=1.0)
     for n in (1, 2, 3):
         h.tick(10)
-        h.coord.on_decline(P.Decline(0, 0, n, "no"))
+        h.coord.on_decline(P.Decline(0, 0, n, "DECLINED", "no"))
         assert h.coord.too_many_failures is (n > 2)
     assert h.coord.consecutive_failures == 3
 
@@ -257,12 +275,12 @@ def test_consecutive_failures_beyond_tolerable(tmp_path: Path) -> None:
 def test_a_completion_resets_the_failure_count(tmp_path: Path) -> None:
     h = Harness(tmp_path, tolerable_checkpoint_failures=1)
     h.tick(10)
-    h.coord.on_decline(P.Decline(0, 0, 1, "no"))
+    h.coord.on_decline(P.Decline(0, 0, 1, "DECLINED", "no"))
     h.tick(10)
     h.ack(2)
     assert h.coord.consecutive_failures == 0
     h.tick(10)
-    h.coord.on_decline(P.Decline(0, 0, 3, "no"))
+    h.coord.on_decline(P.Decline(0, 0, 3, "DECLINED", "no"))
     assert not h.coord.too_many_failures
 
 
@@ -332,8 +350,9 @@ def test_expired_final_checkpoint_fails_the_attempt(tmp_path: Path) -> None:
 
 def test_checkpoint_ids_start_at_first_id(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    coord = CheckpointCoordinator(small_plan(), h.config, None, h.sent, first_id=17, attempt=2,
-                                  clock=h.clock)
+    coord = CheckpointCoordinator(
+        small_plan(), h.config, None, h.sent, first_id=17, attempt=2, clock=h.clock
+    )
     h.clock.advance(10)
     coord.on_tick()
     assert {m.checkpoint_id for _, m in h.sent.new()} == {17}
@@ -342,3 +361,19 @@ def test_checkpoint_ids_start_at_first_id(tmp_path: Path) -> None:
     for i in (1, 2, 3):
         done = coord.on_ack(P.Ack(i, 2, 17, None, {})) or done
     assert done is not None and done.path is None  # no storage: nothing written
+
+
+def test_a_failed_metadata_write_is_a_failed_checkpoint_not_an_error(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.tick(10)
+
+    def full_disk(checkpoint_id: int, metadata: dict[str, Any]) -> str:
+        raise OSError(28, "No space left on device")
+
+    h.storage.write_metadata = full_disk  # type: ignore[method-assign]
+    assert h.ack(1) is None
+    (failed,) = h.coord.failed
+    assert failed.reason is CheckpointFailureReason.METADATA_WRITE_FAILED
+    assert "No space left" in failed.detail
+    assert h.coord.consecutive_failures == 1 and h.completed == []
+    assert of_type(h.sent.new(), P.Abort) == [(i, P.Abort(1, "METADATA_WRITE_FAILED")) for i in ALL]

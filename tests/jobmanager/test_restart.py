@@ -68,8 +68,9 @@ def test_failure_rate_instances_do_not_share_history() -> None:
 
 def test_exponential_backoff_doubles_up_to_max() -> None:
     clock = Clock()
-    s = ExponentialBackoff(initial=0.1, max_delay=1.0, multiplier=2.0, max_attempts=10,
-                           reset_after=60.0, clock=clock)
+    s = ExponentialBackoff(
+        initial=0.1, max_delay=1.0, multiplier=2.0, max_attempts=10, reset_after=60.0, clock=clock
+    )
     delays = []
     for _ in range(7):
         delays.append(s.next_delay())
@@ -87,8 +88,9 @@ def test_exponential_backoff_gives_up_after_max_attempts() -> None:
 
 def test_exponential_backoff_resets_after_a_quiet_period() -> None:
     clock = Clock()
-    s = ExponentialBackoff(initial=0.5, max_delay=8.0, max_attempts=10, reset_after=30.0,
-                           clock=clock)
+    s = ExponentialBackoff(
+        initial=0.5, max_delay=8.0, max_attempts=10, reset_after=30.0, clock=clock
+    )
     assert s.next_delay() == 0.5
     clock.now += 5
     assert s.next_delay() == 1.0

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier
 from runtime.barriers import (
     NO_CHECKPOINT,
-    AbortReason,
     AlignerState,
     Aligning,
     BarrierAligner,
@@ -52,7 +52,7 @@ class Trigger:
 @dataclass(frozen=True)
 class Abort:
     checkpoint_id: int
-    reason: AbortReason
+    reason: CheckpointFailureReason
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class RecordingActions:
     def trigger_checkpoint(self, barrier: Barrier, alignment_started_at: float) -> None:
         self.calls.append(Trigger(barrier.checkpoint_id, alignment_started_at, barrier.final))
 
-    def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
+    def abort_checkpoint(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None:
         self.calls.append(Abort(checkpoint_id, reason))
 
     def end_of_all_inputs(self) -> None:
@@ -99,7 +99,7 @@ class FakeClock:
 # --- scripts -------------------------------------------------------------------------
 
 EOI = "EOI"
-Event = Barrier | CancelBarrier | str | tuple[str, int, AbortReason]
+Event = Barrier | CancelBarrier | str | tuple[str, int, CheckpointFailureReason]
 Step = tuple[int | None, Event, set[int], list[Action]]
 HandlerFactory = Callable[[Iterable[int], CheckpointActions, Callable[[], float]], BarrierHandler]
 
@@ -112,7 +112,9 @@ def cancel(checkpoint_id: int) -> CancelBarrier:
     return CancelBarrier(checkpoint_id)
 
 
-def abort(checkpoint_id: int, reason: AbortReason = AbortReason.EXPIRED) -> Event:
+def abort(
+    checkpoint_id: int, reason: CheckpointFailureReason = CheckpointFailureReason.EXPIRED
+) -> Event:
     return ("ABORT", checkpoint_id, reason)
 
 
@@ -159,7 +161,11 @@ def tracker(
     return BarrierTracker(channels, actions, clock)
 
 
-SUBSUMED, DECLINED, EXPIRED = AbortReason.SUBSUMED, AbortReason.DECLINED, AbortReason.EXPIRED
+SUBSUMED, DECLINED, EXPIRED = (
+    CheckpointFailureReason.SUBSUMED,
+    CheckpointFailureReason.DECLINED,
+    CheckpointFailureReason.EXPIRED,
+)
 
 # --- aligner: alignment --------------------------------------------------------------
 
@@ -373,7 +379,12 @@ def test_control_plane_abort_while_aligning() -> None:
 
 def test_control_plane_abort_while_idle_ignores_its_barriers_later() -> None:
     steps: list[Step] = [
-        (None, abort(3, AbortReason.TASK_FAILURE), set(), [Abort(3, AbortReason.TASK_FAILURE)]),
+        (
+            None,
+            abort(3, CheckpointFailureReason.TASK_FAILURE),
+            set(),
+            [Abort(3, CheckpointFailureReason.TASK_FAILURE)],
+        ),
         (0, barrier(3), set(), []),
         (1, barrier(3), set(), []),
         (0, barrier(4), {0}, [Block(0)]),
@@ -539,6 +550,6 @@ def test_alignment_script_catches_a_handler_that_does_not_block() -> None:
 
 
 def test_abort_reasons_have_distinct_messages() -> None:
-    messages = [reason.message for reason in AbortReason]
+    messages = [reason.message for reason in CheckpointFailureReason]
     assert len(set(messages)) == len(messages)
     assert all(message for message in messages)

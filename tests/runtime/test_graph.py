@@ -57,7 +57,9 @@ def test_dangling_stream_names_the_step() -> None:
 
 def test_forward_edge_needs_equal_parallelism() -> None:
     flow = Dataflow("fwd")
-    flow.source(gen(), name="src", parallelism=2).map(ident, name="wide", parallelism=3).collect("out")
+    flow.source(gen(), name="src", parallelism=2).map(ident, name="wide", parallelism=3).collect(
+        "out"
+    )
     with pytest.raises(GraphError, match=r"forward edge from 'src'.*to 'wide'") as info:
         flow.validate()
     assert "rebalance" in str(info.value)
@@ -65,8 +67,12 @@ def test_forward_edge_needs_equal_parallelism() -> None:
 
 def test_rebalance_fixes_parallelism_mismatch() -> None:
     flow = Dataflow("fwd")
-    (flow.source(gen(), name="src", parallelism=2)
-         .rebalance().map(ident, name="wide", parallelism=3).collect("out"))
+    (
+        flow.source(gen(), name="src", parallelism=2)
+        .rebalance()
+        .map(ident, name="wide", parallelism=3)
+        .collect("out")
+    )
     flow.validate()
     wide = flow.graph.steps[1]
     assert wide.inputs[0].partitioning is Partitioning.REBALANCE
@@ -157,17 +163,24 @@ def test_union_needs_another_stream() -> None:
 
 def test_keyed_parallelism_above_max_parallelism() -> None:
     flow = Dataflow("keyed", max_parallelism=4)
-    (flow.source(gen(), name="src")
-         .key_by(ident).reduce(lambda a, b: b, name="big", parallelism=5)
-         .collect("out", parallelism=5))
+    (
+        flow.source(gen(), name="src")
+        .key_by(ident)
+        .reduce(lambda a, b: b, name="big", parallelism=5)
+        .collect("out", parallelism=5)
+    )
     with pytest.raises(GraphError, match="keyed step 'big' has parallelism 5 > max_parallelism 4"):
         flow.validate()
 
 
 def test_keyed_parallelism_equal_to_max_parallelism_is_fine() -> None:
     flow = Dataflow("keyed", max_parallelism=4)
-    (flow.source(gen(), name="src")
-         .key_by(ident).reduce(lambda a, b: b, name="r", parallelism=4).collect("out"))
+    (
+        flow.source(gen(), name="src")
+        .key_by(ident)
+        .reduce(lambda a, b: b, name="r", parallelism=4)
+        .collect("out")
+    )
     flow.validate()
 
 
@@ -190,7 +203,9 @@ def test_source_with_a_non_source() -> None:
 
 
 def test_unknown_job_config_setting() -> None:
-    with pytest.raises(GraphError, match=r"unknown setting\(s\) \['bogus'\]; known: .*checkpoint_interval"):
+    with pytest.raises(
+        GraphError, match=r"unknown setting\(s\) \['bogus'\]; known: .*checkpoint_interval"
+    ):
         Dataflow("cfg", bogus=1)
 
 

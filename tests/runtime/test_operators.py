@@ -19,7 +19,9 @@ def test_reduce_emits_running_values_per_key() -> None:
 
 
 def test_aggregate_with_a_factory_keeps_accumulators_apart() -> None:
-    op = build_operator(keyed_step(StepKind.AGGREGATE, lambda acc, r: [*acc, r[1]], initial=list), 0, 128, None)
+    op = build_operator(
+        keyed_step(StepKind.AGGREGATE, lambda acc, r: [*acc, r[1]], initial=list), 0, 128, None
+    )
     assert op.process([("a", 1), ("b", 2), ("a", 3)]) == [("a", [1]), ("b", [2]), ("a", [1, 3])]
 
 
@@ -35,7 +37,10 @@ def test_process_state_handle_value_list_map_and_clear() -> None:
 
     op = build_operator(keyed_step(StepKind.PROCESS, fn), 0, 128, None)
     assert op.process([("a", "x"), ("b", "y"), ("a", "z")]) == [
-        ("a", 1, ["x"], "x"), ("b", 1, ["y"], "y"), ("a", 2, ["x", "z"], "z")]
+        ("a", 1, ["x"], "x"),
+        ("b", 1, ["y"], "y"),
+        ("a", 2, ["x", "z"], "z"),
+    ]
     assert op.process([("a", "reset"), ("a", "w")]) == [("a", "cleared"), ("a", 1, ["w"], "w")]
     assert op.process([("b", "q")]) == [("b", 2, ["y", "q"], "q")]  # other keys untouched
 

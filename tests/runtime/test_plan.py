@@ -32,8 +32,13 @@ def chain_names(plan: JobPlan) -> list[list[str]]:
 
 def keyed_plan(p1: int = 2, p2: int = 2, chaining: bool = True) -> JobPlan:
     flow = Dataflow("keyed", parallelism=p1, chaining=chaining)
-    (flow.source(gen(), name="src").map(ident, name="m")
-         .key_by(ident).reduce(last, name="count", parallelism=p2).collect("out"))
+    (
+        flow.source(gen(), name="src")
+        .map(ident, name="m")
+        .key_by(ident)
+        .reduce(last, name="count", parallelism=p2)
+        .collect("out")
+    )
     return flow.plan()
 
 
@@ -56,8 +61,13 @@ def test_key_by_breaks_the_chain_and_keyed_step_chains_with_its_sink() -> None:
 
 def test_keyed_step_with_sink_of_other_parallelism_does_not_chain() -> None:
     flow = Dataflow("keyed", parallelism=2)
-    (flow.source(gen(), name="src").key_by(ident).reduce(last, name="count")
-         .rebalance().collect("out", parallelism=1))
+    (
+        flow.source(gen(), name="src")
+        .key_by(ident)
+        .reduce(last, name="count")
+        .rebalance()
+        .collect("out", parallelism=1)
+    )
     assert chain_names(flow.plan()) == [["src"], ["count"], ["out"]]
 
 
@@ -114,8 +124,11 @@ def test_chaining_off_gives_one_chain_per_step() -> None:
 def test_task_ids_and_indexes() -> None:
     plan = keyed_plan(2, 3)
     assert [(t.index, t.task_id, t.subtask) for t in plan.tasks] == [
-        (0, "src[0]", 0), (1, "src[1]", 1),
-        (2, "count[0]", 0), (3, "count[1]", 1), (4, "count[2]", 2),
+        (0, "src[0]", 0),
+        (1, "src[1]", 1),
+        (2, "count[0]", 0),
+        (3, "count[1]", 1),
+        (4, "count[2]", 2),
     ]
     assert [t.task_id for t in plan.source_tasks] == ["src[0]", "src[1]"]
 
@@ -144,7 +157,9 @@ def test_hash_channels_connect_every_pair(p1: int, p2: int) -> None:
             assert out.key_fn is ident
             assert out.target_task_ids == [f"count[{d}]" for d in range(p2)]
             # Indexed by target subtask.
-            assert [plan.tasks[plan.channels[c].target_task].subtask for c in out.channels] == list(range(p2))
+            assert [plan.tasks[plan.channels[c].target_task].subtask for c in out.channels] == list(
+                range(p2)
+            )
         else:
             assert len(t.inputs) == p1
 
@@ -186,10 +201,17 @@ def test_task_by_id_unknown() -> None:
         keyed_plan().task_by_id("m[0]")
 
 
-def test_explain_mentions_every_task_and_the_partitioning(capsys: pytest.CaptureFixture[str]) -> None:
+def test_explain_mentions_every_task_and_the_partitioning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     flow = Dataflow("explained", parallelism=2)
-    (flow.source(gen(), name="src").map(ident, name="m")
-         .key_by(ident).reduce(last, name="count", parallelism=3).collect("out"))
+    (
+        flow.source(gen(), name="src")
+        .map(ident, name="m")
+        .key_by(ident)
+        .reduce(last, name="count", parallelism=3)
+        .collect("out")
+    )
     text = flow.explain()
     assert capsys.readouterr().out.strip() == text
     assert "'explained'" in text

@@ -99,7 +99,9 @@ def write_files(tmp_path: Path) -> tuple[str, list[str]]:
     lines: list[str] = []
     for name, text in contents.items():
         (tmp_path / name).write_bytes(text.encode("utf-8"))
-        lines.extend(text.split("\n")[:-1] if text.endswith("\n") else text.split("\n") if text else [])
+        lines.extend(
+            text.split("\n")[:-1] if text.endswith("\n") else text.split("\n") if text else []
+        )
     return str(tmp_path / "*.txt"), lines
 
 

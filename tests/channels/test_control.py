@@ -8,7 +8,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from jobmanager import protocol as P
+from channels import control as P
 
 
 def tuples(value: Any) -> Any:
@@ -24,11 +24,20 @@ MESSAGES: list[P.Message] = [
     P.Register(3, 1, "count[1]", 4242, "worker-7", "tcp://10.0.0.7:5555"),
     P.Heartbeat(0, 0, 1000, 998, 123_456_789, 1_700_000_000.25),
     P.Heartbeat(0, 0, 0, 0, 0, 0.0),
-    P.Ack(2, 1, 7, {"file": "count[0].state", "size": 812, "crc32": 0xDEADBEEF,
-                    "operators": {"count": ["keyed", 0, 64]}},
-          {"alignment_ms": 1.5, "sync_ms": 0.2, "keys": 10}),
+    P.Ack(
+        2,
+        1,
+        7,
+        {
+            "file": "count[0].state",
+            "size": 812,
+            "crc32": 0xDEADBEEF,
+            "operators": {"count": ["keyed", 0, 64]},
+        },
+        {"alignment_ms": 1.5, "sync_ms": 0.2, "keys": 10},
+    ),
     P.Ack(2, 1, 8, None, {}),
-    P.Decline(1, 0, 9, "snapshot failed: disk full"),
+    P.Decline(1, 0, 9, "STATE_WRITE_FAILED", "disk full"),
     P.SourceEnded(0, 2),
     P.SinkOutput(4, 0, "out", 1, 12, [1, "two", [3, 4], {"k": b"v"}, None, 2.5, True]),
     P.SinkOutput(4, 0, "out", 1, 13, []),

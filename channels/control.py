@@ -1,17 +1,50 @@
-"""Control-plane messages between tasks (DEALER) and the job manager (ROUTER).
+"""The control plane: messages between tasks (DEALER) and the job manager (ROUTER).
 
 Every message is a frozen, slotted dataclass; ``encode`` packs it as a msgpack
-array ``[code, *fields]`` and ``decode`` rebuilds it. This module is the only
-part of ``jobmanager`` that task processes import.
+array ``[code, *fields]`` and ``decode`` rebuilds it. Tasks and the job manager
+both import this module; it imports nothing of ``runtime`` or ``jobmanager``.
+The data plane (batches, barriers, end of input, cancel) is ``channels.messages``.
+
+``CheckpointFailureReason`` is the one vocabulary of why a checkpoint failed: the
+barrier handlers abort with it, tasks decline with its name, the coordinator
+records and broadcasts it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgpack
+
+
+class CheckpointFailureReason(enum.Enum):
+    """Why a checkpoint failed or was given up; the value is the human message.
+
+    Travels by name in ``Decline.reason`` and ``Abort.reason``.
+    """
+
+    SUBSUMED = "a newer checkpoint superseded it (its barrier arrived or it completed first)"
+    DECLINED = "a task declined the checkpoint (an upstream task cancelled it)"
+    EXPIRED = "the checkpoint did not complete within checkpoint_timeout"
+    INPUT_ENDED = "the input ended before the checkpoint's barrier could be handled"
+    TASK_FAILURE = "a task failed while the checkpoint was pending"
+    STATE_WRITE_FAILED = "a task could not write its state file"
+    METADATA_WRITE_FAILED = "writing the checkpoint metadata failed"
+
+    @property
+    def message(self) -> str:
+        return self.value
+
+    @classmethod
+    def from_wire(cls, name: str) -> CheckpointFailureReason:
+        """The reason named ``name``; an unknown name (a newer peer) counts as DECLINED."""
+        try:
+            return cls[name]
+        except KeyError:
+            return cls.DECLINED
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +89,14 @@ class Ack(Message):
 
 @dataclass(frozen=True, slots=True)
 class Decline(Message):
+    """The task gives up ``checkpoint_id``: ``reason`` is a CheckpointFailureReason name."""
+
     CODE: ClassVar[int] = 4
     task_index: int
     attempt: int
     checkpoint_id: int
     reason: str
+    detail: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +171,8 @@ class Complete(Message):
 
 @dataclass(frozen=True, slots=True)
 class Abort(Message):
+    """``reason`` is a CheckpointFailureReason name."""
+
     CODE: ClassVar[int] = 22
     checkpoint_id: int
     reason: str
@@ -157,8 +195,22 @@ class Alive(Message):
 
 _TYPES: dict[int, type[Message]] = {
     cls.CODE: cls
-    for cls in (Register, Heartbeat, Ack, Decline, SourceEnded, SinkOutput, Finished, Failed, Closed,
-                Trigger, Complete, Abort, Cancel, Alive)
+    for cls in (
+        Register,
+        Heartbeat,
+        Ack,
+        Decline,
+        SourceEnded,
+        SinkOutput,
+        Finished,
+        Failed,
+        Closed,
+        Trigger,
+        Complete,
+        Abort,
+        Cancel,
+        Alive,
+    )
 }
 
 
