@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +28,56 @@ def test_job_with_a_kill_on_two_executor_jvms() -> None:
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     fields = dict(item.split("=") for item in lines[-1].split()[1:])
     assert fields == {"records": "20000", "distinct": "20000", "total": "20000", "restarts": "1"}
+
+
+def package(target: Path) -> Path:
+    """absflow.zip as the README builds it: the four packages, for --py-files."""
+    zpath = target / "absflow.zip"
+    with zipfile.ZipFile(zpath, "w") as zf:
+        for pkg in ("runtime", "channels", "statebackend", "jobmanager"):
+            for path in sorted(Path(ROOT, pkg).rglob("*.py")):
+                zf.write(path, path.relative_to(ROOT))
+    return zpath
+
+
+def test_spark_submit_runs_on_the_submitted_master_with_tasks_on_two_executor_jvms(
+    tmp_path: Path,
+) -> None:
+    import pyspark
+
+    spark_submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    env = dict(
+        os.environ,
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        SPARK_WORKER_DIR=str(tmp_path / "work"),
+    )
+    proc = subprocess.run(
+        [
+            spark_submit,
+            "--master",
+            "local-cluster[2,2,1024]",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            f"spark.worker.dir={tmp_path / 'work'}",
+            "--py-files",
+            str(package(tmp_path)),
+            os.path.join(ROOT, "tests", "integration", "submit_job.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    fields = dict(item.split("=") for item in lines[-1].split()[1:])
+    assert fields == {
+        "master": "local-cluster[2,2,1024]",
+        "task_jvms": "2",
+        "driver_jvm_ran_tasks": "False",
+        "records": "4000",
+        "total": "4000",
+    }
