@@ -1,6 +1,6 @@
-"""Word count over a generated corpus, with exactly-once checkpoints.
+"""Word count over a generated corpus, with exactly-once checkpoints every 0.5 s.
 
-    python examples/wordcount.py                       # 1,000,000 words, parallelism 2
+    python examples/wordcount.py                       # 4,000,000 words, parallelism 2
     python examples/wordcount.py --kill-task count[1] --after 1s
     python examples/wordcount.py --kill-task count[0] --after chk3
     python examples/wordcount.py --chaos 3             # 3 random kills, compared with a clean run
@@ -21,8 +21,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager.faults import parse_kill_args
+from jobmanager import faultargs
 from runtime import Dataflow
+from runtime.errors import JobCancelledError
 from runtime.sources import TextFileSource
 
 SYLLABLES = ["ka", "lo", "mi", "ra", "te", "su", "no", "vi", "de", "po", "ul", "an", "es", "or"]
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--words", type=int, default=1_000_000)
+    ap.add_argument("--words", type=int, default=4_000_000)
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--data", default=os.path.join("data", "wordcount"))
     ap.add_argument(
@@ -85,22 +86,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--checkpoint-dir", default=None, help="keep checkpoints here (default: a temp dir)"
     )
-    ap.add_argument("--kill-task", default=None, help="SIGKILL this task, e.g. count[1]")
-    ap.add_argument("--after", default=None, help="when: 2s, chk3, alignment or snapshot")
-    ap.add_argument(
-        "--chaos", type=int, default=None, help="K random kills; compares with a clean run"
-    )
-    ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--top", type=int, default=10)
+    faultargs.add_arguments(ap)
     args = ap.parse_args(argv)
+    try:
+        return run(ap, args)
+    except (KeyboardInterrupt, JobCancelledError):
+        print("\ncancelled (Ctrl-C): the tasks were stopped", file=sys.stderr)
+        return 130
+
+
+def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     paths = make_corpus(args.data, args.words)
     config: dict[str, object] = {}
     if args.checkpoint_interval > 0:
         config["checkpoint_interval"] = args.checkpoint_interval
         config["checkpoint_dir"] = args.checkpoint_dir
-    faults = parse_kill_args(args.kill_task, args.after, args.chaos, args.seed)
     flow = build(paths, args.parallelism, **config)
+    faults = faultargs.faults_from(ap, args, flow.plan())
     flow.explain()
 
     reference = None

@@ -80,3 +80,44 @@ def test_a_job_needing_more_slots_than_the_active_session_fails_before_submittin
     with pytest.raises(InsufficientSlotsError) as info:
         flow.run()
     assert "40 tasks" in str(info.value)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_example_cleanly_without_a_traceback(tmp_path: Any) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    chk = tmp_path / "chk"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "wordcount.py"),
+            "--words",
+            "3000000",
+            "--data",
+            str(tmp_path / "data"),
+            "--checkpoint-dir",
+            str(chk),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not list(chk.glob("chk-*/_metadata")) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint completed within 180 s"
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    assert "cancelled (Ctrl-C)" in err and "Traceback" not in err, err[-3000:]
