@@ -22,6 +22,7 @@ from channels.partitioners import DEFAULT_MAX_PARALLELISM
 from runtime.config import JobConfig
 from runtime.errors import GraphError
 from runtime.graph import (
+    EdgeKind,
     LogicalGraph,
     Partitioning,
     Step,
@@ -130,6 +131,25 @@ class Stream:
             flow.graph.connect(stream.step, step, stream.partitioning)
         return Stream(flow, step)
 
+    # -- loops ------------------------------------------------------------------------
+    def iterate(self, name: str | None = None, parallelism: int | None = None) -> Loop:
+        """Open a loop whose entry is this stream (its partitioning applies).
+
+        ``loop.stream`` is the loop body's input: the union of this stream and the
+        feedback. Build the body from it, close the cycle with ``loop.feedback(s)``, and
+        let records leave through ordinary operators (e.g. a ``filter`` into a sink)::
+
+            loop = numbers.iterate(name="collatz")
+            step = loop.stream.map(collatz_step)
+            loop.feedback(step.filter(lambda r: r[1] != 1))
+            step.filter(lambda r: r[1] == 1).collect("done")
+
+        Checkpoints stay exactly-once: records in flight on the feedback edge are
+        logged into the snapshot (cyclic ABS). A bounded job ends once every source
+        ended and no record is left in any loop.
+        """
+        return Loop.open(self.flow, self.step, name, parallelism, self.partitioning, None)
+
     # -- sinks -------------------------------------------------------------------------
     def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None) -> None:
         """Write the stream to ``sink`` (see runtime.sinks)."""
@@ -147,6 +167,77 @@ class Stream:
     def print(self, prefix: str = "", name: str | None = None) -> None:
         """Print each record as it arrives."""
         self.sink(PrintSink(prefix), name=name or "print")
+
+
+class Loop:
+    """An open loop: build its body from ``stream``, close it with ``feedback``."""
+
+    def __init__(self, flow: Dataflow, head: Step) -> None:
+        self.flow = flow
+        self.head = head
+        self.stream = Stream(flow, head)
+        """The loop body's input: the loop's entry stream and the feedback, merged."""
+
+    @staticmethod
+    def open(
+        flow: Dataflow,
+        entry: Step,
+        name: str | None,
+        parallelism: int | None,
+        partitioning: Partitioning,
+        key_fn: Callable[[Any], Any] | None,
+    ) -> Loop:
+        step_name = flow.graph.unique_name(name, "iterate")
+        par = (
+            check_parallelism(parallelism, step_name)
+            if parallelism is not None
+            else entry.parallelism
+        )
+        head = flow.graph.add_step(step_name, StepKind.ITERATE, par)
+        flow.graph.connect(entry, head, partitioning, key_fn)
+        return Loop(flow, head)
+
+    @property
+    def name(self) -> str:
+        return self.head.name
+
+    def feedback(self, stream: Stream | KeyedStream) -> None:
+        """Send ``stream`` (built from ``self.stream``) back into the loop head.
+
+        Its partitioning applies to the feedback edge: ``s.key_by(f)`` or
+        ``s.rebalance()`` spread records over the head's subtasks; a plain stream is
+        forwarded subtask to subtask (equal parallelism needed).
+        """
+        graph = self.flow.graph
+        if not isinstance(stream, Stream | KeyedStream):
+            raise GraphError(
+                f"loop '{self.name}': feedback(...) needs a stream, got {type(stream).__name__}."
+            )
+        if stream.flow is not self.flow:
+            raise GraphError(
+                f"loop '{self.name}': the feedback stream '{stream.step.name}' belongs to "
+                "another Dataflow."
+            )
+        if graph.feedback_edge(self.head) is not None:
+            closed = graph.step(graph.feedback_edge(self.head).source)  # type: ignore[union-attr]
+            raise GraphError(
+                f"loop '{self.name}' is already closed by feedback from '{closed.name}'; "
+                "a loop has one feedback edge: union() the streams to send back first."
+            )
+        if stream.step.id not in graph.downstream(self.head):
+            raise GraphError(
+                f"loop '{self.name}': the feedback stream '{stream.step.name}' is not built "
+                f"from loop.stream, so it cannot close this loop. Build it from "
+                f"loop.stream (the loop body's input)."
+            )
+        if isinstance(stream, KeyedStream):
+            partitioning, key_fn = Partitioning.HASH, stream.key_fn
+        else:
+            partitioning, key_fn = stream.partitioning, None
+        graph.connect(stream.step, self.head, partitioning, key_fn, EdgeKind.FEEDBACK)
+
+    def __repr__(self) -> str:
+        return f"Loop({self.name!r})"
 
 
 class KeyedStream:
@@ -168,6 +259,10 @@ class KeyedStream:
         upstream = Stream(self.flow, self.step, Partitioning.HASH)
         step = upstream._then(kind, fn, name, parallelism, args, key_fn=self.key_fn)
         return Stream(self.flow, step)
+
+    def iterate(self, name: str | None = None, parallelism: int | None = None) -> Loop:
+        """Open a loop whose entry is hash partitioned by this key (see Stream.iterate)."""
+        return Loop.open(self.flow, self.step, name, parallelism, Partitioning.HASH, self.key_fn)
 
     def map(
         self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None

@@ -25,12 +25,20 @@ class Partitioning(enum.Enum):
     BROADCAST = "broadcast"  # every record to every subtask
 
 
+class EdgeKind(enum.Enum):
+    """A regular edge, or a feedback edge that closes a loop (``Loop.feedback``)."""
+
+    REGULAR = "regular"
+    FEEDBACK = "feedback"
+
+
 class StepKind(enum.Enum):
     SOURCE = "source"
     MAP = "map"
     FLAT_MAP = "flat_map"
     FILTER = "filter"
     UNION = "union"
+    ITERATE = "iterate"  # a loop head: the union of the loop's entry and its feedback
     REDUCE = "reduce"
     AGGREGATE = "aggregate"
     PROCESS = "process"
@@ -49,6 +57,7 @@ class Edge:
     target: int
     partitioning: Partitioning
     key_fn: Callable[[Any], Any] | None = None
+    kind: EdgeKind = EdgeKind.REGULAR
 
 
 @dataclass(slots=True)
@@ -98,7 +107,8 @@ def check_parallelism(parallelism: Any, step_name: str) -> int:
 
 
 class LogicalGraph:
-    """Steps in creation order (which is a topological order: inputs exist first)."""
+    """Steps in creation order. Without loops that is a topological order; a feedback
+    edge points back to an older step, so planning uses :meth:`topological_order`."""
 
     def __init__(self) -> None:
         self.steps: list[Step] = []
@@ -150,14 +160,45 @@ class LogicalGraph:
         target: Step,
         partitioning: Partitioning,
         key_fn: Callable[[Any], Any] | None = None,
+        kind: EdgeKind = EdgeKind.REGULAR,
     ) -> Edge:
-        edge = Edge(source.id, target.id, partitioning, key_fn)
+        edge = Edge(source.id, target.id, partitioning, key_fn, kind)
         source.outputs.append(edge)
         target.inputs.append(edge)
         return edge
 
     def step(self, step_id: int) -> Step:
         return self.steps[step_id]
+
+    def downstream(self, step: Step) -> set[int]:
+        """Ids of the steps reachable from ``step`` over regular edges, ``step`` included."""
+        seen, todo = {step.id}, [step]
+        while todo:
+            for edge in todo.pop().outputs:
+                if edge.kind is EdgeKind.REGULAR and edge.target not in seen:
+                    seen.add(edge.target)
+                    todo.append(self.steps[edge.target])
+        return seen
+
+    def topological_order(self) -> list[Step]:
+        """Every step after the sources of its regular inputs (feedback edges ignored),
+        ties in creation order. Regular edges always point from an older step to a newer
+        one, so this is the creation order; it is checked here, not assumed."""
+        placed: set[int] = set()
+        order: list[Step] = []
+        for step in self.steps:
+            regular = [e.source for e in step.inputs if e.kind is EdgeKind.REGULAR]
+            if any(src not in placed for src in regular):
+                raise GraphError(
+                    f"{step.describe()} has an input that is not built before it; "
+                    "close cycles with iterate()/feedback() only."
+                )
+            placed.add(step.id)
+            order.append(step)
+        return order
+
+    def feedback_edge(self, head: Step) -> Edge | None:
+        return next((e for e in head.inputs if e.kind is EdgeKind.FEEDBACK), None)
 
     def validate(self) -> None:
         """Check the whole graph; raise GraphError naming the first bad step."""
@@ -176,8 +217,25 @@ class LogicalGraph:
                     f"stream of {step.describe()} is never consumed (a dangling stream): "
                     "end it with .sink(...)/.collect()/.print(), or remove the step."
                 )
+            if step.kind is StepKind.ITERATE and self.feedback_edge(step) is None:
+                raise GraphError(
+                    f"loop '{step.name}' is never closed: call loop.feedback(stream) with a "
+                    f"stream built from loop.stream (the records to send around again)."
+                )
             for edge in step.inputs:
                 src = self.steps[edge.source]
+                if (
+                    edge.kind is EdgeKind.FEEDBACK
+                    and edge.partitioning is Partitioning.FORWARD
+                    and src.parallelism != step.parallelism
+                ):
+                    raise GraphError(
+                        f"feedback edge of loop '{step.name}' from '{src.name}': a forward "
+                        f"feedback edge needs equal parallelism, but '{src.name}' has "
+                        f"{src.parallelism} and the loop {step.parallelism}. Call "
+                        f".rebalance() or .key_by(...) on the stream passed to feedback(), "
+                        f"or give both the same parallelism."
+                    )
                 if (
                     edge.partitioning is Partitioning.FORWARD
                     and src.parallelism != step.parallelism

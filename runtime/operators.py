@@ -226,8 +226,8 @@ def build_operator(
         return FlatMapOperator(step)
     if kind is StepKind.FILTER:
         return FilterOperator(step)
-    if kind is StepKind.UNION:
-        return Operator(step)
+    if kind is StepKind.UNION or kind is StepKind.ITERATE:
+        return Operator(step)  # records pass through unchanged
     if kind is StepKind.REDUCE:
         return ReduceOperator(step, subtask, max_parallelism)
     if kind is StepKind.AGGREGATE:

@@ -4,6 +4,12 @@ Forward-connected steps of equal parallelism are fused into one chain (one task
 per subtask); records inside a chain are passed as Python lists, never
 serialized. Every remaining edge becomes one FIFO channel per (producer subtask,
 consumer subtask) pair it can route to.
+
+Loops make the graph cyclic. Its **back-edges** are found by a depth-first search
+from the sources over the graph of chains: an edge into a chain on the DFS stack
+is a back-edge, and every channel of it is a back-edge channel. Removing them
+leaves a DAG (the search's own proof); the task that receives a back-edge channel
+logs it during checkpoints (cyclic ABS) and never blocks it.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.graph import LogicalGraph, Partitioning, Step, StepKind
+from runtime.graph import EdgeKind, LogicalGraph, Partitioning, Step, StepKind
 
 
 @dataclass(slots=True)
@@ -31,6 +37,8 @@ class ChannelSpec:
     source_task: int
     target_task: int
     partitioning: Partitioning
+    back_edge: bool = False
+    """Closes a cycle: logged during checkpoints, never blocked (see find_back_edges)."""
 
 
 @dataclass(slots=True)
@@ -51,6 +59,13 @@ class TaskSpec:
     task_id: str  # e.g. "count[1]"
     inputs: list[int] = field(default_factory=list)  # channel ids
     outputs: list[OutputSpec] = field(default_factory=list)
+    back_edge_inputs: list[int] = field(default_factory=list)
+    """The subset of ``inputs`` that are back-edge channels."""
+
+    @property
+    def regular_inputs(self) -> list[int]:
+        back = set(self.back_edge_inputs)
+        return [c for c in self.inputs if c not in back]
 
 
 @dataclass(slots=True)
@@ -61,6 +76,10 @@ class JobPlan:
     tasks: list[TaskSpec]
     channels: list[ChannelSpec]
     max_parallelism: int
+
+    @property
+    def has_loops(self) -> bool:
+        return any(c.back_edge for c in self.channels)
 
     def chain_steps(self, task: TaskSpec) -> list[Step]:
         return [self.steps[s] for s in self.chains[task.chain].step_ids]
@@ -120,9 +139,14 @@ class JobPlan:
                 for out in tasks[0].outputs:
                     target = out.target_task_ids[0].partition("[")[0]
                     fan = len(out.channels)
+                    back = (
+                        "  [back-edge: logged in checkpoints, never blocked]"
+                        if self.channels[out.channels[0]].back_edge
+                        else ""
+                    )
                     lines.append(
                         f"    out: {out.partitioning.value} -> '{target}' "
-                        f"({fan} channel{'s' if fan != 1 else ''} per subtask)"
+                        f"({fan} channel{'s' if fan != 1 else ''} per subtask){back}"
                     )
         return "\n".join(lines)
 
@@ -131,6 +155,8 @@ def _chainable(graph: LogicalGraph, step: Step) -> bool:
     if step.kind is StepKind.SOURCE or len(step.inputs) != 1:
         return False
     edge = step.inputs[0]
+    if edge.kind is EdgeKind.FEEDBACK:
+        return False
     upstream = graph.step(edge.source)
     return (
         edge.partitioning is Partitioning.FORWARD
@@ -145,7 +171,7 @@ def build_plan(
     """Fuse chains, assign tasks, and lay out channels. The graph must be validated."""
     chains: list[Chain] = []
     chain_of: dict[int, int] = {}
-    for step in graph.steps:
+    for step in graph.topological_order():
         if chaining and _chainable(graph, step):
             c = chain_of[step.inputs[0].source]
             chains[c].step_ids.append(step.id)
@@ -195,4 +221,53 @@ def build_plan(
                         [tasks[first_task[target_chain.id] + d].task_id for d in targets],
                     )
                 )
+    for chain_edge in find_back_edges(graph, chains, chain_of):
+        for spec in channels:
+            if (spec.source_step, spec.target_step) == chain_edge:
+                spec.back_edge = True
+                tasks[spec.target_task].back_edge_inputs.append(spec.id)
     return JobPlan(name, graph.steps, chains, tasks, channels, max_parallelism)
+
+
+def find_back_edges(
+    graph: LogicalGraph, chains: list[Chain], chain_of: dict[int, int]
+) -> set[tuple[int, int]]:
+    """The back-edges of the chain graph, as (source step, target step) edges.
+
+    Depth-first search from the source chains, in plan order; an edge into a chain on
+    the DFS stack is a back-edge. The chain graph without them is acyclic, which is
+    all cyclic ABS needs (Carbone et al. 2015, §4.2). Usually the back-edges are the
+    declared feedback edges; when a loop body also has inputs from outside the loop,
+    the search may enter the cycle there and pick another edge of the same cycle,
+    which is as correct.
+    """
+    out_edges: dict[int, list[tuple[int, int, int]]] = {c.id: [] for c in chains}
+    for chain in chains:
+        tail = graph.step(chain.step_ids[-1])
+        for edge in tail.outputs:
+            out_edges[chain.id].append((chain_of[edge.target], edge.source, edge.target))
+    on_stack: set[int] = set()
+    done: set[int] = set()
+    back: set[tuple[int, int]] = set()
+    roots = [c.id for c in chains if graph.step(c.step_ids[0]).kind is StepKind.SOURCE]
+    for root in roots:
+        if root in done:
+            continue
+        # Iterative DFS: (chain, index of the next out-edge to look at).
+        stack: list[tuple[int, int]] = [(root, 0)]
+        on_stack.add(root)
+        while stack:
+            chain_id, i = stack[-1]
+            if i == len(out_edges[chain_id]):
+                stack.pop()
+                on_stack.discard(chain_id)
+                done.add(chain_id)
+                continue
+            stack[-1] = (chain_id, i + 1)
+            target, src_step, dst_step = out_edges[chain_id][i]
+            if target in on_stack:
+                back.add((src_step, dst_step))
+            elif target not in done:
+                on_stack.add(target)
+                stack.append((target, 0))
+    return back
