@@ -91,7 +91,7 @@ def test_a_loop_never_closed_is_rejected_at_validation() -> None:
     flow = Dataflow("f")
     loop = numbers(flow).iterate(name="open_loop")
     loop.stream.collect("out")
-    with pytest.raises(GraphError, match="loop 'open_loop' is never closed: call loop.feedback"):
+    with pytest.raises(GraphError, match=r"loop .open_loop. is never closed: call loop\.feedback"):
         flow.validate()
 
 
@@ -100,7 +100,7 @@ def test_feedback_from_a_stream_outside_the_loop_is_rejected() -> None:
     src = numbers(flow)
     other = numbers(flow, "other").map(ident, name="outside")
     loop = src.iterate(name="l")
-    with pytest.raises(GraphError, match="feedback stream 'outside' is not built from loop.stream"):
+    with pytest.raises(GraphError, match=r"feedback stream .outside. is not built from loop\.stream"):
         loop.feedback(other)
 
 
@@ -108,7 +108,7 @@ def test_feedback_from_before_the_loop_is_rejected() -> None:
     flow = Dataflow("f")
     src = numbers(flow).map(ident, name="before")
     loop = src.iterate(name="l")
-    with pytest.raises(GraphError, match="'before' is not built from loop.stream"):
+    with pytest.raises(GraphError, match=r"'before' is not built from loop\.stream"):
         loop.feedback(src)
 
 
