@@ -460,6 +460,9 @@ class Task:
             ch.send_event(CancelBarrier(checkpoint_id))
         self._send(P.Decline(self.index, self.attempt, checkpoint_id, reason.name, reason.message))
 
+    def back_edges_logged(self, checkpoint_id: int) -> None:
+        """No task of this runtime has back-edge inputs yet (loops run after the task split)."""
+
     def end_of_all_inputs(self) -> None:
         self.inputs_ended = True
         for ch in self.all_channels:

@@ -60,7 +60,12 @@ class EndOfAllInputs:
     pass
 
 
-Action = Block | UnblockAll | Trigger | Abort | EndOfAllInputs
+@dataclass(frozen=True)
+class BackEdgesLogged:
+    checkpoint_id: int
+
+
+Action = Block | UnblockAll | Trigger | Abort | EndOfAllInputs | BackEdgesLogged
 
 
 @dataclass
@@ -83,6 +88,9 @@ class RecordingActions:
 
     def end_of_all_inputs(self) -> None:
         self.calls.append(EndOfAllInputs())
+
+    def back_edges_logged(self, checkpoint_id: int) -> None:
+        self.calls.append(BackEdgesLogged(checkpoint_id))
 
 
 _: type[CheckpointActions] = RecordingActions  # the fake satisfies the protocol (mypy)
@@ -436,9 +444,9 @@ def test_events_on_ended_or_unknown_channels_are_protocol_errors(
 
 @pytest.mark.parametrize("factory", [aligner, tracker])
 def test_handler_needs_distinct_input_channels(factory: HandlerFactory) -> None:
-    with pytest.raises(ValueError, match="at least one input channel"):
+    with pytest.raises(BarrierProtocolError, match="at least one regular input channel"):
         factory([], RecordingActions(), FakeClock())
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(BarrierProtocolError, match="distinct"):
         factory([0, 0], RecordingActions(), FakeClock())
 
 

@@ -100,7 +100,9 @@ def test_feedback_from_a_stream_outside_the_loop_is_rejected() -> None:
     src = numbers(flow)
     other = numbers(flow, "other").map(ident, name="outside")
     loop = src.iterate(name="l")
-    with pytest.raises(GraphError, match=r"feedback stream .outside. is not built from loop\.stream"):
+    with pytest.raises(
+        GraphError, match=r"feedback stream .outside. is not built from loop\.stream"
+    ):
         loop.feedback(other)
 
 
