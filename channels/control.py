@@ -152,6 +152,19 @@ class Closed(Message):
     attempt: int
 
 
+@dataclass(frozen=True, slots=True)
+class LoopStatus(Message):
+    """The answer to ``LoopProbe(round)``: records this task has sent on its output
+    channels and received (processed) from its input channels in this attempt."""
+
+    CODE: ClassVar[int] = 10
+    task_index: int
+    attempt: int
+    round: int
+    sent: int
+    received: int
+
+
 # -- job manager -> task ------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Trigger(Message):
@@ -193,6 +206,15 @@ class Alive(Message):
     CODE: ClassVar[int] = 24
 
 
+@dataclass(frozen=True, slots=True)
+class LoopProbe(Message):
+    """Termination detection (jobs with loops, after every source ended): answer with
+    ``LoopStatus`` for ``round``."""
+
+    CODE: ClassVar[int] = 25
+    round: int
+
+
 _TYPES: dict[int, type[Message]] = {
     cls.CODE: cls
     for cls in (
@@ -205,11 +227,13 @@ _TYPES: dict[int, type[Message]] = {
         Finished,
         Failed,
         Closed,
+        LoopStatus,
         Trigger,
         Complete,
         Abort,
         Cancel,
         Alive,
+        LoopProbe,
     )
 }
 

@@ -44,12 +44,14 @@ MESSAGES: list[P.Message] = [
     P.Finished(5, 0, {"records_in": 10, "records_out": 9}),
     P.Failed(5, 0, "map", 1, "ZeroDivisionError: division by zero", "Traceback ...\n  ...", False),
     P.Closed(5, 1),
+    P.LoopStatus(3, 1, 7, 12_345, 12_340),
     P.Trigger(11, 1_700_000_001.5, False),
     P.Trigger(12, 1_700_000_002.0, True),
     P.Complete(11),
     P.Abort(11, "EXPIRED"),
     P.Cancel("attempt 2 failed"),
     P.Alive(),
+    P.LoopProbe(7),
 ]
 
 

@@ -1,0 +1,110 @@
+"""Exact termination of bounded jobs with loops: Mattern's four-counter method.
+
+Once every source has ended no new record can enter the job, but records may
+still circulate in a loop, for ever or for thousands of rounds. The job manager
+probes every task in waves; a task answers with the records it has *sent* on its
+output channels and *received* (processed) from its input channels in this
+attempt. Records inside a task (blocked buffers, the feedback queue, partial
+output batches) count as sent and not yet received. Two consecutive complete waves
+with ``sent == received`` and the same totals prove that nothing was in flight
+between them: the loop is empty and stays empty (the sources have ended). Only
+then does the final checkpoint start. Never a timeout, never an idle period.
+
+Driver side, job-manager thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from channels import control as P
+
+
+@dataclass(frozen=True, slots=True)
+class Wave:
+    """The totals of one complete probe wave."""
+
+    round: int
+    sent: int
+    received: int
+
+    @property
+    def balanced(self) -> bool:
+        return self.sent == self.received
+
+
+class LoopTermination:
+    """Decides when a job with loops has no record left anywhere.
+
+    ``start()`` once every source ended; then ``on_tick()`` sends waves of
+    ``LoopProbe`` (a new wave once the previous one is complete and ``interval``
+    has passed) and ``on_status()`` takes the answers. ``terminated`` becomes True
+    once proven; it never goes back.
+    """
+
+    def __init__(
+        self,
+        tasks: list[int],
+        send: Callable[[int, P.Message], None],
+        interval: float = 0.005,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tasks = list(tasks)
+        self.send = send
+        self.interval = interval
+        self.clock = clock
+        self.started = False
+        self.terminated = False
+        self.round = 0
+        self.answers: dict[int, P.LoopStatus] = {}
+        self.waves: list[Wave] = []
+        self.wave_sent_at = 0.0
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = True
+            self._probe()
+
+    def on_status(self, status: P.LoopStatus) -> None:
+        if status.round == self.round and not self.terminated:
+            self.answers[status.task_index] = status
+
+    def on_tick(self) -> bool:
+        """Advance the detection; True once the job is proven to have no record left."""
+        if not self.started or self.terminated:
+            return self.terminated
+        if len(self.answers) == len(self.tasks):
+            wave = Wave(
+                self.round,
+                sum(a.sent for a in self.answers.values()),
+                sum(a.received for a in self.answers.values()),
+            )
+            self.waves.append(wave)
+            previous = self.waves[-2] if len(self.waves) > 1 else None
+            if (
+                previous is not None
+                and previous.balanced
+                and wave.balanced
+                and (previous.sent, previous.received) == (wave.sent, wave.received)
+            ):
+                self.terminated = True
+                return True
+            self.answers = {}
+            self.round = 0  # no answer counts until the next wave is out
+        if self.round == 0 and self.clock() - self.wave_sent_at >= self.interval:
+            self._probe()
+        return False
+
+    @property
+    def in_flight(self) -> int | None:
+        """Records sent but not yet received at the last complete wave (for progress)."""
+        return self.waves[-1].sent - self.waves[-1].received if self.waves else None
+
+    def _probe(self) -> None:
+        self.round = len(self.waves) + 1
+        self.answers = {}
+        self.wave_sent_at = self.clock()
+        for index in self.tasks:
+            self.send(index, P.LoopProbe(self.round))
