@@ -246,6 +246,9 @@ def test_close_is_idempotent(context: zmq.Context[Any]) -> None:
     out.close()
     gate.close()
     gate.close()
+    assert gate.socket.closed
+    with pytest.raises(zmq.ZMQError):  # really closed: the socket cannot be used any more
+        gate.recv_frames(1)
 
 
 def test_events_sent_individually(gate: InputGate, outputs: Outputs) -> None:

@@ -17,6 +17,7 @@ from tests.integration.topologies import (
     diamond,
     diamond_expected,
     final_counts,
+    running_counts,
     wordcount,
     write_corpus,
 )
@@ -30,6 +31,7 @@ def test_wordcount_equals_counter(tmp_path: Any) -> None:
     out = result.output("counts")
     assert len(out) == 30_000  # one running count per word
     assert final_counts(out) == corpus_counts(paths)
+    assert collections.Counter(out) == running_counts(corpus_counts(paths))
     assert result.restarts == []
 
 
@@ -38,7 +40,8 @@ def test_wordcount_at_parallelism_three_with_checkpoints(tmp_path: Any) -> None:
     result = wordcount(
         paths, parallelism=3, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "chk")
     ).run()
-    assert final_counts(result.output("counts")) == corpus_counts(paths)
+    # every running count exactly once: a duplicate or a lost record would show here
+    assert collections.Counter(result.output("counts")) == running_counts(corpus_counts(paths))
     assert result.checkpoints[-1]["final"]
     assert os.path.exists(
         tmp_path / "chk" / f"chk-{result.checkpoints[-1]['checkpoint_id']}" / "_metadata"

@@ -49,6 +49,11 @@ def wordcount(paths: list[str], parallelism: int = 2, **config: Any) -> Dataflow
     return flow
 
 
+def running_counts(counts: dict[str, int]) -> collections.Counter[tuple[str, int]]:
+    """What an exactly-once running count emits: (w, 1), (w, 2), ... (w, n), each once."""
+    return collections.Counter((w, i) for w, n in counts.items() for i in range(1, n + 1))
+
+
 def final_counts(records: list[Any]) -> dict[str, int]:
     out: dict[str, int] = {}
     for w, c in records:

@@ -25,6 +25,10 @@ def test_valid_flow_passes() -> None:
     flow = Dataflow("ok", parallelism=2)
     flow.source(gen(), name="src").map(ident, name="m").collect("out")
     flow.validate()
+    plan = flow.plan()  # one chain src -> m -> out, two subtasks, no channels
+    assert [t.task_id for t in plan.tasks] == ["src[0]", "src[1]"]
+    assert [s.name for s in plan.chain_steps(plan.tasks[0])] == ["src", "m", "out"]
+    assert plan.channels == []
 
 
 def test_no_source() -> None:
@@ -182,6 +186,11 @@ def test_keyed_parallelism_equal_to_max_parallelism_is_fine() -> None:
         .collect("out")
     )
     flow.validate()
+    plan = flow.plan()
+    assert [t.task_id for t in plan.tasks if t.task_id.startswith("r[")] == [
+        f"r[{i}]" for i in range(4)
+    ]
+    assert len(plan.channels) == 4  # src[0] hashes into each of the 4 key-group ranges
 
 
 def test_sink_with_a_non_sink() -> None:
@@ -251,3 +260,5 @@ def test_collection_source_builds() -> None:
     flow = Dataflow("coll")
     flow.source(CollectionSource([1, 2]), name="c").collect("out")
     flow.validate()
+    (step,) = [s for s in flow.plan().steps if s.name == "c"]
+    assert isinstance(step.fn, CollectionSource) and step.parallelism == 1
