@@ -44,7 +44,7 @@ def cluster(
     def make(master: str, slots_at: Callable[[float], int]) -> RegisteringCluster:
         sc = RegisteringCluster(master, slots_at, clock)
         monkeypatch.setattr(launcher, "available_slots", lambda _sc: sc.slots())
-        monkeypatch.setattr(launcher.time, "sleep", lambda _s: None)
+        monkeypatch.setattr("jobmanager.launcher.time.sleep", lambda _s: None)
         return sc
 
     return make

@@ -116,18 +116,15 @@ def test_back_edges_are_never_blocked_and_do_not_take_part_in_alignment() -> Non
 
 @pytest.mark.parametrize("factory", [aligner, tracker])
 def test_the_tracker_and_the_aligner_log_alike(factory: Factory) -> None:
-    blocked = {0} if factory is aligner else set()
+    blocked: set[int] = {0} if factory is aligner else set()
+    trigger: list[Action] = [Trigger(1, at=0.0)]
+    if blocked:
+        trigger.append(UnblockAll())
     run(
         factory,
         [
-            (0, barrier(1), blocked, set(), [Block(0)] if factory is aligner else []),
-            (
-                1,
-                barrier(1),
-                set(),
-                {8, 9},
-                [Trigger(1, at=0.0)] + ([UnblockAll()] if blocked else []),
-            ),
+            (0, barrier(1), blocked, set(), [Block(0)] if blocked else []),
+            (1, barrier(1), set(), {8, 9}, trigger),
             (8, barrier(1), set(), {9}, []),
             (9, barrier(1), set(), set(), [BackEdgesLogged(1)]),
         ],
@@ -162,6 +159,7 @@ def test_the_job_manager_aborting_a_logged_checkpoint_stops_the_log() -> None:
             (9, barrier(1), set(), set(), []),
         ],
     )
+    assert isinstance(handler, BarrierAligner)
     assert isinstance(handler.back_edges.state, NotLogging)
 
 
@@ -248,7 +246,8 @@ def test_logger_states_are_explicit() -> None:
     logger = BackEdgeLogger([8, 9], RecordingActions())
     assert logger.state == NotLogging() and logger.logging_checkpoint is None
     logger.start(4)
-    assert logger.state == LoggingBackEdges(4, frozenset({8, 9}))
+    state: object = logger.state
+    assert state == LoggingBackEdges(4, frozenset({8, 9}))
     logger.stop(3)  # not ours
     assert logger.logging_checkpoint == 4
     logger.stop(4)
