@@ -9,9 +9,7 @@ attempt runs against fakes in a unit test.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import queue
 import signal
 import time
@@ -25,7 +23,7 @@ from jobmanager.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from jobmanager.failures import Failure, FailureCause, classify_stage_error
 from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.faults import DriverKill
-from jobmanager.liveness import Liveness, ctrl_c_deferred
+from jobmanager.liveness import Liveness, ctrl_c_deferred, send_signal
 from jobmanager.metrics import CommittedOutputs, RunMetrics
 from runtime.config import JobConfig
 from runtime.errors import FaultInjectionError
@@ -96,11 +94,6 @@ class Progress(Protocol):
     ) -> None: ...
 
 
-def signal_process(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-
-
 @dataclass
 class RunServices:
     """What every attempt of a run shares."""
@@ -111,7 +104,7 @@ class RunServices:
     metrics: RunMetrics
     outputs: CommittedOutputs
     progress: Progress
-    signal_process: Callable[[int, int], None] = signal_process
+    signal_process: Callable[[int, int], None] = send_signal
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
 
@@ -232,7 +225,9 @@ class Attempt:
         dead = self.run_services.liveness.dead_task(self.tasks.values())
         if dead is not None:
             return self._task_failure(
-                FailureCause.TASK_DIED, dead.task_id, f"pid {dead.pid} is gone"
+                FailureCause.TASK_DIED,
+                dead.task_id,
+                f"task {dead.task_id} (pid {dead.pid}) is gone",
             )
         if self.all_registered_at is not None:
             failure = self._check_checkpoints() or self._check_heartbeats(now)
@@ -301,9 +296,7 @@ class Attempt:
 
     def _task_failure(self, cause: FailureCause, task_id: str, error: str) -> Failure:
         t = next(t for t in self.tasks.values() if t.task_id == task_id)
-        return Failure(
-            cause, operator=t.operator, subtask=t.subtask, error=f"task {task_id}: {error}"
-        )
+        return Failure(cause, operator=t.operator, subtask=t.subtask, error=error)
 
     def _show_progress(self) -> None:
         m = self.run_services.metrics

@@ -50,8 +50,8 @@ class Stage(Protocol):
 class Liveness:
     """Watches the task processes of one run (every attempt).
 
-    ``is_alive(pid)`` and ``port_in_use(endpoint)`` default to the real checks; tests
-    pass fakes, and a ``clock``/``sleep`` pair.
+    ``is_alive(pid)``, ``port_in_use(endpoint)`` and ``signal_process(pid, sig)`` default
+    to the real checks and ``os.kill``; tests pass fakes, and a ``clock``/``sleep`` pair.
     """
 
     GRACE_SECONDS = 0.5  # cancelled survivors close their sockets within this
@@ -65,6 +65,7 @@ class Liveness:
         disconnects: DisconnectEvents | None = None,
         is_alive: Callable[[int], bool] | None = None,
         port_in_use: Callable[[str], bool] | None = None,
+        signal_process: Callable[[int, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -73,6 +74,7 @@ class Liveness:
         self.disconnects = disconnects
         self.is_alive = is_alive or pid_alive
         self.port_in_use = port_in_use or port_bound
+        self.signal_process = signal_process or send_signal
         self.clock, self.sleep = clock, sleep
 
     def is_local(self, task: TaskProcess) -> bool:
@@ -124,8 +126,7 @@ class Liveness:
             drain()
         for t in self._running(local):
             log.info("ending task %s (pid %d): it did not close after Cancel", t.task_id, t.pid)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(t.pid, signal.SIGKILL)
+            self.signal_process(t.pid, signal.SIGKILL)
         stage.cancel()
         if not stage.join(self.STAGE_JOIN_SECONDS):
             log.warning(
@@ -148,6 +149,12 @@ class Liveness:
 
     def _running(self, local: list[TaskProcess]) -> list[TaskProcess]:
         return [t for t in local if not t.closed and self.is_alive(t.pid)]
+
+
+def send_signal(pid: int, sig: int) -> None:
+    """``os.kill`` that ignores a process already gone (or no longer ours)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def pid_alive(pid: int) -> bool:
