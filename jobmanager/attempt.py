@@ -195,7 +195,8 @@ class Attempt:
             failure = self._check(now, stage)
             if failure is not None:
                 return failure
-            self._fire(self.run_services.faults.due(now, self._can_kill))
+            faults = self.run_services.faults
+            self._fire(faults.due(now, self._can_kill, self._periodic_pending))
             self._show_progress()
 
     def _observe(self, now: float) -> None:
@@ -337,6 +338,8 @@ class Attempt:
                 self.sources_ended.add(msg.task_index)
                 if self.sources_ended >= self.sources:
                     self.coordinator.on_sources_ended()
+                    faults = self.run_services.faults
+                    self._fire(faults.on_sources_ended(self._periodic_pending, self._can_kill))
             case P.Finished():
                 t = self.tasks[msg.task_index]
                 t.finished = True
@@ -389,6 +392,10 @@ class Attempt:
             self.clock(), metrics.checkpoints_completed, cp.final, self._can_kill
         )
         self._fire(due)
+
+    @property
+    def _periodic_pending(self) -> bool:
+        return any(not p.final for p in self.coordinator.pending.values())
 
     def _can_kill(self, task_index: int) -> bool:
         t = self.tasks[task_index]

@@ -27,8 +27,12 @@ class FaultSchedule:
       checkpoint completes and ``n`` or more checkpoints completed in the run.
     * Random kills (``attempt`` None), one at a time in order: armed once the running
       attempt processed its first record and completed a checkpoint since its restore;
-      due ``after_seconds`` after that. At most one random kill fires per attempt (it
-      fails the attempt; the next one waits for the restored attempt's first checkpoint).
+      due ``after_seconds`` after that. An attempt about to finish (its sources ended)
+      that has not had its random kill gets it at once (after a periodic checkpoint
+      still pending, as soon as its task can be killed): a short job's attempt may end
+      before any checkpoint of its own; it is then restored from the run's latest
+      checkpoint, or from the start when the job outran every periodic checkpoint. At most one random kill fires per attempt (it
+      fails the attempt).
 
     A kill whose task cannot be killed right now (``can_fire(task_index)`` False, e.g.
     the task finished) stays pending; whatever never fired is reported by ``unfired``.
@@ -44,6 +48,7 @@ class FaultSchedule:
         self.checkpoints_in_attempt = 0
         self.armed_at: float | None = None
         self.random_fired_in_attempt = False
+        self.ending = False  # the running attempt's sources ended
 
     # -- events ----------------------------------------------------------------------------
     def start_attempt(self, number: int) -> None:
@@ -57,6 +62,7 @@ class FaultSchedule:
         self.checkpoints_in_attempt = 0
         self.armed_at = None
         self.random_fired_in_attempt = False
+        self.ending = False
 
     def on_all_registered(self, now: float) -> None:
         self.registered_at = now
@@ -89,12 +95,28 @@ class FaultSchedule:
         ]
         for k in due:
             self.planned.remove(k)
+        if self.ending:  # the checkpoint an ending attempt's random kill waited for
+            due += self._random_due(now, can_fire, ending=True)
         return due
 
-    def due(
-        self, now: float, can_fire: Callable[[int], bool] = lambda _i: True
+    def on_sources_ended(
+        self, periodic_pending: bool, can_fire: Callable[[int], bool] = lambda _i: True
     ) -> list[DriverKill]:
-        """Kills due by time now (removed from the schedule)."""
+        """Every source of the attempt read its input (the final checkpoint starts): the
+        attempt is about to finish, its random kill is due at once, or, while a periodic
+        checkpoint is still pending (``periodic_pending``), as soon as that completes.
+        Returns the kills due now (removed from the schedule)."""
+        self.ending = True
+        return [] if periodic_pending else self._random_due(0.0, can_fire, ending=True)
+
+    def due(
+        self,
+        now: float,
+        can_fire: Callable[[int], bool] = lambda _i: True,
+        periodic_pending: bool = False,
+    ) -> list[DriverKill]:
+        """Kills due now (removed from the schedule); ``periodic_pending``: a non-final
+        checkpoint of the attempt is pending (an ending attempt's kill waits for it)."""
         due: list[DriverKill] = []
         if self.registered_at is not None:
             due = [
@@ -107,13 +129,20 @@ class FaultSchedule:
             ]
             for k in due:
                 self.planned.remove(k)
-        if self.random and self.armed_at is not None:
-            k = self.random[0]
-            if now - self.armed_at >= (k.after_seconds or 0.0) and can_fire(k.task_index):
-                due.append(self.random.popleft())
-                self.armed_at = None
-                self.random_fired_in_attempt = True
-        return due
+        return due + self._random_due(now, can_fire, ending=self.ending and not periodic_pending)
+
+    def _random_due(
+        self, now: float, can_fire: Callable[[int], bool], ending: bool
+    ) -> list[DriverKill]:
+        if not self.random or self.random_fired_in_attempt:
+            return []
+        k = self.random[0]
+        timed_out = self.armed_at is not None and now - self.armed_at >= (k.after_seconds or 0.0)
+        if not (ending or timed_out) or not can_fire(k.task_index):
+            return []
+        self.armed_at = None
+        self.random_fired_in_attempt = True
+        return [self.random.popleft()]
 
     def _arm(self, now: float) -> None:
         if (

@@ -58,7 +58,10 @@ class RandomKills:
     Kill i is armed in whichever attempt is running once that attempt processed its
     first record and completed a checkpoint since its restore (so every kill is restored
     from a real checkpoint and the job makes progress between kills); it fires between
-    ``min_seconds`` and ``max_seconds`` after it was armed. ``seed`` fixes which tasks are
+    ``min_seconds`` and ``max_seconds`` after it was armed. An attempt whose sources
+    ended before its kill fired gets it at once (a short job outruns its checkpoints;
+    it restores the run's latest checkpoint, or starts over when there is none yet).
+    ``seed`` fixes which tasks are
     picked and the delays. Kills the job outran are reported in ``result.unfired_faults``.
     """
 

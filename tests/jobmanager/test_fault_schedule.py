@@ -115,3 +115,41 @@ def test_task_faults_count_checkpoints_from_the_runs_first() -> None:
     assert relative_to_run(faults, 1) == faults
     shifted = relative_to_run(faults, 41)
     assert shifted[0].checkpoint_id == 42 and shifted[1].checkpoint_id is None
+
+
+def test_an_attempt_about_to_finish_gets_its_random_kill_at_once() -> None:
+    k1, k2, k3 = (kill(i, None, 0.4, None) for i in range(3))
+    s = FaultSchedule([k1, k2, k3])
+    s.start_attempt(0)
+    s.on_first_record(1.0)  # no checkpoint since the restore: not armed
+    assert s.due(9.0) == []
+    assert s.on_sources_ended(False) == [k1]  # the attempt is about to finish: now
+    assert s.on_sources_ended(False) == []  # one per attempt
+    s.start_attempt(1)
+    assert s.on_sources_ended(False, can_fire=lambda i: i != 1) == []  # its task not registered yet
+    assert s.due(10.0, can_fire=lambda i: i != 1) == []
+    assert s.due(10.1) == [k2]  # as soon as it can be killed
+    s.start_attempt(2)
+    s.on_first_record(11.0)
+    s.on_checkpoint_completed(11.5, 2, final=False)
+    assert s.due(11.9) == [k3]
+    assert s.on_sources_ended(False) == []
+    assert s.unfired(12.0, 2) == []
+
+
+def test_an_ending_attempts_kill_waits_for_its_pending_periodic_checkpoint() -> None:
+    k = kill(2, None, 5.0, None)
+    s = FaultSchedule([k])
+    s.start_attempt(0)
+    s.on_first_record(1.0)
+    assert s.on_sources_ended(True) == []  # checkpoint 1 is still on its way
+    assert s.due(1.5, periodic_pending=True) == []
+    assert s.on_checkpoint_completed(2.0, 1, final=False) == [k]  # restored from it
+
+
+def test_an_ending_attempt_whose_periodic_checkpoint_failed_gets_its_kill() -> None:
+    k = kill(2, None, 5.0, None)
+    s = FaultSchedule([k])
+    s.start_attempt(0)
+    assert s.on_sources_ended(True) == []
+    assert s.due(3.0, periodic_pending=False) == [k]  # it was aborted: no reason to wait
