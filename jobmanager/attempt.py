@@ -163,6 +163,8 @@ class Attempt:
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, stage: Stage) -> Failure | None:
+        """Drive the attempt to its end (see the class docstring); also sets ``failure``.
+        Called once; ``stage`` is this attempt's, already started."""
         failure: Failure | None = None
         try:
             failure = self._drive(stage)

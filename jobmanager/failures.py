@@ -100,7 +100,7 @@ class FailureHistory:
 
 
 def restore_point_words(checkpoint_id: int | None) -> str:
-    """ "checkpoint 3" or "the start"."""
+    """The words for a restore point: "checkpoint 3", or "the start" for None."""
     return f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "the start"
 
 
