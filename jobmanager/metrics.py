@@ -6,7 +6,9 @@ Committed counts come from the checkpoints: with every ack a task reports its
 ``records_in``/``records_out`` at the snapshot (since its attempt started). A completed
 checkpoint n of an attempt that restored checkpoint r has committed
 ``committed(r) + sum over source tasks of records_in`` records in, and likewise the
-sink tasks' ``records_out`` out; the final checkpoint's figures are the job's.
+sink tasks' ``records_out`` out; the final checkpoint's figures are the job's. (With
+``snapshot_mode="at_least_once"`` the counts at a restored checkpoint are not a
+consistent cut, and neither is its output: the figures are then approximate.)
 """
 
 from __future__ import annotations
