@@ -54,6 +54,7 @@ class TaskFigures(Protocol):
     records_in: int
     records_out: int
     peak_rss: int
+    first_record_at: float
     metrics: dict[str, Any]
 
 
@@ -133,7 +134,10 @@ class RunMetrics:
         )
         if finished:
             for t in tasks.values():
-                self.task_metrics[t.task_id] = dict(t.metrics)
+                figures = dict(t.metrics)
+                if t.first_record_at:
+                    figures.setdefault("first_record_at", t.first_record_at)
+                self.task_metrics[t.task_id] = figures
                 self.peak_rss[t.task_id] = max(t.peak_rss, int(t.metrics.get("peak_rss", 0)))
 
     def _own(self, tasks: Mapping[int, TaskFigures]) -> RecordCounts:
