@@ -283,3 +283,13 @@ def test_a_udf_that_always_raises_fails_fast_and_says_why() -> None:
     assert "ValueError: bad record 5000" in message
     assert "failed the same way twice after" in message
     assert "not retried, a restart cannot fix it" in message
+
+
+def test_an_unfired_kill_is_reported_with_the_summarys_checkpoint_count() -> None:
+    result = pipeline(4_000, **CHK).run(faults=[Kill("count[0]", after_seconds=60)])
+    assert result.restarts == [] and len(result.unfired_faults) == 1, result.summary()
+    note = result.unfired_faults[0]
+    assert note.startswith("Kill('count[0]', after_seconds=60, attempt=0): attempt 0 finished")
+    assert f"{result.checkpoints_completed} checkpoint(s) completed in the run" in note
+    assert f"checkpoints: {result.checkpoints_completed} completed + final" in result.summary()
+    assert (result.records_in, result.records_out) == (4_000, 4_000)
