@@ -209,7 +209,7 @@ class JobManager:
         delay = self.strategy.next_delay()
         if delay is None:
             raise self._give_up(
-                failure, number, f"restart strategy: {self.strategy.describe()} (gave up)"
+                failure, number, f"restart strategy gave up: {self.strategy.describe()}"
             )
         restore = self._latest_restore_point()
         restored = restore.checkpoint_id if restore else None

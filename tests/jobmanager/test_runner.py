@@ -140,7 +140,7 @@ def test_an_exhausted_strategy_names_itself(tmp_path: Path) -> None:
     with pytest.raises(TaskFailedError) as info:
         jm._recover(died, 1, None, 0.0)
     assert "after 1 restart(s)" in str(info.value)
-    assert "restart strategy: fixed delay (1 restarts, 0.0 s apart) (gave up)" in str(info.value)
+    assert "; restart strategy gave up: fixed delay (1 restarts, 0.0 s apart)" in str(info.value)
 
 
 def test_ctrl_c_raises_job_cancelled_without_a_chain_and_leaves_no_dirs(
