@@ -8,11 +8,13 @@
 
 A task reference is ``step[subtask]`` where step is any step of the task's chain.
 ``attempt`` says in which attempt (0 = first run, 1 = after the first restart, ...)
-the fault fires, so several faults can kill a run several times.
+the fault fires, so several faults can kill a run several times. Which driver kills
+are due when is ``jobmanager.fault_schedule``'s business.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import signal
 from dataclasses import dataclass
@@ -24,10 +26,12 @@ from runtime.plan import JobPlan
 
 @dataclass(frozen=True)
 class Kill:
-    """SIGKILL the process of ``task``: ``after_seconds`` after the attempt's tasks all
-    registered, or right after checkpoint ``after_checkpoint`` completed, or ``during``
-    "alignment" (when it starts aligning a checkpoint >= after_checkpoint, default 1)
-    or "snapshot" (half way through writing its state file)."""
+    """SIGKILL the process of ``task`` in attempt ``attempt``: ``after_seconds`` after
+    the attempt's tasks all registered, or right after a checkpoint completed once
+    ``after_checkpoint`` checkpoints completed in this run (counted over all attempts;
+    ids keep increasing across restores), or ``during`` "alignment" (when it starts
+    aligning the ``after_checkpoint``-th checkpoint of the run or a later one, default the
+    first) or "snapshot" (half way through writing its state file)."""
 
     task: str
     after_seconds: float | None = None
@@ -49,24 +53,39 @@ class RaiseAt:
 
 @dataclass(frozen=True)
 class RandomKills:
-    """``count`` kills of random tasks at random moments (one per attempt), between
-    ``min_seconds`` and ``max_seconds`` after the attempt's tasks registered."""
+    """``count`` SIGKILLs of random tasks, one after the other over the whole run.
+
+    Kill i is armed in whichever attempt is running once that attempt processed its
+    first record and completed a checkpoint since its restore (so every kill is restored
+    from a real checkpoint and the job makes progress between kills); it fires between
+    ``min_seconds`` and ``max_seconds`` after it was armed. An attempt whose sources
+    ended before its kill fired gets it at once (a short job outruns its checkpoints;
+    it restores the run's latest checkpoint, or starts over when there is none yet).
+    ``seed`` fixes which tasks are
+    picked and the delays. Kills the job outran are reported in ``result.unfired_faults``.
+    """
 
     count: int
     seed: int | None = None
-    min_seconds: float = 0.3
-    max_seconds: float = 1.5
+    min_seconds: float = 0.0
+    max_seconds: float = 0.5
 
 
 @dataclass(frozen=True)
 class DriverKill:
-    """A kill the job manager performs itself (resolved from Kill / RandomKills)."""
+    """A kill the job manager performs itself (resolved from Kill / RandomKills).
+
+    ``attempt`` None: a random kill, armed in whichever attempt runs (see RandomKills;
+    ``after_seconds`` then counts from the moment it is armed). ``label`` is how the
+    user wrote the fault, for log lines and the unfired-fault note.
+    """
 
     task_index: int
-    attempt: int
+    attempt: int | None
     after_seconds: float | None
     after_checkpoint: int | None
     signal: int = signal.SIGKILL
+    label: str = ""
 
 
 def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill], list[TaskFault]]:
@@ -83,7 +102,12 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
                     )
                 driver.append(
                     DriverKill(
-                        t, fault.attempt, fault.after_seconds, fault.after_checkpoint, fault.signal
+                        t,
+                        fault.attempt,
+                        fault.after_seconds,
+                        fault.after_checkpoint,
+                        fault.signal,
+                        label=_kill_label(fault),
                     )
                 )
             elif fault.signal != signal.SIGKILL:
@@ -125,14 +149,42 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
                 )
             )
         elif isinstance(fault, RandomKills):
+            if not 0 <= fault.min_seconds <= fault.max_seconds:
+                raise GraphError(
+                    f"RandomKills: need 0 <= min_seconds <= max_seconds, got "
+                    f"{fault.min_seconds!r} and {fault.max_seconds!r}."
+                )
+            # Same draws, in the same order, as before: a seed picks the same tasks.
             rng = random.Random(fault.seed)
-            for attempt in range(fault.count):
+            for i in range(fault.count):
                 victim = rng.randrange(len(plan.tasks))
                 at = rng.uniform(fault.min_seconds, fault.max_seconds)
-                driver.append(DriverKill(victim, attempt, at, None))
+                label = f"random kill {i + 1} of {fault.count} ({plan.tasks[victim].task_id})"
+                driver.append(DriverKill(victim, None, at, None, label=label))
         else:
             raise GraphError(f"unknown fault {fault!r}: use Kill, RaiseAt or RandomKills.")
     return driver, task
+
+
+def relative_to_run(faults: list[TaskFault], first_checkpoint_id: int) -> list[TaskFault]:
+    """Task faults with ``checkpoint_id`` counted from the run's first checkpoint id (a run
+    restored from another run's checkpoint starts at that id + 1, not at 1)."""
+    return [
+        dataclasses.replace(f, checkpoint_id=f.checkpoint_id + first_checkpoint_id - 1)
+        if f.checkpoint_id is not None
+        else f
+        for f in faults
+    ]
+
+
+def _kill_label(fault: Kill) -> str:
+    when = (
+        f"after_seconds={fault.after_seconds}"
+        if fault.after_seconds is not None
+        else f"after_checkpoint={fault.after_checkpoint}"
+    )
+    sig = "" if fault.signal == signal.SIGKILL else f", {signal.Signals(fault.signal).name}"
+    return f"Kill({fault.task!r}, {when}{sig}, attempt={fault.attempt})"
 
 
 def _task(plan: JobPlan, ref: str) -> int:

@@ -5,13 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobmanager.failures import FailureCause
+
 
 @dataclass
 class Restart:
+    """One restart: attempt ``attempt`` failed, the next one restored ``restored_checkpoint``."""
+
     attempt: int  # the attempt that failed
-    reason: str
+    cause: FailureCause
+    reason: str  # the failure in words: cause, operator, subtask, exception
     restored_checkpoint: int | None  # what the next attempt restored (None: from scratch)
-    failed_at: float  # wall clock
+    failed_at: float  # wall clock (of the injected kill, when one caused it)
+    error: str | None = None  # the exception as "Type: message" (or what was observed)
     resumed_at: float | None = None  # first record processed by the next attempt (wall clock)
 
     @property
@@ -21,11 +27,21 @@ class Restart:
 
 @dataclass
 class JobResult:
+    """What a finished run did.
+
+    ``records_in``/``records_out`` are exactly-once figures: records the sources read and
+    the sinks were given up to the final committed checkpoint (for a collect sink, the
+    records returned). Work that failed attempts did beyond the checkpoint the next one
+    restored, and that was therefore done again, is ``replayed_in``/``replayed_out``
+    (from the tasks' last reports before they failed: a lower bound). A run restored from
+    another run's checkpoint counts its own records only.
+    """
+
     name: str
     outputs: dict[str, list[Any]]
     duration: float
-    records_in: int  # read by the sources, over all attempts (replays count again)
-    records_out: int  # received by the sinks, over all attempts
+    records_in: int  # committed: read by the sources, each record once
+    records_out: int  # committed: given to the sinks, each record once
     startup_seconds: float | None  # submit -> first record processed
     restarts: list[Restart] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
@@ -34,6 +50,8 @@ class JobResult:
     checkpoint_dir: str | None = None
     task_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     unfired_faults: list[str] = field(default_factory=list)  # injected kills the job outran
+    replayed_in: int = 0  # read again after restores (beyond the committed records_in)
+    replayed_out: int = 0  # given to the sinks again after restores
 
     def output(self, name: str | None = None) -> list[Any]:
         """Records of the collect sink ``name`` (may be omitted when there is one)."""
@@ -47,20 +65,31 @@ class JobResult:
 
     @property
     def records_per_second(self) -> float:
+        """Committed records in per second of the whole run (restarts included)."""
         return self.records_in / self.duration if self.duration > 0 else 0.0
+
+    @property
+    def checkpoints_completed(self) -> int:
+        """Completed checkpoints of the run (every attempt's), the final one not counted."""
+        return sum(1 for c in self.checkpoints if not c.get("final"))
 
     def summary(self) -> str:
         lines = [
             f"job '{self.name}': {self.records_in:,} records in, {self.records_out:,} out "
-            f"in {self.duration:.2f} s ({self.records_per_second:,.0f} records/s)"
+            f"(committed) in {self.duration:.2f} s ({self.records_per_second:,.0f} records/s)"
         ]
+        if self.restarts:
+            lines.append(
+                f"  replayed after restores: {self.replayed_in:,} records in, "
+                f"{self.replayed_out:,} out"
+            )
         if self.startup_seconds is not None:
             lines.append(f"  start-up (submit -> first record): {self.startup_seconds:.2f} s")
-        done = [c for c in self.checkpoints if not c.get("final")]
         if self.checkpoints:
             durations = sorted(c["duration_ms"] for c in self.checkpoints)
+            final = " + final" if any(c.get("final") for c in self.checkpoints) else ""
             lines.append(
-                f"  checkpoints: {len(done)} completed + final, "
+                f"  checkpoints: {self.checkpoints_completed} completed{final}, "
                 f"{len(self.failed_checkpoints)} failed, median duration "
                 f"{durations[len(durations) // 2]:.1f} ms"
             )

@@ -4,6 +4,7 @@ from runtime.config import JobConfig, SnapshotMode
 from runtime.dataflow import Dataflow, KeyedStream, Stream
 from runtime.errors import (
     AbsflowError,
+    CheckpointStorageError,
     GraphError,
     InsufficientSlotsError,
     JobCancelledError,
@@ -13,6 +14,7 @@ from runtime.errors import (
 
 __all__ = [
     "AbsflowError",
+    "CheckpointStorageError",
     "Dataflow",
     "GraphError",
     "InsufficientSlotsError",

@@ -41,11 +41,21 @@ class WorkerStartError(AbsflowError, RuntimeError):
 
 
 class JobCancelledError(AbsflowError, RuntimeError):
-    """The job was cancelled (Ctrl-C or a cancel request)."""
+    """The job was cancelled (Ctrl-C or a cancel request); its tasks were ended."""
+
+
+class CheckpointStorageError(AbsflowError, OSError):
+    """The checkpoint directory cannot be created or written (checked before the job starts)."""
+
+
+class FaultInjectionError(AbsflowError, RuntimeError):
+    """A fault injection cannot be carried out (e.g. a kill of a task on another host)."""
 
 
 __all__ = [
     "AbsflowError",
+    "CheckpointStorageError",
+    "FaultInjectionError",
     "GraphError",
     "InsufficientSlotsError",
     "JobCancelledError",

@@ -517,6 +517,9 @@ class Task:
                 keys += keyed.num_keys()
         metrics["sync_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         metrics["keys"] = keys
+        # Counts at the snapshot (a consistent cut): the job's committed record figures.
+        metrics["records_in"] = self.records_in
+        metrics["records_out"] = self.records_out
         for ch in self.all_channels:
             ch.send_event(barrier)
         if storage is None:

@@ -7,11 +7,15 @@ import collections
 import logging
 import os
 import signal
+import time
 from typing import Any
 
 import pytest
 
+from jobmanager.failures import FailureCause
 from jobmanager.faults import Kill, RaiseAt, RandomKills
+from runtime import Dataflow, TaskFailedError
+from runtime.sources import GeneratorSource
 from statebackend.errors import CheckpointNotFoundError
 from tests.integration.topologies import (
     corpus_counts,
@@ -215,4 +219,85 @@ def test_file_sink_output_is_exactly_once_under_kills(tmp_path: Any) -> None:
     )
     assert len(result.restarts) == 2, result.summary()
     assert read_part_files(out) == pipeline_expected(n)
+    assert (result.records_in, result.records_out) == (n, n), result.summary()
     assert not [p for p in os.listdir(out) if p.endswith(".staging")]  # no leftovers
+
+
+def test_committed_counts_after_a_kill_are_the_exact_figures() -> None:
+    """records_in/out are exactly-once: every source record once, every sink record once
+    (here each of the n records gives one running count); the replayed work is apart."""
+    n = 16_000
+    result = pipeline(n, **CHK).run(faults=[Kill("count[0]", after_checkpoint=2)])
+    assert len(result.restarts) == 1, result.summary()
+    restored = result.restarts[0].restored_checkpoint
+    assert restored is not None
+    assert len(result.output("out")) == n
+    assert (result.records_in, result.records_out) == (n, n), result.summary()
+    at_restore = next(c for c in result.checkpoints if c["checkpoint_id"] == restored)
+    assert 0 < at_restore["committed_records_in"] < n
+    assert result.records_per_second == pytest.approx(n / result.duration)
+    # every completed checkpoint of both attempts is counted, and the summary says so
+    assert result.checkpoints_completed >= 3
+    assert f"{result.checkpoints_completed} completed + final" in result.summary()
+    assert result.restarts[0].cause is FailureCause.TASK_DIED
+    assert "operator 'count' (subtask 0)" in result.restarts[0].reason
+
+
+def test_a_checkpoint_kill_of_a_later_attempt_fires_after_the_restore() -> None:
+    n = 20_000
+    result = pipeline(n, **CHK).run(
+        faults=[
+            Kill("count[0]", after_checkpoint=2),
+            Kill("numbers[1]", after_checkpoint=3, attempt=1),
+        ]
+    )
+    assert len(result.restarts) == 2 and not result.unfired_faults, result.summary()
+    first, second = (r.restored_checkpoint or 0 for r in result.restarts)
+    assert second > first >= 2  # attempt 1 completed a checkpoint of its own first
+    assert multiset(result.output("out")) == pipeline_expected(n)
+
+
+def test_three_random_kills_land_in_a_few_seconds_job() -> None:
+    n = 32_000  # 4 s at 8,000 records/s
+    result = pipeline(n, checkpoint_interval=0.5).run(faults=[RandomKills(3, seed=5)])
+    assert len(result.restarts) == 3 and not result.unfired_faults, result.summary()
+    assert all(r.restored_checkpoint is not None for r in result.restarts)
+    assert multiset(result.output("out")) == pipeline_expected(n)
+    assert (result.records_in, result.records_out) == (n, n)
+
+
+def _explode(x: int) -> int:
+    if x == 5_000:
+        raise ValueError("bad record 5000")
+    return x
+
+
+def test_a_udf_that_always_raises_fails_fast_and_says_why() -> None:
+    flow = Dataflow("always", parallelism=2, checkpoint_interval=0.1)
+    (
+        flow.source(GeneratorSource(lambda i: i, 20_000, rate=8_000), name="numbers")
+        .rebalance()
+        .map(_explode, name="explode")
+        .collect("out")
+    )
+    started = time.monotonic()
+    with pytest.raises(TaskFailedError) as info:
+        flow.run()
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert elapsed < 30, f"{elapsed:.1f} s: {message}"
+    assert info.value.operator == "explode"
+    assert "a user function raised in operator 'explode'" in message
+    assert "ValueError: bad record 5000" in message
+    assert "failed the same way twice after" in message
+    assert "not retried, a restart cannot fix it" in message
+
+
+def test_an_unfired_kill_is_reported_with_the_summarys_checkpoint_count() -> None:
+    result = pipeline(4_000, **CHK).run(faults=[Kill("count[0]", after_seconds=60)])
+    assert result.restarts == [] and len(result.unfired_faults) == 1, result.summary()
+    note = result.unfired_faults[0]
+    assert note.startswith("Kill('count[0]', after_seconds=60, attempt=0): attempt 0 finished")
+    assert f"{result.checkpoints_completed} checkpoint(s) completed in the run" in note
+    assert f"checkpoints: {result.checkpoints_completed} completed + final" in result.summary()
+    assert (result.records_in, result.records_out) == (4_000, 4_000)

@@ -1,0 +1,449 @@
+"""One barrier-stage attempt of a job: its task table, registration, the dispatch of
+control messages, and the loop that drives the attempt until every task finished or
+it failed (then its survivors are ended before it returns).
+
+Driver side, job-manager thread only. Everything outside the attempt comes in through
+``RunServices`` (the ROUTER link, liveness, the fault schedule, metrics, outputs), so an
+attempt runs against fakes in a unit test.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from channels import control as P
+from channels.control import CheckpointFailureReason
+from jobmanager.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from jobmanager.failures import Failure, FailureCause, classify_stage_error
+from jobmanager.fault_schedule import FaultSchedule
+from jobmanager.faults import DriverKill
+from jobmanager.liveness import Liveness, ctrl_c_deferred, send_signal
+from jobmanager.metrics import CommittedOutputs, RunMetrics
+from runtime.config import JobConfig
+from runtime.errors import FaultInjectionError
+from runtime.plan import JobPlan
+from statebackend.storage import CheckpointStorage
+
+log = logging.getLogger("absflow.jobmanager")
+
+REGISTRATION_TIMEOUT = 120.0
+STAGE_END_GRACE = 5.0  # the stage ended: the last Finished messages may still be on the way
+
+
+@dataclass
+class TaskInfo:
+    """What the job manager knows of one task of the running attempt."""
+
+    task_id: str
+    subtask: int
+    pid: int = 0
+    host: str = ""
+    endpoint: str = ""
+    last_seen: float = 0.0
+    records_in: int = 0
+    records_out: int = 0
+    rss: int = 0
+    peak_rss: int = 0
+    first_record_at: float = 0.0  # wall clock; 0 until the task reports one
+    finished: bool = False
+    closed: bool = False
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def operator(self) -> str:
+        """The chain's name, as in the task id ``count[1]``."""
+        return self.task_id.rpartition("[")[0] or self.task_id
+
+
+class ControlLink(Protocol):
+    """The job manager's end of the control plane (the ROUTER)."""
+
+    def receive(self, timeout_ms: int) -> Iterator[P.Message]:
+        """Every message waiting, after waiting up to ``timeout_ms`` for one."""
+        ...
+
+    def send(self, task_index: int, attempt: int, msg: P.Message) -> None:
+        """To one task of one attempt; never blocks, drops what cannot be delivered."""
+        ...
+
+
+class Stage(Protocol):
+    """An attempt's barrier stage (``launcher.StageRunner``)."""
+
+    outcome: queue.Queue[BaseException | None]
+
+    def cancel(self) -> None: ...
+
+    def join(self, timeout: float) -> bool: ...
+
+
+class Progress(Protocol):
+    def update(
+        self,
+        records_in: int,
+        records_out: int,
+        checkpoints: int,
+        restarts: int,
+        last_checkpoint_ms: float | None,
+    ) -> None: ...
+
+
+@dataclass
+class RunServices:
+    """What every attempt of a run shares."""
+
+    link: ControlLink
+    liveness: Liveness
+    faults: FaultSchedule
+    metrics: RunMetrics
+    outputs: CommittedOutputs
+    progress: Progress
+    signal_process: Callable[[int, int], None] = send_signal
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+
+
+class Attempt:
+    """Attempt ``number`` of the job: tasks register, heartbeat, ack checkpoints, finish.
+
+    ``run(stage)`` returns None when every task finished, or the Failure that ended the
+    attempt; either way the attempt is over when it returns (on failure its tasks were
+    cancelled, survivors killed, the stage ended and the ports freed). Ctrl-C ends the
+    attempt the same way, then re-raises KeyboardInterrupt.
+    """
+
+    def __init__(
+        self,
+        number: int,
+        plan: JobPlan,
+        config: JobConfig,
+        storage: CheckpointStorage | None,
+        first_checkpoint_id: int,
+        run: RunServices,
+        job_started: float,
+        submit_wall: float,
+    ) -> None:
+        self.number, self.plan, self.config, self.run_services = number, plan, config, run
+        self.clock = run.clock
+        self.job_started = job_started
+        self.submit_wall = submit_wall
+        self.submitted = run.clock()
+        self.tasks = {t.index: TaskInfo(t.task_id, t.subtask) for t in plan.tasks}
+        self.registered: set[int] = set()
+        self.all_registered_at: float | None = None
+        self.sources = {t.index for t in plan.source_tasks}
+        self.sources_ended: set[int] = set()
+        self.first_record_seen = False
+        self.failure: Failure | None = None  # set by run()
+        self.killed_at: float | None = None  # wall clock of an injected kill
+        self.stage_done_at: float | None = None
+        self.coordinator = CheckpointCoordinator(
+            plan,
+            config,
+            storage,
+            self.send,
+            first_checkpoint_id,
+            number,
+            self._on_checkpoint_completed,
+            clock=run.clock,
+        )
+
+    @property
+    def all_finished(self) -> bool:
+        return all(t.finished for t in self.tasks.values())
+
+    def send(self, task_index: int, msg: P.Message) -> None:
+        self.run_services.link.send(task_index, self.number, msg)
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self, stage: Stage) -> Failure | None:
+        """Drive the attempt to its end (see the class docstring); also sets ``failure``.
+        Called once; ``stage`` is this attempt's, already started."""
+        failure: Failure | None = None
+        try:
+            failure = self._drive(stage)
+            return failure
+        except KeyboardInterrupt:
+            failure = Failure(FailureCause.CANCELLED, permanent="cancelled by the user (Ctrl-C)")
+            raise
+        finally:
+            self.failure = failure
+            finished = failure is None and self.all_finished
+            if not finished:
+                with ctrl_c_deferred():
+                    self.coordinator.abort_all(CheckpointFailureReason.TASK_FAILURE)
+                    self.end(stage, failure)
+            self.run_services.metrics.end_attempt(self.tasks, finished, self.coordinator.failed)
+
+    def _drive(self, stage: Stage) -> Failure | None:
+        while True:
+            for msg in self.run_services.link.receive(20):
+                if getattr(msg, "attempt", self.number) != self.number:
+                    continue  # a straggler of a failed attempt
+                failure = self.on_message(msg)
+                if failure is not None:
+                    return failure
+            now = self.clock()
+            self._observe(now)
+            if self.all_finished:
+                stage.join(10.0)
+                return None
+            failure = self._check(now, stage)
+            if failure is not None:
+                return failure
+            faults = self.run_services.faults
+            self._fire(faults.due(now, self._can_kill, self._periodic_pending))
+            self._show_progress()
+
+    def _observe(self, now: float) -> None:
+        """Registration complete, first record: tell the coordinator, faults and metrics."""
+        if self.all_registered_at is None and len(self.registered) == len(self.tasks):
+            self.all_registered_at = now
+            log.info(
+                "attempt %d: all %d tasks registered %.3f s after submit",
+                self.number,
+                len(self.tasks),
+                now - self.submitted,
+            )
+            self.coordinator.started = now
+            self.coordinator.last_completion = now
+            self.run_services.faults.on_all_registered(now)
+        if not self.first_record_seen:
+            firsts = [t.first_record_at for t in self.tasks.values() if t.first_record_at]
+            if firsts:
+                self.first_record_seen = True
+                self.run_services.metrics.on_first_record(
+                    self.number, min(firsts), self.submit_wall
+                )
+                self.run_services.faults.on_first_record(now)
+
+    def _check(self, now: float, stage: Stage) -> Failure | None:
+        """Everything that can end the attempt besides a task's own report."""
+        dead = self.run_services.liveness.dead_task(self.tasks.values())
+        if dead is not None:
+            return self._task_failure(
+                FailureCause.TASK_DIED,
+                dead.task_id,
+                f"task {dead.task_id} (pid {dead.pid}) is gone",
+            )
+        if self.all_registered_at is not None:
+            failure = self._check_checkpoints() or self._check_heartbeats(now)
+        else:
+            failure = self._check_registration(now)
+        return failure or self._check_stage(now, stage) or self._check_timeout(now)
+
+    def _check_checkpoints(self) -> Failure | None:
+        coordinator = self.coordinator
+        coordinator.on_tick()
+        if coordinator.final_failed is not None:
+            f = coordinator.final_failed
+            return Failure(
+                FailureCause.FINAL_CHECKPOINT_FAILED,
+                error=f"checkpoint {f.checkpoint_id}: {f.reason.name}: {f.detail}",
+            )
+        if coordinator.too_many_failures:
+            return Failure(
+                FailureCause.TOO_MANY_CHECKPOINT_FAILURES,
+                error=f"{coordinator.consecutive_failures} in a row "
+                f"(tolerable_checkpoint_failures={self.config.tolerable_checkpoint_failures})",
+            )
+        return None
+
+    def _check_heartbeats(self, now: float) -> Failure | None:
+        silent = self.run_services.liveness.silent_task(self.tasks.values(), now)
+        if silent is None:
+            return None
+        return self._task_failure(
+            FailureCause.HEARTBEAT_LOST,
+            silent.task_id,
+            f"no heartbeat from task {silent.task_id} for {self.config.heartbeat_timeout:.1f} s",
+        )
+
+    def _check_registration(self, now: float) -> Failure | None:
+        if now - self.submitted <= REGISTRATION_TIMEOUT:
+            return None
+        missing = [t.task_id for i, t in self.tasks.items() if i not in self.registered]
+        return Failure(
+            FailureCause.REGISTRATION_TIMEOUT,
+            error=f"tasks {missing} did not register within {REGISTRATION_TIMEOUT:.0f} s",
+            permanent="the cluster did not start the tasks; check the executors' logs",
+        )
+
+    def _check_stage(self, now: float, stage: Stage) -> Failure | None:
+        if self.stage_done_at is None and not stage.outcome.empty():
+            err = stage.outcome.get()
+            self.stage_done_at = now
+            if err is not None:
+                text = str(err)
+                return Failure(classify_stage_error(text), error=_first_lines(text))
+        if self.stage_done_at is not None and now - self.stage_done_at > STAGE_END_GRACE:
+            unfinished = [t.task_id for t in self.tasks.values() if not t.finished]
+            return Failure(FailureCause.STAGE_ENDED_EARLY, error=f"unfinished: {unfinished}")
+        return None
+
+    def _check_timeout(self, now: float) -> Failure | None:
+        timeout = self.config.timeout
+        if timeout is None or now - self.job_started <= timeout:
+            return None
+        return Failure(
+            FailureCause.JOB_TIMEOUT,
+            error=f"{now - self.job_started:.1f} s > timeout={timeout} s",
+            permanent=f"the job ran longer than timeout={timeout} s",
+        )
+
+    def _task_failure(self, cause: FailureCause, task_id: str, error: str) -> Failure:
+        t = next(t for t in self.tasks.values() if t.task_id == task_id)
+        return Failure(cause, operator=t.operator, subtask=t.subtask, error=error)
+
+    def _show_progress(self) -> None:
+        m = self.run_services.metrics
+        live = m.live(self.tasks)
+        self.run_services.progress.update(
+            live.records_in,
+            live.records_out,
+            m.checkpoints_completed,
+            len(m.restarts),
+            m.completed[-1].duration_ms if m.completed else None,
+        )
+
+    # -- dispatch --------------------------------------------------------------------------
+    def on_message(self, msg: P.Message) -> Failure | None:
+        """Handle one control message of this attempt; a Failure when it ends the attempt."""
+        now = self.clock()
+        match msg:
+            case P.Register():
+                t = self.tasks[msg.task_index]
+                t.pid, t.host, t.endpoint, t.last_seen = msg.pid, msg.host, msg.endpoint, now
+                self.registered.add(msg.task_index)
+            case P.Heartbeat():
+                self._on_heartbeat(msg, now)
+            case P.Ack():
+                t = self.tasks[msg.task_index]
+                t.last_seen = now
+                t.records_in = max(t.records_in, int(msg.metrics.get("records_in", 0)))
+                t.records_out = max(t.records_out, int(msg.metrics.get("records_out", 0)))
+                self.run_services.metrics.on_snapshot(
+                    msg.task_index, msg.checkpoint_id, msg.metrics
+                )
+                self.coordinator.on_ack(msg)
+            case P.Decline():
+                self.coordinator.on_decline(msg)
+            case P.SinkOutput():
+                self.run_services.outputs.add(msg.step, msg.subtask, msg.checkpoint_id, msg.records)
+            case P.SourceEnded():
+                self.sources_ended.add(msg.task_index)
+                if self.sources_ended >= self.sources:
+                    self.coordinator.on_sources_ended()
+                    faults = self.run_services.faults
+                    self._fire(faults.on_sources_ended(self._periodic_pending, self._can_kill))
+            case P.Finished():
+                t = self.tasks[msg.task_index]
+                t.finished = True
+                t.metrics.update(msg.metrics)
+                t.records_in = msg.metrics.get("records_in", t.records_in)
+                t.records_out = msg.metrics.get("records_out", t.records_out)
+            case P.Closed():
+                self.tasks[msg.task_index].closed = True
+            case P.Failed():
+                return self._on_failed(msg)
+            case _:
+                log.debug("attempt %d: unexpected control message %r", self.number, msg)
+        return None
+
+    def _on_heartbeat(self, msg: P.Heartbeat, now: float) -> None:
+        t = self.tasks[msg.task_index]
+        t.last_seen = now
+        t.records_in = max(t.records_in, msg.records_in)
+        t.records_out = max(t.records_out, msg.records_out)
+        t.rss = msg.rss_bytes
+        t.peak_rss = max(t.peak_rss, msg.rss_bytes)
+        if msg.first_record_at and not t.first_record_at:
+            t.first_record_at = msg.first_record_at
+        self.send(msg.task_index, P.Alive())
+
+    def _on_failed(self, msg: P.Failed) -> Failure:
+        task = self.tasks[msg.task_index]
+        # A task reports its own id as the operator when the error is not a user function's.
+        cause = (
+            FailureCause.TASK_ERROR
+            if msg.operator == task.task_id
+            else FailureCause.USER_FUNCTION_RAISED
+        )
+        return Failure(
+            cause,
+            operator=msg.operator,
+            subtask=msg.subtask,
+            error=msg.error,
+            traceback=msg.traceback,
+            permanent="the task reported that a restart cannot fix this error"
+            if msg.fatal
+            else None,
+        )
+
+    # -- checkpoints and kills -------------------------------------------------------------
+    def _on_checkpoint_completed(self, cp: CompletedCheckpoint) -> None:
+        metrics = self.run_services.metrics
+        metrics.on_checkpoint_completed(cp)
+        due = self.run_services.faults.on_checkpoint_completed(
+            self.clock(), metrics.checkpoints_completed, cp.final, self._can_kill
+        )
+        self._fire(due)
+
+    @property
+    def _periodic_pending(self) -> bool:
+        return any(not p.final for p in self.coordinator.pending.values())
+
+    def _can_kill(self, task_index: int) -> bool:
+        t = self.tasks[task_index]
+        return bool(t.pid) and not t.finished and not t.closed
+
+    def _fire(self, kills: list[DriverKill]) -> None:
+        """Fault injection: a real SIGKILL (or SIGSTOP) of task processes."""
+        for k in kills:
+            t = self.tasks[k.task_index]
+            if not self.run_services.liveness.is_local(t):
+                raise FaultInjectionError(
+                    f"cannot kill task {t.task_id} on host {t.host}: kill faults need the "
+                    "task processes on the driver's machine (a local master)"
+                )
+            log.warning(
+                "fault injection: %s task %s (pid %d): %s",
+                signal.Signals(k.signal).name,
+                t.task_id,
+                t.pid,
+                k.label,
+            )
+            if self.killed_at is None:
+                self.killed_at = self.run_services.wall()
+            self.run_services.signal_process(t.pid, k.signal)
+
+    # -- the end ---------------------------------------------------------------------------
+    def end(self, stage: Stage, failure: Failure | None) -> None:
+        """Stop every task of this (failed or cancelled) attempt; see Liveness.end_attempt."""
+        reason = failure.describe() if failure is not None else "the attempt failed"
+
+        def cancel() -> None:
+            for index in self.tasks:
+                self.send(index, P.Cancel(reason))
+
+        def drain() -> None:
+            for msg in self.run_services.link.receive(10):
+                if isinstance(msg, P.Closed) and msg.attempt == self.number:
+                    self.tasks[msg.task_index].closed = True
+
+        self.run_services.liveness.end_attempt(
+            list(self.tasks.values()),
+            cancel,
+            drain,
+            stage,
+        )
+
+
+def _first_lines(text: str, n: int = 12) -> str:
+    return "\n".join(text.strip().splitlines()[:n])

@@ -1,0 +1,109 @@
+"""Why an attempt failed, as data: a ``FailureCause`` (an enum with a human message)
+and a ``Failure`` naming the operator, the subtask and the exception; and the rule
+that tells a failure a restart cannot fix (``FailureHistory``). Driver side only."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class FailureCause(enum.Enum):
+    """What ended an attempt; the value is the human message. Logs, ``Restart`` records
+    and the final error are keyed by it."""
+
+    TASK_DIED = "a task process died (killed or crashed)"
+    USER_FUNCTION_RAISED = "a user function raised"
+    TASK_ERROR = "a task failed"
+    HEARTBEAT_LOST = "a task stopped heart-beating"
+    STAGE_FAILED = "the barrier stage failed"
+    STAGE_ENDED_EARLY = "the barrier stage ended before every task finished"
+    TOO_MANY_CHECKPOINT_FAILURES = "too many consecutive checkpoint failures"
+    FINAL_CHECKPOINT_FAILED = "the final checkpoint failed"
+    JOB_TIMEOUT = "the job ran longer than its timeout"
+    REGISTRATION_TIMEOUT = "the tasks did not start in time"
+    CANCELLED = "the job was cancelled"
+
+    @property
+    def message(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt.
+
+    ``operator``/``subtask`` say where (None when the failure is not a task's, e.g. a
+    timeout); ``error`` is the exception as ``Type: message`` (or what was observed, e.g.
+    "task count[1] (pid 7) is gone"); ``permanent`` says why a restart cannot help
+    (None: the restart strategy decides).
+    """
+
+    cause: FailureCause
+    operator: str | None = None
+    subtask: int | None = None
+    error: str | None = None
+    traceback: str | None = None
+    permanent: str | None = None
+
+    def describe(self) -> str:
+        """E.g. "a user function raised in operator 'split' (subtask 1): ValueError: bad line"."""
+        where = ""
+        if self.operator is not None:
+            where = f" in operator '{self.operator}'"
+            if self.subtask is not None:
+                where += f" (subtask {self.subtask})"
+        error = f": {_first_line(self.error)}" if self.error else ""
+        return f"{self.cause.message}{where}{error}"
+
+    @property
+    def signature(self) -> tuple[FailureCause, str | None, str | None] | None:
+        """What makes two failures "the same": cause, operator, exception type and message.
+        None for failures without an exception a task reported (deaths, timeouts, ...)."""
+        if self.cause not in (FailureCause.USER_FUNCTION_RAISED, FailureCause.TASK_ERROR):
+            return None
+        if not self.error:
+            return None
+        return (self.cause, self.operator, self.error)
+
+
+def classify_stage_error(text: str) -> FailureCause:
+    """The cause of a barrier stage that Spark reports as failed, from its error text
+    (a Py4JJavaError carries no structured reason)."""
+    if "exited unexpectedly" in text or "crashed" in text:
+        return FailureCause.TASK_DIED
+    if "PythonException" in text:
+        return FailureCause.TASK_ERROR
+    return FailureCause.STAGE_FAILED
+
+
+class FailureHistory:
+    """Tells a deterministic failure: the same operator failing with the same exception
+    type and message after the same restore point twice in a row. Restarting again would
+    replay the same records into the same code, so the job manager gives up at once."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Failure, int | None] | None = None
+
+    def repeated(self, failure: Failure, restored: int | None) -> Failure | None:
+        """Record ``failure`` of an attempt that restored checkpoint ``restored`` (None:
+        started from scratch). Returns the earlier, identical failure when the previous
+        attempt restored the same point and failed the same way; else None."""
+        previous = self._last
+        self._last = (failure, restored)
+        if previous is None or failure.signature is None:
+            return None
+        earlier, earlier_restored = previous
+        if earlier.signature == failure.signature and earlier_restored == restored:
+            return earlier
+        return None
+
+
+def restore_point_words(checkpoint_id: int | None) -> str:
+    """The words for a restore point: "checkpoint 3", or "the start" for None."""
+    return f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "the start"
+
+
+def _first_line(text: str) -> str:
+    stripped = text.strip()
+    return stripped.splitlines()[0] if stripped else text

@@ -1,0 +1,233 @@
+"""Figures of one run over all its attempts: committed (exactly-once) record counts,
+the work replayed after restores, checkpoints, start-up and recovery times, per-task
+figures; and the records collect sinks committed. Driver side, job-manager thread only.
+
+Committed counts come from the checkpoints: with every ack a task reports its
+``records_in``/``records_out`` at the snapshot (since its attempt started). A completed
+checkpoint n of an attempt that restored checkpoint r has committed
+``committed(r) + sum over source tasks of records_in`` records in, and likewise the
+sink tasks' ``records_out`` out; the final checkpoint's figures are the job's. (With
+``snapshot_mode="at_least_once"`` the counts at a restored checkpoint are not a
+consistent cut, and neither is its output: the figures are then approximate.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from jobmanager.coordinator import CompletedCheckpoint
+from jobmanager.result import JobResult, Restart
+from runtime.graph import StepKind
+from runtime.plan import JobPlan
+from runtime.sinks import CollectSink
+
+log = logging.getLogger("absflow.jobmanager")
+
+
+@dataclass(frozen=True)
+class RecordCounts:
+    """Records read by the sources (``records_in``) and given to the sinks (``records_out``)."""
+
+    records_in: int = 0
+    records_out: int = 0
+
+    def __add__(self, other: RecordCounts) -> RecordCounts:
+        return RecordCounts(
+            self.records_in + other.records_in, self.records_out + other.records_out
+        )
+
+    def beyond(self, committed: RecordCounts) -> RecordCounts:
+        """What this (processed) count holds beyond ``committed``; never negative."""
+        return RecordCounts(
+            max(0, self.records_in - committed.records_in),
+            max(0, self.records_out - committed.records_out),
+        )
+
+
+class TaskFigures(Protocol):
+    """What the metrics read of a task of an attempt (``attempt.TaskInfo`` has it)."""
+
+    task_id: str
+    records_in: int
+    records_out: int
+    peak_rss: int
+    first_record_at: float
+    metrics: dict[str, Any]
+
+
+def sink_task_indexes(plan: JobPlan) -> set[int]:
+    """Tasks whose chain ends in a sink (their ``records_out`` are sink records)."""
+    return {t.index for t in plan.tasks if plan.chain_steps(t)[-1].kind is StepKind.SINK}
+
+
+class RunMetrics:
+    """Figures of a run. Attempts report in order: ``start_attempt``, then snapshot counts,
+    completed checkpoints and the first record, then ``end_attempt``."""
+
+    def __init__(self, plan: JobPlan) -> None:
+        self.source_tasks = {t.index for t in plan.source_tasks}
+        self.sink_tasks = sink_task_indexes(plan)
+        self.completed: list[CompletedCheckpoint] = []  # every attempt's, in order
+        self.committed_at: dict[int, RecordCounts] = {}  # checkpoint id -> committed counts
+        self.failed_checkpoints: list[dict[str, Any]] = []
+        self.restarts: list[Restart] = []
+        self.startup_seconds: float | None = None
+        self.task_metrics: dict[str, dict[str, Any]] = {}
+        self.peak_rss: dict[str, int] = {}
+        self.processed = RecordCounts()  # by ended attempts, replays included
+        self.base = RecordCounts()  # committed by the checkpoint the running attempt restored
+        self._at_snapshot: dict[int, dict[int, RecordCounts]] = {}  # running attempt's acks
+        self._last_attempt = RecordCounts()  # the last ended attempt's own counts
+
+    # -- attempts --------------------------------------------------------------------------
+    def start_attempt(self, restored: int | None) -> None:
+        """An attempt starts from checkpoint ``restored`` (None: from scratch, or from a
+        checkpoint of another run: counts are this run's)."""
+        self.base = self.committed_at.get(restored, RecordCounts()) if restored else RecordCounts()
+        self._at_snapshot.clear()
+
+    def on_snapshot(self, task_index: int, checkpoint_id: int, ack_metrics: dict[str, Any]) -> None:
+        """A task acked ``checkpoint_id`` with its counts at the snapshot."""
+        if "records_in" not in ack_metrics or "records_out" not in ack_metrics:
+            return
+        counts = RecordCounts(int(ack_metrics["records_in"]), int(ack_metrics["records_out"]))
+        self._at_snapshot.setdefault(checkpoint_id, {})[task_index] = counts
+
+    def on_checkpoint_completed(self, cp: CompletedCheckpoint) -> None:
+        self.completed.append(cp)
+        acks = self._at_snapshot.pop(cp.checkpoint_id, {})
+        for older in [n for n in self._at_snapshot if n < cp.checkpoint_id]:
+            del self._at_snapshot[older]  # subsumed: they never complete
+        if not self.source_tasks | self.sink_tasks <= acks.keys():
+            log.debug("checkpoint %d: no record counts from every task", cp.checkpoint_id)
+            return
+        self.committed_at[cp.checkpoint_id] = self.base + RecordCounts(
+            sum(acks[i].records_in for i in self.source_tasks),
+            sum(acks[i].records_out for i in self.sink_tasks),
+        )
+
+    def on_first_record(self, attempt: int, first_wall: float, submit_wall: float) -> None:
+        """The attempt processed its first record at wall clock ``first_wall``."""
+        if attempt == 0 and self.startup_seconds is None:
+            self.startup_seconds = first_wall - submit_wall
+        if self.restarts and self.restarts[-1].resumed_at is None:
+            self.restarts[-1].resumed_at = first_wall
+
+    def live(self, tasks: Mapping[int, TaskFigures]) -> RecordCounts:
+        """Where the running attempt is in the job's records (for the progress line)."""
+        return self.base + self._own(tasks)
+
+    def end_attempt(
+        self, tasks: Mapping[int, TaskFigures], finished: bool, failed_checkpoints: Iterable[Any]
+    ) -> None:
+        """The attempt ended (``finished``: every task finished). Its tasks' last counts
+        (from Finished, else the last heartbeat or ack) count as processed work."""
+        own = self._own(tasks)
+        self._last_attempt = own
+        self.processed = self.processed + own
+        self.failed_checkpoints.extend(
+            {"checkpoint_id": f.checkpoint_id, "reason": f.reason.name, "detail": f.detail}
+            for f in failed_checkpoints
+        )
+        if finished:
+            for t in tasks.values():
+                figures = dict(t.metrics)
+                if t.first_record_at:
+                    figures.setdefault("first_record_at", t.first_record_at)
+                self.task_metrics[t.task_id] = figures
+                self.peak_rss[t.task_id] = max(t.peak_rss, int(t.metrics.get("peak_rss", 0)))
+
+    def _own(self, tasks: Mapping[int, TaskFigures]) -> RecordCounts:
+        return RecordCounts(
+            sum(tasks[i].records_in for i in self.source_tasks if i in tasks),
+            sum(tasks[i].records_out for i in self.sink_tasks if i in tasks),
+        )
+
+    # -- figures ---------------------------------------------------------------------------
+    @property
+    def checkpoints_completed(self) -> int:
+        """Completed non-final checkpoints of the run, over all attempts."""
+        return sum(1 for c in self.completed if not c.final)
+
+    def committed(self) -> RecordCounts:
+        """Exactly-once counts of a finished run: the final checkpoint's figures (or, when a
+        task did not report counts, the restored checkpoint's plus the last attempt's)."""
+        finals = [c for c in self.completed if c.final]
+        if finals and finals[-1].checkpoint_id in self.committed_at:
+            return self.committed_at[finals[-1].checkpoint_id]
+        return self.base + self._last_attempt
+
+    def result(
+        self,
+        name: str,
+        outputs: dict[str, list[Any]],
+        duration: float,
+        checkpoint_dir: str | None,
+        unfired_faults: list[str],
+    ) -> JobResult:
+        committed = self.committed()
+        replayed = self.processed.beyond(committed)
+        return JobResult(
+            name=name,
+            outputs=outputs,
+            duration=duration,
+            records_in=committed.records_in,
+            records_out=committed.records_out,
+            replayed_in=replayed.records_in,
+            replayed_out=replayed.records_out,
+            startup_seconds=self.startup_seconds,
+            restarts=self.restarts,
+            checkpoints=[self._checkpoint_figures(c) for c in self.completed],
+            failed_checkpoints=self.failed_checkpoints,
+            peak_rss=self.peak_rss,
+            checkpoint_dir=checkpoint_dir,
+            task_metrics=self.task_metrics,
+            unfired_faults=unfired_faults,
+        )
+
+    def _checkpoint_figures(self, c: CompletedCheckpoint) -> dict[str, Any]:
+        figures: dict[str, Any] = {
+            "checkpoint_id": c.checkpoint_id,
+            "final": c.final,
+            "duration_ms": c.duration_ms,
+            **c.metrics,
+        }
+        counts = self.committed_at.get(c.checkpoint_id)
+        if counts is not None:
+            figures["committed_records_in"] = counts.records_in
+            figures["committed_records_out"] = counts.records_out
+        return figures
+
+
+class CommittedOutputs:
+    """Records the collect sinks committed, one batch per (sink step, subtask, checkpoint):
+    the first copy wins, so a re-commit after a restore is dropped; batches committed
+    after the restored checkpoint are forgotten (the sources replay them)."""
+
+    def __init__(self, plan: JobPlan) -> None:
+        self.collect_sinks = [
+            s.name for s in plan.steps if s.kind is StepKind.SINK and isinstance(s.fn, CollectSink)
+        ]
+        self._batches: dict[tuple[str, int, int], list[Any]] = {}
+
+    def add(self, step: str, subtask: int, checkpoint_id: int, records: Iterable[Any]) -> None:
+        self._batches.setdefault((step, subtask, checkpoint_id), list(records))
+
+    def drop_after(self, checkpoint_id: int | None) -> None:
+        """The run restarts from ``checkpoint_id`` (None: from scratch)."""
+        limit = checkpoint_id or 0
+        for key in [k for k in self._batches if k[2] > limit]:
+            del self._batches[key]
+
+    def outputs(self) -> dict[str, list[Any]]:
+        """Every collect sink's records (empty lists included), in checkpoint order, then
+        subtask order within a checkpoint."""
+        out: dict[str, list[Any]] = {name: [] for name in self.collect_sinks}
+        for (step, _subtask, _n), records in sorted(
+            self._batches.items(), key=lambda kv: (kv[0][2], kv[0][1])
+        ):
+            out.setdefault(step, []).extend(records)
+        return out

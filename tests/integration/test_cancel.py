@@ -1,0 +1,36 @@
+"""Ctrl-C during run(): the tasks end, every port and temp dir is released, and the
+caller gets a JobCancelledError without a chained traceback."""
+
+from __future__ import annotations
+
+import _thread
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from runtime import JobCancelledError
+from tests.integration.topologies import pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
+
+
+def test_ctrl_c_cancels_the_job_and_cleans_up(caplog: Any) -> None:
+    timer = threading.Timer(3.0, _thread.interrupt_main)  # SIGINT's KeyboardInterrupt
+    started = time.monotonic()
+    timer.start()
+    try:
+        with (
+            caplog.at_level(logging.INFO, logger="absflow"),
+            pytest.raises(JobCancelledError) as info,
+        ):
+            pipeline(400_000, checkpoint_interval=0.2).run()  # ~50 s if left alone
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 30
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert "cancelled" in str(info.value)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("processes and ports gone" in m for m in messages), messages

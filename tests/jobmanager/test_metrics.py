@@ -1,0 +1,128 @@
+"""Run figures across restores: committed (exactly-once) counts from the checkpoints,
+work replayed, every attempt's checkpoints, collect-sink outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobmanager.attempt import TaskInfo
+from jobmanager.coordinator import CompletedCheckpoint
+from jobmanager.failures import FailureCause
+from jobmanager.metrics import CommittedOutputs, RecordCounts, RunMetrics
+from jobmanager.result import JobResult, Restart
+from tests.jobmanager.fakes import small_plan
+
+SOURCES, SINKS = (0, 1), (2, 3)
+
+
+def cp(n: int, final: bool = False) -> CompletedCheckpoint:
+    return CompletedCheckpoint(n, final, 10.0, {}, None)
+
+
+def snapshot(m: RunMetrics, n: int, records_in: int, records_out: int) -> None:
+    """Every task acks checkpoint n; sources split records_in, sinks records_out."""
+    for i in SOURCES:
+        m.on_snapshot(i, n, {"records_in": records_in // 2, "records_out": records_in // 2})
+    for i in SINKS:
+        m.on_snapshot(i, n, {"records_in": 99, "records_out": records_out // 2})
+
+
+def table(records_in: int, records_out: int) -> dict[int, TaskInfo]:
+    tasks = {i: TaskInfo(f"t{i}", i % 2) for i in range(4)}
+    for i in SOURCES:
+        tasks[i].records_in = records_in // 2
+    for i in SINKS:
+        tasks[i].records_out = records_out // 2
+    return tasks
+
+
+def test_committed_counts_after_a_restore_are_exactly_once() -> None:
+    m = RunMetrics(small_plan())
+    m.start_attempt(None)
+    snapshot(m, 1, 100, 40)
+    m.on_checkpoint_completed(cp(1))
+    snapshot(m, 2, 200, 80)
+    m.on_checkpoint_completed(cp(2))
+    m.end_attempt(table(260, 120), False, [])  # killed after checkpoint 2: 60 in, 40 out lost
+    m.start_attempt(2)
+    assert m.live(table(10, 4)) == RecordCounts(210, 84)
+    snapshot(m, 3, 100, 60)  # the restored attempt's own counts since its restore
+    m.on_checkpoint_completed(cp(3))
+    snapshot(m, 4, 800, 920)
+    m.on_checkpoint_completed(cp(4, final=True))
+    m.end_attempt(table(800, 920), True, [])
+    assert m.committed_at[3] == RecordCounts(300, 140)
+    assert m.committed() == RecordCounts(1000, 1000)
+    assert m.processed == RecordCounts(1060, 1040)
+    assert m.processed.beyond(m.committed()) == RecordCounts(60, 40)
+    assert m.checkpoints_completed == 3  # every attempt's, the final one not counted
+
+
+def test_a_restore_from_another_run_counts_this_runs_records() -> None:
+    m = RunMetrics(small_plan())
+    m.start_attempt(40)  # not a checkpoint of this run
+    snapshot(m, 41, 10, 10)
+    m.on_checkpoint_completed(cp(41, final=True))
+    assert m.committed() == RecordCounts(10, 10)
+
+
+def test_without_counts_from_every_task_the_last_attempt_counts() -> None:
+    m = RunMetrics(small_plan())
+    m.start_attempt(None)
+    m.on_snapshot(0, 1, {"records_in": 5, "records_out": 5})
+    m.on_checkpoint_completed(cp(1, final=True))
+    m.end_attempt(table(10, 8), True, [])
+    assert 1 not in m.committed_at
+    assert m.committed() == RecordCounts(10, 8)
+
+
+def test_start_up_and_recovery_times() -> None:
+    m = RunMetrics(small_plan())
+    m.on_first_record(0, 102.5, 100.0)
+    assert m.startup_seconds == pytest.approx(2.5)
+    m.restarts.append(Restart(0, FailureCause.TASK_DIED, "died", 1, failed_at=110.0))
+    m.on_first_record(1, 111.25, 110.5)
+    assert m.restarts[0].recovery_seconds == pytest.approx(1.25)
+    assert m.startup_seconds == pytest.approx(2.5)
+
+
+def test_result_and_summary_use_the_committed_figures() -> None:
+    m = RunMetrics(small_plan())
+    m.start_attempt(None)
+    snapshot(m, 1, 100, 40)
+    m.on_checkpoint_completed(cp(1))
+    m.end_attempt(table(150, 60), False, [])
+    m.restarts.append(Restart(0, FailureCause.TASK_DIED, "a task process died", 1, 0.0))
+    m.start_attempt(1)
+    snapshot(m, 2, 900, 960)
+    m.on_checkpoint_completed(cp(2, final=True))
+    m.end_attempt(table(900, 960), True, [])
+    r = m.result("job", {"out": []}, 2.0, None, ["k: the job finished first, 1 checkpoint(s)"])
+    assert (r.records_in, r.records_out, r.replayed_in, r.replayed_out) == (1000, 1000, 50, 20)
+    assert r.records_per_second == 500.0
+    assert r.checkpoints_completed == 1
+    assert r.checkpoints[0]["committed_records_in"] == 100
+    text = r.summary()
+    assert "1,000 records in, 1,000 out (committed)" in text
+    assert "replayed after restores: 50 records in, 20 out" in text
+    assert "checkpoints: 1 completed + final" in text
+    assert "1 checkpoint(s)" in text
+
+
+def test_summary_without_restarts_says_so() -> None:
+    r = JobResult("job", {}, 1.0, 10, 10, None)
+    assert "restarts: 0" in r.summary() and "replayed" not in r.summary()
+
+
+def test_collect_outputs_first_copy_wins_and_replayed_batches_are_dropped() -> None:
+    out = CommittedOutputs(small_plan())
+    assert out.outputs() == {"out": []}
+    out.add("out", 1, 1, [3])
+    out.add("out", 0, 1, [1, 2])
+    out.add("out", 0, 2, [4])
+    out.add("out", 0, 1, [9, 9])  # re-committed after a restore: dropped
+    assert out.outputs() == {"out": [1, 2, 3, 4]}
+    out.drop_after(1)
+    assert out.outputs() == {"out": [1, 2, 3]}
+    out.drop_after(None)
+    assert out.outputs() == {"out": []}

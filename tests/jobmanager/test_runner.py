@@ -1,0 +1,160 @@
+"""The job manager without Spark: checkpoint storage checked before anything starts,
+restart decisions (permanent, deterministic, strategy), the restart log line, Ctrl-C."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobmanager import launcher
+from jobmanager.failures import Failure, FailureCause
+from jobmanager.restart import FixedDelay
+from jobmanager.runner import JobManager, RestorePoint, open_checkpoint_storage
+from runtime.config import JobConfig
+from runtime.errors import CheckpointStorageError, JobCancelledError, TaskFailedError
+from tests.jobmanager.fakes import small_plan
+
+RAISED = Failure(
+    FailureCause.USER_FUNCTION_RAISED, "split", 1, "ValueError: bad line", "Traceback: ..."
+)
+
+
+def read_only_dir(tmp_path: Path) -> str:
+    """A directory this process cannot create files in (root ignores modes: use sysfs)."""
+    if os.geteuid() != 0:
+        path = tmp_path / "ro"
+        path.mkdir()
+        path.chmod(0o555)
+        return str(path)
+    if not os.path.isdir("/sys/kernel") or _writable("/sys/kernel"):
+        pytest.skip("no read-only directory available to root")
+    return "/sys/kernel"
+
+
+def _writable(path: str) -> bool:
+    try:
+        open_checkpoint_storage(path)
+        return True
+    except CheckpointStorageError:
+        return False
+
+
+def test_a_read_only_checkpoint_dir_fails_at_once_with_the_fix(tmp_path: Path) -> None:
+    root = read_only_dir(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(CheckpointStorageError) as info:
+        JobManager(small_plan(), JobConfig(checkpoint_interval=0.1, checkpoint_dir=root), None, [])
+    assert time.monotonic() - started < 1.0
+    message = str(info.value)
+    assert root in message and "not writable" in message
+    assert "Error" in message and "writable for the user" in message
+    assert isinstance(info.value.__cause__, OSError)
+    assert not [p for p in os.listdir(root) if p.startswith(".absflow-probe")]
+
+
+@pytest.mark.parametrize("parent", ["/proc/absflow-no-such-dir", "file"])
+def test_a_checkpoint_dir_under_a_missing_parent_is_a_clear_error(
+    tmp_path: Path, parent: str
+) -> None:
+    if parent == "file":
+        (tmp_path / "file").write_text("not a directory")
+        parent = str(tmp_path / "file")
+    root = os.path.join(parent, "chk")
+    with pytest.raises(CheckpointStorageError) as info:
+        open_checkpoint_storage(root)
+    message = str(info.value)
+    assert root in message and "cannot be created" in message
+    assert "Create its parent directory" in message
+
+
+def test_a_writable_checkpoint_dir_keeps_no_probe(tmp_path: Path) -> None:
+    storage = open_checkpoint_storage(str(tmp_path / "chk"))
+    assert os.listdir(storage.root) == []
+
+
+def manager(tmp_path: Path, **config: Any) -> JobManager:
+    cfg = JobConfig(checkpoint_interval=0.1, checkpoint_dir=str(tmp_path / "chk"), **config)
+    return JobManager(small_plan(), cfg, None, [])
+
+
+def test_a_failure_is_restarted_and_the_log_line_says_where_and_what(
+    tmp_path: Path, caplog: Any
+) -> None:
+    jm = manager(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="absflow"):
+        restore, delay = jm._recover(RAISED, 0, None, 123.0)
+    assert restore is None and delay == pytest.approx(0.1)
+    assert caplog.messages == [
+        "attempt 0 failed (a user function raised in operator 'split' (subtask 1): "
+        "ValueError: bad line); restarting from the start in 0.10 s"
+    ]
+    r = jm.metrics.restarts[0]
+    assert (r.attempt, r.cause, r.error, r.failed_at) == (
+        0,
+        FailureCause.USER_FUNCTION_RAISED,
+        "ValueError: bad line",
+        123.0,
+    )
+    assert "raised" in r.reason
+
+
+def test_the_same_failure_twice_after_the_same_checkpoint_is_not_retried(tmp_path: Path) -> None:
+    jm = manager(tmp_path)
+    point = RestorePoint(jm.storage, 3, {})  # type: ignore[arg-type]
+    jm._recover(RAISED, 0, None, 0.0)
+    jm._recover(RAISED, 1, point, 0.0)
+    second = Failure(FailureCause.USER_FUNCTION_RAISED, "split", 0, "ValueError: bad line", "tb2")
+    with pytest.raises(TaskFailedError) as info:
+        jm._recover(second, 2, point, 0.0)
+    message = str(info.value)
+    assert message.startswith(
+        "job 'job' failed after 2 restart(s): a user function raised in operator 'split' "
+        "(subtask 1): ValueError: bad line; it failed the same way twice after restoring "
+        "checkpoint 3: not retried, a restart cannot fix it"
+    )
+    assert info.value.remote_traceback == "Traceback: ..."  # the first error's
+    assert len(jm.metrics.restarts) == 2
+
+
+def test_a_permanent_failure_is_not_retried_and_says_why(tmp_path: Path) -> None:
+    jm = manager(tmp_path)
+    fatal = Failure(
+        FailureCause.TASK_ERROR, "src[0]", 0, "RuntimeError: no fit", permanent="it cannot fit"
+    )
+    with pytest.raises(TaskFailedError) as info:
+        jm._recover(fatal, 0, None, 0.0)
+    assert "; not retried: it cannot fit" in str(info.value)
+    assert "restart" not in str(info.value).split(";")[0]
+    assert jm.metrics.restarts == []
+
+
+def test_an_exhausted_strategy_names_itself(tmp_path: Path) -> None:
+    jm = manager(tmp_path, restart_strategy=FixedDelay(attempts=1, delay=0.0))
+    died = Failure(FailureCause.TASK_DIED, "count", 1, "task count[1] (pid 7) is gone")
+    jm._recover(died, 0, None, 0.0)
+    with pytest.raises(TaskFailedError) as info:
+        jm._recover(died, 1, None, 0.0)
+    assert "after 1 restart(s)" in str(info.value)
+    assert "; restart strategy gave up: fixed delay (1 restarts, 0.0 s apart)" in str(info.value)
+
+
+def test_ctrl_c_raises_job_cancelled_without_a_chain_and_leaves_no_dirs(
+    monkeypatch: Any,
+) -> None:
+    def interrupted(*_args: Any, **_kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "ensure_session", interrupted)
+    jm = JobManager(small_plan(), JobConfig(checkpoint_interval=0.1), None, [])
+    owned = list(jm.owned_dirs)
+    assert owned and all(os.path.isdir(d) for d in owned)
+    with pytest.raises(JobCancelledError) as info:
+        jm.run()
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert "cancelled" in str(info.value)
+    assert not any(os.path.exists(d) for d in owned)
