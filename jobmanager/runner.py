@@ -38,6 +38,8 @@ from runtime.config import JobConfig, TaskEnvironment, TaskFault
 from runtime.errors import AbsflowError, JobCancelledError, TaskFailedError
 from runtime.plan import JobPlan
 from statebackend.errors import StateError
+from statebackend.metadata import CheckpointMetadata
+from statebackend.restore import check_compatible
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.jobmanager")
@@ -75,7 +77,7 @@ class Failure:
 class RestorePoint:
     storage: CheckpointStorage
     checkpoint_id: int
-    metadata: dict[str, Any]
+    metadata: CheckpointMetadata
 
 
 def run_job(
@@ -102,6 +104,13 @@ class JobManager:
         if restore_from is not None:  # first: a bad path must not leave anything behind
             st, n = CheckpointStorage.resolve(restore_from)
             self.initial_restore = RestorePoint(st, n, st.check(n))
+            check_compatible(  # before the first attempt: refuse another job's state
+                self.initial_restore.metadata,
+                plan.step_states(),
+                plan.name,
+                plan.max_parallelism,
+                config.allow_non_restored_state,
+            )
         self.owned_dirs: list[str] = []
         self.storage: CheckpointStorage | None = None
         if config.checkpointing:
@@ -160,8 +169,6 @@ class JobManager:
             self._remove_owned_dirs()
             raise
         self.endpoint = f"tcp://{host}:{port}"
-        self.tmp_root = tempfile.mkdtemp(prefix="absflow-job-")
-        self.owned_dirs.append(self.tmp_root)
         self.run_id = uuid.uuid4().hex[:8]
         started = time.monotonic()
         restore = self.initial_restore
@@ -256,9 +263,9 @@ class JobManager:
             attempt=attempt,
             config=config,
             checkpoint_root=self.storage.root if self.storage else None,
-            restore_dir=restore.storage.checkpoint_dir(restore.checkpoint_id) if restore else None,
+            restore_root=restore.storage.root if restore else None,
             restore_metadata=restore.metadata if restore else None,
-            tmp_root=self.tmp_root,
+            run_id=self.run_id,
             faults=tuple(f for f in self.task_faults if f.attempt == attempt),
         )
         tasks = {t.index: TaskInfo(t.task_id) for t in plan.tasks}

@@ -5,8 +5,10 @@ from runtime.dataflow import Dataflow, KeyedStream, Stream
 from runtime.errors import (
     AbsflowError,
     GraphError,
+    IncompatibleCheckpointError,
     InsufficientSlotsError,
     JobCancelledError,
+    RecordSerializationError,
     TaskFailedError,
     UnpicklableFunctionError,
 )
@@ -15,10 +17,12 @@ __all__ = [
     "AbsflowError",
     "Dataflow",
     "GraphError",
+    "IncompatibleCheckpointError",
     "InsufficientSlotsError",
     "JobCancelledError",
     "JobConfig",
     "KeyedStream",
+    "RecordSerializationError",
     "SnapshotMode",
     "Stream",
     "TaskFailedError",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from channels.errors import AbsflowError
+from channels.errors import AbsflowError, RecordSerializationError
+from statebackend.errors import IncompatibleCheckpointError
 
 
 class GraphError(AbsflowError, ValueError):
@@ -44,11 +45,27 @@ class JobCancelledError(AbsflowError, RuntimeError):
     """The job was cancelled (Ctrl-C or a cancel request)."""
 
 
+# -- inside a task process (never reach the user as such) -------------------------------
+class TaskCancelled(AbsflowError):
+    """The job manager told this task to stop (or went silent): end the task quietly."""
+
+
+class OperatorFailure(AbsflowError):
+    """A user function of step ``operator`` raised ``cause`` (reported to the job manager)."""
+
+    def __init__(self, operator: str, cause: BaseException) -> None:
+        super().__init__(f"{operator}: {type(cause).__name__}: {cause}")
+        self.operator = operator
+        self.cause = cause
+
+
 __all__ = [
     "AbsflowError",
     "GraphError",
+    "IncompatibleCheckpointError",
     "InsufficientSlotsError",
     "JobCancelledError",
+    "RecordSerializationError",
     "TaskFailedError",
     "UnpicklableFunctionError",
     "WorkerStartError",
