@@ -37,6 +37,7 @@ from jobmanager.result import JobResult, Restart
 from runtime.config import JobConfig, TaskEnvironment, TaskFault
 from runtime.errors import AbsflowError, JobCancelledError, TaskFailedError
 from runtime.plan import JobPlan
+from runtime.scratch import remove_run
 from statebackend.errors import StateError
 from statebackend.metadata import CheckpointMetadata
 from statebackend.restore import check_compatible
@@ -209,6 +210,7 @@ class JobManager:
             self.router.close(linger=0)
             self.zctx.term()
             self._remove_owned_dirs()
+            remove_run(self.run_id)  # scratch dirs of tasks killed on this host
 
     def _remove_owned_dirs(self) -> None:
         for d in self.owned_dirs:

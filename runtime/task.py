@@ -336,31 +336,35 @@ class Task:
         checkpointer.collect_writes(wait=True)
 
     def _input_loop(self) -> None:
+        while not self.checkpointer.completed_final:
+            self.turn()
+        self.checkpointer.collect_writes(wait=True)
+
+    def turn(self) -> None:
+        """One turn of the input loop: replay unblocked buffers, act on control messages,
+        read up to 64 frames (waiting up to ``buffer_timeout`` for input when idle),
+        flush old partial batches, heartbeat and collect finished state writes."""
         gate, inputs = self.io.gate, self.inputs
         if gate is None or inputs is None:
             raise BarrierProtocolError(f"task {self.spec.task_id} has no source and no inputs")
-        checkpointer, cfg, io = self.checkpointer, self.config, self.io
-        timeout_ms = max(1, int(cfg.buffer_timeout * 1000))
-        channels = self.channels
-        on_frame = inputs.on_frame
-        while not checkpointer.completed_final:
-            replaying = inputs.replaying
-            if replaying:
-                inputs.replay()
-            gate_ready, control_ready = io.wait(0 if replaying else timeout_ms)
-            if control_ready or self.control.has_messages():
-                self._serve_control()
-            if gate_ready:
-                for frame in gate.recv_frames(64):
-                    on_frame(frame)
-            elif not replaying:
-                for ch in channels:  # idle: send partial batches now
-                    ch.flush()
-            now = time.monotonic()
-            for ch in channels:
-                ch.flush_if_older(now, cfg.buffer_timeout)
-            self._housekeeping(now)
-        checkpointer.collect_writes(wait=True)
+        timeout = self.config.buffer_timeout
+        replaying = inputs.replaying
+        if replaying:
+            inputs.replay()
+        gate_ready, control_ready = self.io.wait(0 if replaying else max(1, int(timeout * 1000)))
+        if control_ready or self.control.has_messages():
+            self._serve_control()
+        if gate_ready:
+            on_frame = inputs.on_frame
+            for frame in gate.recv_frames(64):
+                on_frame(frame)
+        elif not replaying:
+            for ch in self.channels:  # idle: send partial batches now
+                ch.flush()
+        now = time.monotonic()
+        for ch in self.channels:
+            ch.flush_if_older(now, timeout)
+        self._housekeeping(now)
 
     def close(self, graceful: bool) -> None:
         """Close operators, sockets and temp files (not reached after SIGKILL); safe after
@@ -369,12 +373,12 @@ class Task:
         self.checkpointer.close()
         if self.inputs is not None:
             self.inputs.close()
+        self.scratch.close()  # before Closed: the job manager may end the process after it
         for ch in self.channels:
             ch.close(linger_ms=1000 if graceful else 0)
         t = self.identity
         self.control.send_quietly(P.Closed(t.index, t.attempt))
         self.control.close(linger_ms=2000 if graceful else 500)
-        self.scratch.close()
 
 
 def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
