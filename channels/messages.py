@@ -31,7 +31,7 @@ from typing import Any, Final
 import lz4.block
 import msgpack
 
-from channels.errors import AbsflowError
+from channels.errors import AbsflowError, RecordSerializationError
 
 HEADER: Final = struct.Struct("<IB")
 """(channel id u32, kind byte): the 5 bytes in front of every payload."""
@@ -51,10 +51,6 @@ _packb: Callable[..., bytes] = msgpack.packb
 _unpackb: Callable[..., Any] = msgpack.unpackb
 _lz4_compress: Callable[..., bytes] = lz4.block.compress
 _lz4_decompress: Callable[..., bytes] = lz4.block.decompress
-
-
-class RecordSerializationError(AbsflowError, TypeError):
-    """A record handed to a channel cannot be encoded as msgpack."""
 
 
 class MalformedFrameError(AbsflowError, ValueError):
@@ -85,25 +81,6 @@ class CancelBarrier:
 Event = Barrier | EndOfInput | CancelBarrier
 
 
-def _serialization_error(records: list[Any], err: Exception) -> RecordSerializationError:
-    """Find the first record msgpack rejects and build a message naming it."""
-    for index, record in enumerate(records):
-        try:
-            _packb(record, use_bin_type=True)
-        except (TypeError, OverflowError, ValueError) as record_err:
-            return RecordSerializationError(
-                f"record {index} of the batch has type {type(record).__name__!r} "
-                f"({record_err}): records crossing tasks must be msgpack types "
-                "(None, bool, int, float, str, bytes, list/tuple, dict; ints within "
-                "64 bits); convert it, e.g. a set to a sorted tuple or an object to "
-                "a dict, in the operator that emits it"
-            )
-    return RecordSerializationError(
-        f"batch of {len(records)} records cannot be encoded ({err}): records crossing "
-        "tasks must be msgpack types (None, bool, int, float, str, bytes, list/tuple, dict)"
-    )
-
-
 def encode_data(channel: int, records: list[Any], compress_min_bytes: int = 65536) -> bytes:
     """Encode a batch of records as one data frame.
 
@@ -117,7 +94,7 @@ def encode_data(channel: int, records: list[Any], compress_min_bytes: int = 6553
     try:
         payload: bytes = _packb(records, use_bin_type=True)
     except (TypeError, OverflowError, ValueError) as err:
-        raise _serialization_error(records, err) from err
+        raise RecordSerializationError.of_batch(records, err) from err
     if 0 < compress_min_bytes <= len(payload):
         return _header_pack(channel, KIND_DATA | FLAG_LZ4) + _lz4_compress(payload, store_size=True)
     return _header_pack(channel, KIND_DATA) + payload

@@ -1,8 +1,8 @@
 """Command line of the job manager: ``python -m jobmanager checkpoints DIR [--show N]``.
 
-Reads a checkpoint root (``statebackend.storage`` layout) without changing it:
-lists its checkpoints, or prints one checkpoint's metadata and verifies its state
-files. Exit codes: 0 fine, 1 the shown checkpoint is corrupt, 2 usage error (no
+Reads a checkpoint root through ``statebackend.storage.CheckpointStorage`` without
+changing it: lists its checkpoints, or prints one checkpoint's metadata and verifies
+its state files. Exit codes: 0 fine, 1 the shown checkpoint is corrupt, 2 usage error (no
 such directory, no such checkpoint).
 """
 
@@ -16,10 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from statebackend.errors import CheckpointNotFoundError, CorruptCheckpointError
-from statebackend.storage import METADATA, CheckpointStorage
-
-_CHK = re.compile(r"chk-(\d+)")
+from statebackend.metadata import CheckpointMetadata, TaskStateHandle
+from statebackend.storage import METADATA, CheckpointInfo, CheckpointStatus, CheckpointStorage
 
 SUMMARY_METRICS = (
     "duration_ms",
@@ -89,62 +87,39 @@ def _time(ts: Any) -> str:
 
 # -- reading -------------------------------------------------------------------------------
 def _open_root(directory: str) -> CheckpointStorage:
-    if not os.path.isdir(directory):
+    storage = CheckpointStorage(directory)  # no I/O: inspecting must not create the root
+    if not storage.exists():
         what = "is not a directory" if os.path.exists(directory) else "does not exist"
         raise UsageError(f"checkpoint root {directory!r} {what}")
-    return CheckpointStorage(directory)  # exists: the constructor creates nothing
-
-
-def checkpoint_ids(directory: str) -> list[int]:
-    """Ids of the ``chk-<n>`` directories, ascending (complete or not)."""
-    ids = [
-        int(m.group(1))
-        for name in os.listdir(directory)
-        if (m := _CHK.fullmatch(name)) and os.path.isdir(os.path.join(directory, name))
-    ]
-    return sorted(ids)
-
-
-def _status(storage: CheckpointStorage, n: int) -> tuple[str, dict[str, Any] | None]:
-    """("completed" | "incomplete" | "corrupt", metadata if readable)."""
-    try:
-        return "completed", storage.check(n)
-    except CheckpointNotFoundError:
-        return "incomplete", None
-    except CorruptCheckpointError:
-        try:
-            return "corrupt", storage.read_metadata(n)
-        except (CheckpointNotFoundError, CorruptCheckpointError):
-            return "corrupt", None
+    return storage
 
 
 # -- commands ------------------------------------------------------------------------------
+def _row(info: CheckpointInfo) -> list[Any]:
+    meta = info.metadata
+    if meta is None:
+        return [info.checkpoint_id, info.status.value, *([None] * 8)]
+    metrics = meta.metrics
+    return [
+        info.checkpoint_id,
+        info.status.value,
+        meta.final,
+        meta.attempt,
+        _time(meta.trigger_time),
+        meta.duration_ms,
+        metrics.get("state_bytes"),
+        metrics.get("tasks", len(meta.task_metrics)),
+        metrics.get("max_alignment_ms"),
+        metrics.get("spilled_bytes"),
+    ]
+
+
 def list_checkpoints(directory: str, out: TextIO) -> int:
     storage = _open_root(directory)
-    ids = checkpoint_ids(storage.root)
-    if not ids:
+    listed = storage.list()
+    if not listed:
         out.write(f"no checkpoints in {storage.root}\n")
         return 0
-    rows = []
-    for n in ids:
-        status, meta = _status(storage, n)
-        meta = meta or {}
-        metrics = meta.get("metrics", {})
-        tasks = metrics.get("tasks", len(meta.get("task_metrics", {})) if meta else None)
-        rows.append(
-            [
-                n,
-                status,
-                meta.get("final") if meta else None,
-                meta.get("attempt"),
-                _time(meta.get("trigger_time")),
-                meta.get("duration_ms", metrics.get("duration_ms")),
-                metrics.get("state_bytes"),
-                tasks,
-                metrics.get("max_alignment_ms"),
-                metrics.get("spilled_bytes"),
-            ]
-        )
     out.write(f"checkpoints in {storage.root}\n")
     out.write(
         table(
@@ -160,86 +135,66 @@ def list_checkpoints(directory: str, out: TextIO) -> int:
                 "max_align_ms",
                 "spilled_bytes",
             ],
-            rows,
+            [_row(info) for info in listed],
         )
         + "\n"
     )
     return 0
 
 
-def _operators(info: Any) -> str:
-    ops = info.get("operators") if isinstance(info, dict) else None
-    if isinstance(ops, dict):
-        parts = []
-        for name, layout in ops.items():
-            kgs = layout.get("key_groups") if isinstance(layout, dict) else None
-            parts.append(f"{name} (key groups {kgs[0]}..{kgs[1] - 1})" if kgs else name)
-        return ", ".join(parts)
-    return "-" if ops is None else str(ops)
+def _operators(handle: TaskStateHandle) -> str:
+    parts = []
+    for name, layout in handle.operators.items():
+        kgs = layout.key_groups
+        parts.append(f"{name} (key groups {kgs[0]}..{kgs[1] - 1})" if kgs else name)
+    return ", ".join(parts) or "-"
+
+
+def _print_metadata(meta: CheckpointMetadata, path: str, out: TextIO) -> None:
+    out.write(f"checkpoint {meta.checkpoint_id} of job {meta.job!r} in {path}\n")
+    out.write(
+        f"  attempt {_cell(meta.attempt)}, final {_cell(meta.final)}, "
+        f"max parallelism {_cell(meta.max_parallelism)}\n"
+    )
+    out.write(f"  triggered {_time(meta.trigger_time)}, completed {_time(meta.completed_time)}\n\n")
+    out.write("summary\n")
+    width = max(len(k) for k in SUMMARY_METRICS)
+    for key in SUMMARY_METRICS:
+        value = meta.metrics.get(key)
+        out.write(f"  {key.ljust(width)}  {'-' if value is None else value}\n")
+
+    out.write(f"\ntasks ({len(meta.task_metrics)})\n")
+    rows = [[task, *(m.get(k) for k in TASK_METRICS)] for task, m in meta.task_metrics.items()]
+    out.write(table(["task", *TASK_METRICS], rows) + "\n")
+
+    out.write(f"\nstate files ({len(meta.tasks)})\n")
+    files = [
+        [task, h.file, h.size, f"{h.crc32:#010x}", _operators(h)] for task, h in meta.tasks.items()
+    ]
+    out.write(table(["task", "file", "size", "crc32", "operators"], files) + "\n\n")
 
 
 def show_checkpoint(directory: str, n: int, out: TextIO, err: TextIO) -> int:
     storage = _open_root(directory)
-    path = os.path.join(storage.root, f"chk-{n}")
-    if not os.path.isdir(path):
-        known = ", ".join(map(str, checkpoint_ids(storage.root))) or "none"
+    ids = storage.checkpoint_ids()
+    if n not in ids:
+        known = ", ".join(map(str, ids)) or "none"
         raise UsageError(f"no checkpoint {n} in {storage.root} (checkpoints: {known})")
-    if not os.path.isfile(os.path.join(path, METADATA)):
+    info = storage.status(n)
+    if info.status is CheckpointStatus.INCOMPLETE:
         raise UsageError(
             f"checkpoint {n} in {storage.root} is incomplete: it has no {METADATA} "
             "(in progress, or aborted)"
         )
-    try:
-        meta = storage.read_metadata(n)
-    except CorruptCheckpointError as error:
-        err.write(f"checkpoint {n} is CORRUPT: {error}\n")
+    if info.metadata is None:
+        err.write(f"checkpoint {n} is CORRUPT: {info.problem}\n")
         return 1
-
-    out.write(f"checkpoint {n} of job {meta.get('job', '?')!r} in {path}\n")
-    out.write(
-        f"  attempt {_cell(meta.get('attempt'))}, final {_cell(meta.get('final'))}, "
-        f"max parallelism {_cell(meta.get('max_parallelism'))}\n"
-    )
-    out.write(
-        f"  triggered {_time(meta.get('trigger_time'))}, "
-        f"completed {_time(meta.get('completed_time'))}\n\n"
-    )
-
-    metrics = meta.get("metrics", {})
-    out.write("summary\n")
-    width = max(len(k) for k in SUMMARY_METRICS)
-    for key in SUMMARY_METRICS:
-        value = metrics.get(key)
-        out.write(f"  {key.ljust(width)}  {'-' if value is None else value}\n")
-
-    task_metrics: dict[str, Any] = meta.get("task_metrics", {})
-    out.write(f"\ntasks ({len(task_metrics)})\n")
-    rows = [[task, *(m.get(k) for k in TASK_METRICS)] for task, m in task_metrics.items()]
-    out.write(table(["task", *TASK_METRICS], rows) + "\n")
-
-    files: dict[str, Any] = meta.get("tasks", {})
-    out.write(f"\nstate files ({len(files)})\n")
-    rows = [
-        [
-            task,
-            info.get("file"),
-            info.get("size"),
-            f"{info.get('crc32', 0):#010x}",
-            _operators(info),
-        ]
-        for task, info in files.items()
-        if isinstance(info, dict)
-    ]
-    out.write(table(["task", "file", "size", "crc32", "operators"], rows) + "\n\n")
-
-    try:
-        storage.check(n)
-    except (CheckpointNotFoundError, CorruptCheckpointError) as error:
-        out.write(f"verification: CORRUPT: {error}\n")
+    _print_metadata(info.metadata, storage.location(n), out)
+    if info.status is CheckpointStatus.CORRUPT:
+        out.write(f"verification: CORRUPT: {info.problem}\n")
         return 1
-    count = (
-        "1 state file matches its" if len(files) == 1 else f"{len(files)} state files match their"
-    )
+    files = len(info.metadata.tasks)
+    count = "1 state file matches its" if files == 1 else f"{files} state files match their"
     out.write(f"verification: OK ({count} recorded size and checksums)\n")
     return 0
 

@@ -16,7 +16,8 @@ from typing import Any
 from channels import control as P
 from channels.control import CheckpointFailureReason
 from runtime.config import JobConfig
-from runtime.plan import JobPlan
+from runtime.plan import JobPlan, step_state
+from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.coordinator")
@@ -161,32 +162,33 @@ class CheckpointCoordinator:
         del self.pending[cp.checkpoint_id]
         done = self.clock()
         duration_ms = (done - cp.trigger_mono) * 1000
-        tasks: dict[str, Any] = {}
+        tasks: dict[str, TaskStateHandle] = {}
         per_task: dict[str, Any] = {}
         for index, ack in sorted(cp.acks.items()):
             task_id = self.plan.tasks[index].task_id
             per_task[task_id] = ack.metrics
             if ack.state is not None:
-                tasks[task_id] = dict(ack.state)
+                tasks[task_id] = TaskStateHandle.decode(ack.state)
         metrics = summarize(per_task)
         metrics["duration_ms"] = round(duration_ms, 3)
         path = None
         if self.storage is not None:
-            metadata = {
-                "checkpoint_id": cp.checkpoint_id,
-                "job": self.plan.name,
-                "attempt": self.attempt,
-                "final": cp.final,
-                "trigger_time": cp.trigger_time,
-                "completed_time": time.time(),
-                "duration_ms": round(duration_ms, 3),
-                "max_parallelism": self.plan.max_parallelism,
-                "tasks": tasks,
-                "task_metrics": per_task,
-                "metrics": metrics,
-            }
+            metadata = CheckpointMetadata(
+                checkpoint_id=cp.checkpoint_id,
+                job=self.plan.name,
+                attempt=self.attempt,
+                final=cp.final,
+                trigger_time=cp.trigger_time,
+                completed_time=time.time(),
+                duration_ms=round(duration_ms, 3),
+                max_parallelism=self.plan.max_parallelism,
+                tasks=tasks,
+                task_metrics=per_task,
+                metrics=metrics,
+                steps=self._steps_with_state(tasks),
+            )
             try:
-                path = self.storage.write_metadata(cp.checkpoint_id, metadata)
+                path = self.storage.write_metadata(metadata)
             except (
                 OSError
             ) as err:  # e.g. a full disk: a failed checkpoint, tolerable like any other
@@ -215,6 +217,13 @@ class CheckpointCoordinator:
         if self.on_complete is not None:
             self.on_complete(completed)
         return completed
+
+    def _steps_with_state(self, tasks: dict[str, TaskStateHandle]) -> tuple[StepState, ...]:
+        """The plan's steps whose state the state files hold, by name."""
+        held = {name for handle in tasks.values() for name in handle.operators}
+        return tuple(
+            sorted((step_state(s) for s in self.plan.steps if s.name in held), key=lambda s: s.name)
+        )
 
     # -- aborting -------------------------------------------------------------------------
     def abort(

@@ -42,7 +42,10 @@ from runtime.errors import (
     TaskFailedError,
 )
 from runtime.plan import JobPlan
+from runtime.scratch import remove_run
 from statebackend.errors import StateError
+from statebackend.metadata import CheckpointMetadata
+from statebackend.restore import check_compatible
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.jobmanager")
@@ -52,7 +55,7 @@ log = logging.getLogger("absflow.jobmanager")
 class RestorePoint:
     storage: CheckpointStorage
     checkpoint_id: int
-    metadata: dict[str, Any]
+    metadata: CheckpointMetadata
 
 
 def run_job(
@@ -82,6 +85,13 @@ class JobManager:
         if restore_from is not None:  # first: a bad path must not leave anything behind
             st, n = CheckpointStorage.resolve(restore_from)
             self.initial_restore = RestorePoint(st, n, st.check(n))
+            check_compatible(  # before the first attempt: refuse another job's state
+                self.initial_restore.metadata,
+                plan.step_states(),
+                plan.name,
+                plan.max_parallelism,
+                config.allow_non_restored_state,
+            )
         self.owned_dirs: list[str] = []
         self.storage: CheckpointStorage | None = None
         if config.checkpointing:
@@ -140,8 +150,6 @@ class JobManager:
             raise
         self.endpoint = f"tcp://{host}:{port}"
         try:
-            self.tmp_root = tempfile.mkdtemp(prefix="absflow-job-")
-            self.owned_dirs.append(self.tmp_root)
             self.run_id = uuid.uuid4().hex[:8]
             self.services = RunServices(
                 link=RouterLink(self.router),
@@ -160,6 +168,7 @@ class JobManager:
                 self.router.close(linger=0)
                 self.zctx.term()
                 self._remove_owned_dirs()
+                remove_run(self.run_id)  # scratch dirs of tasks killed on this host
 
     def _attempts(self, spark: Any, started: float) -> JobResult:
         """The attempt loop across restarts."""
@@ -277,9 +286,9 @@ class JobManager:
             attempt=attempt,
             config=config,
             checkpoint_root=self.storage.root if self.storage else None,
-            restore_dir=restore.storage.checkpoint_dir(restore.checkpoint_id) if restore else None,
+            restore_root=restore.storage.root if restore else None,
             restore_metadata=restore.metadata if restore else None,
-            tmp_root=self.tmp_root,
+            run_id=self.run_id,
             faults=tuple(f for f in self.task_faults if f.attempt == attempt),
         )
         run = Attempt(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import GraphError
+from statebackend.metadata import CheckpointMetadata
 
 
 class SnapshotMode(enum.Enum):
@@ -21,6 +22,8 @@ class JobConfig:
 
     Checkpointing is on when ``checkpoint_interval`` (seconds) is set. Without a
     ``checkpoint_dir`` a temporary directory is used and removed after the run.
+    ``allow_non_restored_state``: ``run(restore_from=...)`` drops (with a warning) the
+    state of checkpointed steps the job no longer has, instead of refusing the checkpoint.
     """
 
     checkpoint_interval: float | None = None
@@ -45,6 +48,7 @@ class JobConfig:
     local_master: str | None = None  # embedded SparkSession master (default local[n])
     executor_wait: float = 60.0  # on a cluster: how long to wait for executors to register
     timeout: float | None = None  # give up (cancel) after this many seconds
+    allow_non_restored_state: bool = False  # restore_from may drop state of removed steps
 
     def __post_init__(self) -> None:
         if isinstance(self.snapshot_mode, str):
@@ -95,13 +99,13 @@ class TaskFault:
 
 @dataclass(frozen=True)
 class TaskEnvironment:
-    """What the job manager hands every task of one attempt."""
+    """What the job manager hands every task of one attempt (pickled to the executors)."""
 
     jm_endpoint: str
     attempt: int
     config: JobConfig
-    checkpoint_root: str | None  # where tasks write state files; None: no storage
-    restore_dir: str | None  # chk-<n> directory to restore from
-    restore_metadata: dict[str, Any] | None
-    tmp_root: str | None  # task temp dirs go here (the driver removes it) or the system temp
+    checkpoint_root: str | None  # CheckpointStorage root (path or URL) for state; None: none
+    restore_root: str | None  # CheckpointStorage root holding the checkpoint to restore
+    restore_metadata: CheckpointMetadata | None  # that checkpoint's (verified) metadata
+    run_id: str = "run"  # names the tasks' temp dirs (stale ones of a run are removed)
     faults: tuple[TaskFault, ...] = ()

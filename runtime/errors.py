@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from channels.errors import AbsflowError
+from channels.errors import AbsflowError, RecordSerializationError
+from statebackend.errors import IncompatibleCheckpointError
 
 
 class GraphError(AbsflowError, ValueError):
@@ -52,13 +53,29 @@ class FaultInjectionError(AbsflowError, RuntimeError):
     """A fault injection cannot be carried out (e.g. a kill of a task on another host)."""
 
 
+# -- inside a task process (never reach the user as such) -------------------------------
+class TaskCancelled(AbsflowError):
+    """The job manager told this task to stop (or went silent): end the task quietly."""
+
+
+class OperatorFailure(AbsflowError):
+    """A user function of step ``operator`` raised ``cause`` (reported to the job manager)."""
+
+    def __init__(self, operator: str, cause: BaseException) -> None:
+        super().__init__(f"{operator}: {type(cause).__name__}: {cause}")
+        self.operator = operator
+        self.cause = cause
+
+
 __all__ = [
     "AbsflowError",
     "CheckpointStorageError",
     "FaultInjectionError",
     "GraphError",
+    "IncompatibleCheckpointError",
     "InsufficientSlotsError",
     "JobCancelledError",
+    "RecordSerializationError",
     "TaskFailedError",
     "UnpicklableFunctionError",
     "WorkerStartError",

@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.graph import EdgeKind, LogicalGraph, Partitioning, Step, StepKind
+from statebackend.metadata import StepState
+
+
+def step_state(step: Step) -> StepState:
+    """``step`` as checkpoints record it (name, kind, parallelism, keyed)."""
+    return StepState(step.name, step.kind.value, step.parallelism, step.kind.keyed)
 
 
 @dataclass(slots=True)
@@ -83,6 +89,10 @@ class JobPlan:
 
     def chain_steps(self, task: TaskSpec) -> list[Step]:
         return [self.steps[s] for s in self.chains[task.chain].step_ids]
+
+    def step_states(self) -> tuple[StepState, ...]:
+        """Every step as a checkpoint restore is checked against."""
+        return tuple(step_state(s) for s in self.steps)
 
     def task_by_id(self, task_id: str) -> TaskSpec:
         for t in self.tasks:

@@ -19,6 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
+from channels.errors import RecordSerializationError
+
 
 @dataclass
 class SinkContext:
@@ -29,6 +33,7 @@ class SinkContext:
     parallelism: int
     attempt: int
     send_to_driver: Callable[[int, list[Any]], None]  # (checkpoint id, records)
+    producer: str = ""  # the step whose records this sink receives (named in errors)
 
 
 class Sink:
@@ -113,6 +118,9 @@ class CollectSink(TwoPhaseCommitSink):
 
     Committed batches go to the driver tagged (step, subtask, checkpoint id); the
     driver keeps the first copy of each, so re-commits after a restore are dropped.
+    Records cross to the driver as msgpack: a transaction is packed when it is sealed
+    (pre-commit), so a record that cannot cross fails there, naming the step that
+    produced it (a RecordSerializationError: restarting cannot help).
     """
 
     def begin_transaction(self) -> list[Any]:
@@ -121,11 +129,23 @@ class CollectSink(TwoPhaseCommitSink):
     def write_to_transaction(self, txn: list[Any], records: list[Any]) -> None:
         txn.extend(records)
 
-    def pre_commit(self, txn: list[Any], checkpoint_id: int) -> list[Any]:
-        return txn
+    def pre_commit(self, txn: list[Any], checkpoint_id: int) -> bytes:
+        try:
+            packed: bytes = msgpack.packb(txn, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as err:
+            raise RecordSerializationError.of_batch(
+                txn, err, step=self.ctx.producer or self.ctx.step_name
+            ) from err
+        return packed
 
-    def commit(self, checkpoint_id: int, handle: list[Any]) -> None:
-        self.ctx.send_to_driver(checkpoint_id, list(handle))
+    def commit(self, checkpoint_id: int, handle: Any) -> None:
+        # A handle is the packed transaction (or, from older checkpoints, the records).
+        records = (
+            msgpack.unpackb(handle, raw=False, strict_map_key=False, use_list=False)
+            if isinstance(handle, bytes)
+            else handle
+        )
+        self.ctx.send_to_driver(checkpoint_id, list(records))
 
 
 class FileSink(TwoPhaseCommitSink):

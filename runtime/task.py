@@ -1,15 +1,25 @@
 """The task: one chain of operators in one long-lived process, and its loop.
 
-A task reads batches from its input gate (one PULL socket shared by all its
-input channels), pushes each batch through its chain, and writes the result to
-its output channels. Barriers, end-of-input and cancel markers arrive in band;
-the barrier handler (``runtime.barriers``) decides when to block a channel and
-when to snapshot. Control messages (trigger, complete, abort, cancel) arrive on
-a DEALER socket from the job manager.
+A task reads batches from its input gate (one PULL socket shared by all its input
+channels), pushes each batch through its chain, and writes the result to its output
+channels. Barriers, end-of-input and cancel markers arrive in band; the barrier
+handler (``runtime.barriers``) decides when to block a channel and when to snapshot.
+Control messages (trigger, complete, abort, cancel) arrive from the job manager.
 
-Threading: everything here runs on the task-loop thread, except the
-asynchronous part of a snapshot (compress + write + fsync), which runs in one
-background thread and touches only the immutable snapshot blobs.
+`Task` owns and wires the objects that do the work:
+
+* `OperatorChain` (``runtime.chain``) — the operators, the per-batch path;
+* `BlockedChannels` (``runtime.inputs``) — buffers and replays blocked channels;
+* a barrier handler — `BarrierAligner` or `BarrierTracker`, the one source of truth
+  of which channels are blocked;
+* `TaskCheckpointer` (``runtime.checkpointer``) — capture, forward, write, ack;
+* `ControlClient` (``runtime.control_client``) — the job manager's socket, heartbeats;
+* `TaskFaults` (``runtime.task_faults``), `ScratchDir` (``runtime.scratch``);
+* `TaskIO` (``runtime.task_io``) — sockets and the wait, fakes in unit tests.
+
+Lifecycle: construct (no I/O) -> ``open()`` (temp dir, sockets, operators, restore)
+-> ``run()`` -> ``close(graceful)``. Threading: everything runs on the task-loop
+thread, except the asynchronous part of a snapshot (the checkpointer's writer thread).
 """
 
 from __future__ import annotations
@@ -17,89 +27,43 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
-import signal
 import socket
-import tempfile
 import time
 import traceback
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import msgpack
 import zmq
 
 from channels import control as P
-from channels.messages import (
-    HEADER,
-    KIND_BARRIER,
-    KIND_CANCEL,
-    KIND_DATA,
-    KIND_END_OF_INPUT,
-    Barrier,
-    CancelBarrier,
-    EndOfInput,
-    decode_event,
-    decode_records,
-)
+from channels.control import CheckpointFailureReason
+from channels.messages import KIND_DATA, Barrier, CancelBarrier, decode_event, decode_records
 from channels.partitioners import (
     BroadcastPartitioner,
     ForwardPartitioner,
     HashPartitioner,
+    Partitioner,
     RebalancePartitioner,
 )
-from channels.zmq_io import InputGate, OutputChannel
-from runtime.barriers import BarrierAligner, BarrierTracker
+from channels.zmq_io import InputGate
+from runtime.barriers import BarrierAligner, BarrierHandler, BarrierProtocolError, BarrierTracker
+from runtime.chain import OperatorChain
+from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import SnapshotMode, TaskEnvironment
-from runtime.graph import Partitioning, StepKind
-from runtime.operators import Operator, build_operator
-from runtime.plan import JobPlan, TaskSpec
-from runtime.sinks import SinkContext
-from statebackend.snapshot import (
-    OperatorSnapshot,
-    read_keyed_state,
-    read_operator_state,
-    write_task_snapshot,
-)
-from statebackend.spill import SpillBuffer
+from runtime.control_client import ControlClient
+from runtime.errors import GraphError, OperatorFailure, RecordSerializationError, TaskCancelled
+from runtime.graph import Partitioning
+from runtime.inputs import BlockedChannels
+from runtime.plan import JobPlan, OutputSpec, TaskSpec
+from runtime.scratch import ScratchDir
+from runtime.sources import SourceReader
+from runtime.task_faults import TaskFaults
+from runtime.task_io import Output, TaskIO, ZmqTaskIO
+from statebackend.restore import plan_restore
+from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.task")
 
-_HEADER_UNPACK = HEADER.unpack_from
-_KIND_MASK = 0x0F
-
-
-class TaskCancelled(Exception):
-    """The job manager told this task to stop (or went silent)."""
-
-
-class OperatorFailure(Exception):
-    """A user function raised; carries the operator name."""
-
-    def __init__(self, operator: str, cause: BaseException) -> None:
-        super().__init__(f"{operator}: {type(cause).__name__}: {cause}")
-        self.operator = operator
-        self.cause = cause
-
-
-class _RaiseAtRecord(Operator):
-    """Fault injection: raises once the wrapped operator has seen ``record`` records."""
-
-    def __init__(self, inner: Operator, record: int) -> None:
-        super().__init__(inner.step)
-        self.inner, self.limit, self.seen = inner, record, 0
-        self.keyed_state = inner.keyed_state
-
-    def process(self, batch: list[Any]) -> list[Any]:
-        if self.seen + len(batch) >= self.limit:
-            raise RuntimeError(f"injected failure at record {self.limit} of '{self.name}'")
-        self.seen += len(batch)
-        return self.inner.process(batch)
-
-    def __getattr__(self, item: str) -> Any:
-        return getattr(self.inner, item)
+__all__ = ["OperatorFailure", "Task", "TaskCancelled", "run_barrier_task"]
 
 
 def _rss_bytes() -> int:
@@ -114,279 +78,163 @@ class Task:
     """Runs one subtask of one chain until the job ends or the task is cancelled."""
 
     def __init__(
-        self,
-        plan: JobPlan,
-        spec: TaskSpec,
-        env: TaskEnvironment,
-        zctx: zmq.Context[Any],
-        gate: InputGate | None,
-        endpoints: dict[int, str],
-        host: str,
+        self, plan: JobPlan, spec: TaskSpec, env: TaskEnvironment, io: TaskIO, host: str
     ) -> None:
-        self.plan, self.spec, self.env = plan, spec, env
-        self.config = env.config
-        self.zctx, self.gate = zctx, gate
-        self.index, self.attempt, self.task_id = spec.index, env.attempt, spec.task_id
-        steps = plan.chain_steps(spec)
-        self.is_source = steps[0].kind is StepKind.SOURCE
-        self.tmpdir = tempfile.mkdtemp(prefix=f"absflow-{spec.index}-", dir=env.tmp_root)
+        self.plan, self.spec, self.env, self.io, self.host = plan, spec, env, io, host
+        self.config = cfg = env.config
+        self.identity = TaskIdentity(spec.index, env.attempt, spec.task_id)
+        self.faults = TaskFaults(env.faults, spec.index, env.attempt)
+        self.scratch = ScratchDir(env.run_id, env.attempt, spec.index)
+        self.control = ControlClient(
+            io.control_socket, cfg.heartbeat_interval, cfg.heartbeat_timeout
+        )
+        self.chain = OperatorChain(plan, spec, env.attempt, self._send_sink_output, self.faults)
+        self.storage = CheckpointStorage(env.checkpoint_root) if env.checkpoint_root else None
+        self.outputs: list[tuple[Partitioner, list[Output]]] = []
+        self.channels: list[Output] = []  # every output channel, filled by open()
 
-        self.control = zctx.socket(zmq.DEALER)
-        self.control.setsockopt(zmq.LINGER, 2000)
-        self.control.setsockopt(zmq.IDENTITY, f"{spec.index}:{env.attempt}".encode())
-        self.control.connect(env.jm_endpoint)
-        self.queued_control: deque[P.Message] = deque()
-        self.last_jm_contact = time.monotonic()
-
-        cfg = self.config
-        self.outputs: list[tuple[Any, list[OutputChannel]]] = []
-        self.all_channels: list[OutputChannel] = []
-        for out in spec.outputs:
-            chans = []
-            for ch in out.channels:
-                target = plan.channels[ch].target_task
-                oc = OutputChannel(
-                    zctx,
-                    endpoints[target],
-                    ch,
-                    batch_size=cfg.batch_size,
-                    sndhwm=cfg.channel_hwm,
-                    compress_min_bytes=cfg.compress_min_bytes,
-                    on_backpressure=self._on_backpressure,
-                )
-                chans.append(oc)
-                self.all_channels.append(oc)
-            self.outputs.append(
-                (self._partitioner(out.partitioning, out.key_fn, len(chans)), chans)
+        self._handler: BarrierHandler | None = None
+        self.inputs = (
+            BlockedChannels(
+                self._dispatch,
+                self._blocked_channels,
+                lambda: self.scratch.path,
+                cfg.spill_threshold,
             )
-
-        # Operators of the chain (a source step is read by the loop, not an operator).
-        self.reader = (
-            steps[0].fn.create_reader(spec.subtask, steps[0].parallelism)
-            if self.is_source
+            if spec.inputs
             else None
         )
-        self.source_step = steps[0] if self.is_source else None
-        self.operators: list[Operator] = []
-        for step in steps[1:] if self.is_source else steps:
-            ctx = None
-            if step.kind is StepKind.SINK:
-                ctx = SinkContext(
-                    step.name,
-                    spec.subtask,
-                    step.parallelism,
-                    env.attempt,
-                    self._sink_sender(step.name),
-                )
-            op = build_operator(step, spec.subtask, plan.max_parallelism, ctx)
-            for fault in env.faults:
-                if (
-                    fault.kind == "raise_at_record"
-                    and fault.operator == step.name
-                    and fault.task_index == spec.index
-                    and fault.attempt == env.attempt
-                ):
-                    op = _RaiseAtRecord(op, fault.record or 0)
-            self.operators.append(op)
-        self.processes: list[Callable[[list[Any]], list[Any]]] = [
-            op.process for op in self.operators
-        ]
-        tail = steps[-1]
-        self.sink_position = len(self.operators) - 1 if tail.kind is StepKind.SINK else -1
-
-        # Barrier handling.
-        mode = cfg.snapshot_mode
-        handler_cls = BarrierAligner if mode is SnapshotMode.EXACTLY_ONCE else BarrierTracker
-        self.barriers = handler_cls(spec.inputs, self) if spec.inputs else None
-        self.buffers: dict[int, SpillBuffer] = {}  # blocked or still replaying channels
-        self.blocked: set[int] = set()
-        self.first_barrier_at: dict[int, float] = {}
-
-        # Checkpoint bookkeeping.
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="absflow-snapshot")
-        self.pending_writes: list[tuple[int, Future[Any], dict[str, Any]]] = []
-        self.final_checkpoint: int | None = None
-        self.completed_final = False
-        self.inputs_ended = False
-        self.source_ended = False
+        self.checkpointer = TaskCheckpointer(
+            self.identity,
+            self.chain,
+            self.channels,
+            self.storage,
+            self.control.send,
+            self.inputs,
+            self.faults,
+            counts=lambda: (self.records_in, self.chain.records_out),
+        )
+        if spec.inputs:
+            handler_cls = (
+                BarrierAligner if cfg.snapshot_mode is SnapshotMode.EXACTLY_ONCE else BarrierTracker
+            )
+            self._handler = handler_cls(spec.inputs, self.checkpointer)
 
         # Metrics.
         self.records_in = 0
-        self.records_out = 0
         self.first_record_at = 0.0
-        self.peak_rss = _rss_bytes()
-        self.next_heartbeat = 0.0
-        self.spilled_total = 0
+        self.peak_rss = 0
 
-        self._send(
+    # -- set-up ------------------------------------------------------------------------
+    def open(self) -> None:
+        """Create the temp dir, connect the sockets, open the operators, register with the
+        job manager and restore. A checkpoint that does not fit is reported as fatal."""
+        self.peak_rss = _rss_bytes()
+        self.scratch.open()
+        self.control.open()
+        for out in self.spec.outputs:
+            chans = [
+                self.io.output(ch, self.plan.channels[ch].target_task, self._on_backpressure)
+                for ch in out.channels
+            ]
+            self.channels.extend(chans)
+            self.outputs.append((self._partitioner(out, len(chans)), chans))
+        self.chain.open()
+        self.checkpointer.start()
+        gate = self.io.gate
+        spec, env = self.spec, self.env
+        self.control.send(
             P.Register(
                 spec.index,
                 env.attempt,
                 spec.task_id,
                 os.getpid(),
-                host,
+                self.host,
                 gate.endpoint if gate else "",
             )
         )
-        try:
-            restored = self._restore() if env.restore_dir is not None else {}
-        except Exception as err:  # the checkpoint does not fit: restarting cannot help
-            self._report_failure(self.task_id, err, fatal=True)
-            raise TaskCancelled(f"restoring {env.restore_dir} failed: {err}") from err
-        for op in self.operators:
-            if op.step.kind is StepKind.SINK or restored.get(op.name) is not None:
-                op.restore_state(restored.get(op.name))
+        states: dict[str, Any] = {}
+        if env.restore_metadata is not None and env.restore_root is not None:
+            try:
+                plan = plan_restore(
+                    env.restore_metadata, spec.subtask, self.chain.restore_targets()
+                )
+                states = self.chain.restore_state(plan, CheckpointStorage(env.restore_root))
+            except Exception as err:  # the checkpoint does not fit: restarting cannot help
+                self._report_failure(spec.task_id, err, fatal=True)
+                where = f"checkpoint {env.restore_metadata.checkpoint_id} in {env.restore_root}"
+                raise TaskCancelled(f"restoring {where} failed: {err}") from err
+        self.chain.apply_operator_states(states)
 
-    # -- set-up ------------------------------------------------------------------------
-    def _partitioner(self, partitioning: Partitioning, key_fn: Any, n: int) -> Any:
-        if partitioning is Partitioning.FORWARD:
+    def _partitioner(self, out: OutputSpec, n: int) -> Partitioner:
+        if out.partitioning is Partitioning.FORWARD:
             return ForwardPartitioner(0)
-        if partitioning is Partitioning.HASH:
-            return HashPartitioner(key_fn, n, self.plan.max_parallelism)
-        if partitioning is Partitioning.REBALANCE:
+        if out.partitioning is Partitioning.HASH:
+            if out.key_fn is None:
+                raise GraphError(f"task {self.spec.task_id}: a hash output has no key function")
+            return HashPartitioner(out.key_fn, n, self.plan.max_parallelism)
+        if out.partitioning is Partitioning.REBALANCE:
             return RebalancePartitioner(n, start=self.spec.subtask % n)
         return BroadcastPartitioner(n)
 
-    def _restore(self) -> dict[str, Any]:
-        """Seek the source, load keyed state; return the operators' own states by name."""
-        meta = self.env.restore_metadata or {}
-        root = self.env.restore_dir
-        assert root is not None
-        files = meta.get("tasks", {})
-        subtask = self.spec.subtask
-
-        def files_with(op_name: str) -> list[tuple[str, dict[str, Any]]]:
-            found = []
-            for info in files.values():
-                op = info.get("operators", {}).get(op_name)
-                if op is not None:
-                    found.append((os.path.join(root, info["file"]), op))
-            return found
-
-        def operator_state(name: str, parallelism: int) -> Any:
-            for path, op in files_with(name):
-                if op["subtask"] == subtask:
-                    blob = read_operator_state(path, name)
-                    if blob is None:
-                        return None
-                    if op["parallelism"] != parallelism:
-                        raise RuntimeError(
-                            f"cannot restore '{name}' at parallelism {parallelism}: the checkpoint "
-                            f"has it at parallelism {op['parallelism']} and its state is not keyed; "
-                            f"run '{name}' with parallelism {op['parallelism']}"
-                        )
-                    # as on the channels: sequences come back as tuples
-                    return msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=False)
-            return None
-
-        if self.reader is not None and self.source_step is not None:
-            state = operator_state(self.source_step.name, self.source_step.parallelism)
-            if state is not None:
-                self.reader.restore(state)
-        states: dict[str, Any] = {}
-        for op in self.operators:
-            states[op.name] = operator_state(op.name, op.step.parallelism)
-            if op.keyed_state is not None:
-                mine = op.keyed_state.key_groups
-                blobs: list[bytes] = []
-                for path, info in files_with(op.name):
-                    first, last = info.get("key_groups") or (0, 0)
-                    if first < mine.stop and mine.start < last:
-                        blobs.extend(read_keyed_state(path, op.name, mine))
-                op.keyed_state.restore(blobs)
-        return states
-
     # -- control plane -----------------------------------------------------------------
-    def _send(self, msg: P.Message) -> None:
-        self.control.send(P.encode(msg))
-
-    def _sink_sender(self, step: str) -> Callable[[int, list[Any]], None]:
-        def send(checkpoint_id: int, records: list[Any]) -> None:
-            self._send(
-                P.SinkOutput(
-                    self.index, self.attempt, step, self.spec.subtask, checkpoint_id, records
-                )
-            )
-
-        return send
-
-    def _read_control(self) -> None:
-        """Queue every waiting control message; a Cancel raises at once."""
-        control = self.control
-        while control.poll(0):
-            msg = P.decode(control.recv())
-            self.last_jm_contact = time.monotonic()
-            if isinstance(msg, P.Cancel):
-                raise TaskCancelled(msg.reason)
-            if not isinstance(msg, P.Alive):
-                self.queued_control.append(msg)
+    def _send_sink_output(self, step: str, checkpoint_id: int, records: list[Any]) -> None:
+        t = self.identity
+        self.control.send(
+            P.SinkOutput(t.index, t.attempt, step, self.spec.subtask, checkpoint_id, records)
+        )
 
     def _serve_control(self) -> None:
-        self._read_control()
-        while self.queued_control:
-            msg = self.queued_control.popleft()
+        """Act on the job manager's messages (between two batches only)."""
+        for msg in self.control.take():
             if isinstance(msg, P.Trigger):
-                self._trigger_source_checkpoint(msg)
+                self.checkpointer.trigger_source(msg)
             elif isinstance(msg, P.Complete):
-                self._checkpoint_complete(msg.checkpoint_id)
-            elif isinstance(msg, P.Abort) and self.barriers is not None:
-                self.barriers.abort(
-                    msg.checkpoint_id, P.CheckpointFailureReason.from_wire(msg.reason)
+                self.checkpointer.complete(msg.checkpoint_id)
+            elif isinstance(msg, P.Abort) and self._handler is not None:
+                self._handler.abort(
+                    msg.checkpoint_id, CheckpointFailureReason.from_wire(msg.reason)
                 )
 
     def _on_backpressure(self) -> None:
         # Called from inside a blocked send: only queue control messages (acting on a
         # trigger here would put a barrier in the middle of a batch), keep heartbeating.
-        self._read_control()
+        self.control.read()
         self._housekeeping(time.monotonic())
 
+    def _heartbeat(self) -> P.Heartbeat:
+        rss = _rss_bytes()
+        self.peak_rss = max(self.peak_rss, rss)
+        t = self.identity
+        return P.Heartbeat(
+            t.index, t.attempt, self.records_in, self.chain.records_out, rss, self.first_record_at
+        )
+
     def _housekeeping(self, now: float) -> None:
-        if now >= self.next_heartbeat:
-            self.next_heartbeat = now + self.config.heartbeat_interval
-            rss = _rss_bytes()
-            self.peak_rss = max(self.peak_rss, rss)
-            self._send(
-                P.Heartbeat(
-                    self.index,
-                    self.attempt,
-                    self.records_in,
-                    self.records_out,
-                    rss,
-                    self.first_record_at,
-                )
-            )
-            if now - self.last_jm_contact > self.config.heartbeat_timeout:
-                raise TaskCancelled("the job manager stopped answering heartbeats")
-        if self.pending_writes:
-            self._collect_snapshot_writes()
+        self.control.heartbeat(now, self._heartbeat)
+        if self.checkpointer.writes_pending:
+            self.checkpointer.collect_writes()
 
     def _first_record(self) -> None:
         self.first_record_at = time.time()
-        self.next_heartbeat = 0.0  # report it at once (start-up and recovery times)
+        self.control.heartbeat_soon()  # report it at once (start-up and recovery times)
 
     # -- data path -----------------------------------------------------------------------
     def push(self, batch: list[Any]) -> None:
         """Run a batch through the chain and write the result to the outputs."""
-        i = 0
-        sink_at = self.sink_position
-        try:
-            for process in self.processes:
-                if i == sink_at:
-                    self.records_out += len(batch)
-                batch = process(batch)
-                if not batch:
-                    return
-                i += 1
-        except (TaskCancelled, OperatorFailure):
-            raise
-        except Exception as err:
-            raise OperatorFailure(self.operators[i].name, err) from err
-        self.records_out += len(batch)
+        batch = self.chain.process(batch)
+        if not batch:
+            return
         for partitioner, chans in self.outputs:
             for target, part in partitioner.partition(batch):
                 chans[target].write(part)
 
+    def _blocked_channels(self) -> frozenset[int]:
+        handler = self._handler
+        return handler.blocked_channels if handler is not None else frozenset()
+
     def _dispatch(self, channel: int, kind: int, frame: bytes) -> None:
+        """Deliver one frame of an unblocked channel: a batch, or an in-band event."""
         if kind == KIND_DATA:
             batch = decode_records(frame)
             if not self.records_in:
@@ -394,277 +242,86 @@ class Task:
             self.records_in += len(batch)
             self.push(batch)
             return
+        handler = self._handler
+        if handler is None:
+            raise BarrierProtocolError(
+                f"task {self.spec.task_id} has no input channels but got an event on {channel}"
+            )
         event = decode_event(frame)
-        assert self.barriers is not None
-        if kind == KIND_BARRIER:
-            assert isinstance(event, Barrier)
-            n = event.checkpoint_id
-            if n not in self.first_barrier_at:
-                self.first_barrier_at[n] = time.time()
-                if len(self.barriers.live_channels) > 1:
-                    self._maybe_fault("kill_during_alignment", n)
-            self.barriers.on_barrier(channel, event)
-        elif kind == KIND_END_OF_INPUT:
-            self.barriers.on_end_of_input(channel)
-        elif kind == KIND_CANCEL:
-            assert isinstance(event, CancelBarrier)
-            self.barriers.on_cancel(channel, event)
-
-    def _on_frame(self, frame: bytes) -> None:
-        channel, kind = _HEADER_UNPACK(frame)
-        buf = self.buffers.get(channel)
-        if buf is not None:  # blocked, or older frames of this channel still wait for replay
-            buf.append(frame)
-            return
-        self._dispatch(channel, kind & _KIND_MASK, frame)
-
-    def _replay(self, budget: int = 64) -> None:
-        """Replay buffered frames of unblocked channels, oldest first, before newer input."""
-        for channel in list(self.buffers):
-            buf = self.buffers.get(channel)
-            while buf is not None and buf and channel not in self.blocked and budget > 0:
-                frame = buf.popleft()
-                budget -= 1
-                self._dispatch(channel, _HEADER_UNPACK(frame)[1] & _KIND_MASK, frame)
-                buf = self.buffers.get(channel)
-            if buf is not None and not buf and channel not in self.blocked:
-                self.spilled_total += buf.spilled_bytes
-                buf.close()
-                del self.buffers[channel]
-
-    # -- CheckpointActions (called by the barrier handler) --------------------------------
-    def block(self, channel: int) -> None:
-        self.blocked.add(channel)
-        if channel not in self.buffers:
-            self.buffers[channel] = SpillBuffer(self.tmpdir, self.config.spill_threshold)
-
-    def unblock_all(self) -> None:
-        self.blocked.clear()  # buffers are replayed by the loop before anything newer
-
-    def trigger_checkpoint(self, barrier: Barrier, alignment_started_at: float) -> None:
-        now = time.monotonic()
-        metrics = {
-            "start_delay_ms": round(
-                (self.first_barrier_at.pop(barrier.checkpoint_id, time.time()) - barrier.timestamp)
-                * 1000,
-                3,
-            ),
-            "alignment_ms": round((now - alignment_started_at) * 1000, 3),
-            "spilled_bytes": sum(b.spilled_bytes for b in self.buffers.values()),
-        }
-        self._checkpoint(barrier, metrics)
-
-    def abort_checkpoint(self, checkpoint_id: int, reason: P.CheckpointFailureReason) -> None:
-        self.first_barrier_at.pop(checkpoint_id, None)
-        for ch in self.all_channels:
-            ch.send_event(CancelBarrier(checkpoint_id))
-        self._send(P.Decline(self.index, self.attempt, checkpoint_id, reason.name, reason.message))
-
-    def back_edges_logged(self, checkpoint_id: int) -> None:
-        """No task of this runtime has back-edge inputs yet (loops run after the task split)."""
-
-    def end_of_all_inputs(self) -> None:
-        self.inputs_ended = True
-        for ch in self.all_channels:
-            ch.send_event(EndOfInput())
-
-    # -- checkpoints -----------------------------------------------------------------------
-    def _trigger_source_checkpoint(self, msg: P.Trigger) -> None:
-        barrier = Barrier(msg.checkpoint_id, msg.timestamp, msg.final)
-        self._checkpoint(
-            barrier,
-            {
-                "start_delay_ms": round((time.time() - msg.timestamp) * 1000, 3),
-                "alignment_ms": 0.0,
-                "spilled_bytes": 0,
-            },
-        )
-        if msg.final:
-            self.end_of_all_inputs()
-
-    def _checkpoint(self, barrier: Barrier, metrics: dict[str, Any]) -> None:
-        """Snapshot (synchronous part), forward the barrier, start the asynchronous write."""
-        n = barrier.checkpoint_id
-        if barrier.final:
-            self.final_checkpoint = n
-            for op in self.operators:
-                op.finish()
-        t0 = time.perf_counter()
-        storage = self.env.checkpoint_root
-        snaps: dict[str, OperatorSnapshot] = {}
-        layout: dict[str, dict[str, Any]] = {}
-        if self.reader is not None and self.source_step is not None:
-            snaps[self.source_step.name] = OperatorSnapshot(
-                msgpack.packb(self.reader.snapshot(), use_bin_type=True), None, None
-            )
-            layout[self.source_step.name] = {
-                "subtask": self.spec.subtask,
-                "parallelism": self.source_step.parallelism,
-            }
-        keys = 0
-        for op in self.operators:
-            state = op.snapshot_state(n)  # sinks pre-commit here, also without storage
-            if storage is None:
-                continue
-            keyed = op.keyed_state
-            op_blob = None if state is None else msgpack.packb(state, use_bin_type=True)
-            snaps[op.name] = OperatorSnapshot(
-                op_blob, keyed.snapshot() if keyed else None, keyed.key_groups if keyed else None
-            )
-            layout[op.name] = {"subtask": self.spec.subtask, "parallelism": op.step.parallelism}
-            if keyed is not None:
-                layout[op.name]["key_groups"] = [keyed.key_groups.start, keyed.key_groups.stop]
-                keys += keyed.num_keys()
-        metrics["sync_ms"] = round((time.perf_counter() - t0) * 1000, 3)
-        metrics["keys"] = keys
-        # Counts at the snapshot (a consistent cut): the job's committed record figures.
-        metrics["records_in"] = self.records_in
-        metrics["records_out"] = self.records_out
-        for ch in self.all_channels:
-            ch.send_event(barrier)
-        if storage is None:
-            metrics["async_ms"] = 0.0
-            self._send(P.Ack(self.index, self.attempt, n, None, metrics))
-            return
-        path = os.path.join(storage, f"chk-{n}", f"{self.task_id}.state")
-        kill = self._fault("kill_during_snapshot", n)
-        future = self.writer.submit(self._write_snapshot, path, snaps, layout, kill)
-        self.pending_writes.append((n, future, metrics))
-
-    @staticmethod
-    def _write_snapshot(
-        path: str, snaps: dict[str, OperatorSnapshot], layout: dict[str, Any], kill: bool
-    ) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if kill:  # fault injection: die with a half-written state file on disk
-            with open(path + ".tmp", "wb") as fh:
-                fh.write(b"ABSF-partial")
-                fh.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
-        # Keyed state is written as one section per operator (no key-group regrouping in
-        # this thread, which competes with the task loop for the GIL); a restore at another
-        # parallelism filters the keys by key group.
-        info = write_task_snapshot(path, snaps)
-        return {
-            "file": os.path.basename(path),
-            "size": info.size,
-            "crc32": info.crc32,
-            "operators": layout,
-            "async_ms": round((time.perf_counter() - t0) * 1000, 3),
-        }
-
-    def _collect_snapshot_writes(self, wait: bool = False) -> None:
-        still = []
-        for n, future, metrics in self.pending_writes:
-            if not wait and not future.done():
-                still.append((n, future, metrics))
-                continue
-            try:
-                state = future.result()
-            except Exception as err:  # e.g. disk full: decline, the job goes on
-                log.warning("task %s: writing checkpoint %d failed: %s", self.task_id, n, err)
-                self._send(
-                    P.Decline(
-                        self.index,
-                        self.attempt,
-                        n,
-                        P.CheckpointFailureReason.STATE_WRITE_FAILED.name,
-                        f"{type(err).__name__}: {err}",
-                    )
-                )
-                continue
-            metrics["async_ms"] = state.pop("async_ms")
-            metrics["state_bytes"] = state["size"]
-            self._send(P.Ack(self.index, self.attempt, n, state, metrics))
-        self.pending_writes = still
-
-    def _checkpoint_complete(self, checkpoint_id: int) -> None:
-        try:
-            for op in self.operators:
-                op.notify_checkpoint_complete(checkpoint_id)
-        except Exception as err:
-            raise OperatorFailure(op.name, err) from err
-        if self.final_checkpoint is not None and checkpoint_id >= self.final_checkpoint:
-            self.completed_final = True
-
-    # -- fault injection ---------------------------------------------------------------
-    def _fault(self, kind: str, checkpoint_id: int) -> bool:
-        for fault in self.env.faults:
-            if (
-                fault.kind == kind
-                and fault.task_index == self.index
-                and fault.attempt == self.attempt
-                and checkpoint_id >= (fault.checkpoint_id or 0)
-            ):
-                return True
-        return False
-
-    def _maybe_fault(self, kind: str, checkpoint_id: int) -> None:
-        if self._fault(kind, checkpoint_id):
-            os.kill(os.getpid(), signal.SIGKILL)
+        if isinstance(event, Barrier):
+            self.faults.before_barrier(handler, event.checkpoint_id)
+            handler.on_barrier(channel, event)
+        elif isinstance(event, CancelBarrier):
+            handler.on_cancel(channel, event)
+        else:
+            handler.on_end_of_input(channel)
 
     # -- loops -------------------------------------------------------------------------
     def run(self) -> None:
         """Run until the final checkpoint completed; report failures to the job manager."""
         try:
-            if self.is_source:
-                self._source_loop()
+            if self.chain.reader is not None:
+                self._source_loop(self.chain.reader)
             else:
                 self._input_loop()
             self._flush_all()
-            self._send(P.Finished(self.index, self.attempt, self._final_metrics()))
+            t = self.identity
+            self.control.send(P.Finished(t.index, t.attempt, self._final_metrics()))
         except TaskCancelled:
             raise
+        except RecordSerializationError as err:  # a restart would meet the same record
+            named = err if err.step else err.naming(self.chain.output_step)
+            self._report_failure(named.step or self.spec.task_id, named, fatal=True)
+            raise TaskCancelled(f"step '{named.step}' emitted a record that cannot cross") from err
         except OperatorFailure as failure:
             self._report_failure(failure.operator, failure.cause)
             raise TaskCancelled(f"operator '{failure.operator}' failed") from failure
         except Exception as err:
-            self._report_failure(self.task_id, err)
+            self._report_failure(self.spec.task_id, err)
             raise
 
     def _report_failure(self, operator: str, err: BaseException, fatal: bool = False) -> None:
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-        with contextlib.suppress(zmq.ZMQError):
-            self._send(
-                P.Failed(
-                    self.index,
-                    self.attempt,
-                    operator,
-                    self.spec.subtask,
-                    f"{type(err).__name__}: {err}",
-                    tb,
-                    fatal,
-                )
+        t = self.identity
+        self.control.send_quietly(
+            P.Failed(
+                t.index,
+                t.attempt,
+                operator,
+                self.spec.subtask,
+                f"{type(err).__name__}: {err}",
+                tb,
+                fatal,
             )
+        )
 
     def _final_metrics(self) -> dict[str, Any]:
         return {
             "records_in": self.records_in,
-            "records_out": self.records_out,
+            "records_out": self.chain.records_out,
             "peak_rss": max(self.peak_rss, _rss_bytes()),
-            "spilled_bytes": self.spilled_total,
+            "spilled_bytes": self.inputs.spilled_total if self.inputs is not None else 0,
         }
 
     def _flush_all(self) -> None:
-        for ch in self.all_channels:
+        for ch in self.channels:
             ch.flush()
 
-    def _source_loop(self) -> None:
-        assert self.reader is not None
-        reader, control, cfg = self.reader, self.control, self.config
+    def _source_loop(self, reader: SourceReader) -> None:
+        control, checkpointer, cfg = self.control, self.checkpointer, self.config
         batch_size, timeout = cfg.batch_size, cfg.buffer_timeout
-        channels = self.all_channels
-        while not self.completed_final:
-            if control.poll(0) or self.queued_control:
+        channels = self.channels
+        source_ended = False
+        while not checkpointer.completed_final:
+            if control.has_messages():
                 self._serve_control()
             now = time.monotonic()
-            if not self.source_ended:
+            if not source_ended:
                 batch = reader.read_batch(batch_size)
                 if batch is None:
-                    self.source_ended = True
+                    source_ended = True
                     self._flush_all()
-                    self._send(P.SourceEnded(self.index, self.attempt))
+                    self.control.send(P.SourceEnded(self.identity.index, self.identity.attempt))
                 elif batch:
                     if not self.records_in:
                         self._first_record()
@@ -674,58 +331,55 @@ class Task:
                     ch.flush_if_older(now, timeout)
             else:
                 self._flush_all()
-                if control.poll(int(timeout * 1000) or 1):
+                if control.wait(int(timeout * 1000) or 1):
                     self._serve_control()
             self._housekeeping(now)
-        self._collect_snapshot_writes(wait=True)
+        checkpointer.collect_writes(wait=True)
 
     def _input_loop(self) -> None:
-        assert self.gate is not None
-        gate, control, cfg = self.gate, self.control, self.config
-        poller = zmq.Poller()
-        poller.register(gate.socket, zmq.POLLIN)
-        poller.register(control, zmq.POLLIN)
-        timeout_ms = max(1, int(cfg.buffer_timeout * 1000))
-        channels = self.all_channels
-        on_frame = self._on_frame
-        while not self.completed_final:
-            replaying = any(ch not in self.blocked for ch in self.buffers)
-            if replaying:
-                self._replay()
-            events = dict(poller.poll(0 if replaying else timeout_ms))
-            if control in events or self.queued_control:
-                self._serve_control()
-            if gate.socket in events:
-                for frame in gate.recv_frames(64):
-                    on_frame(frame)
-            elif not replaying:
-                for ch in channels:  # idle: send partial batches now
-                    ch.flush()
-            now = time.monotonic()
-            for ch in channels:
-                ch.flush_if_older(now, cfg.buffer_timeout)
-            self._housekeeping(now)
-        self._collect_snapshot_writes(wait=True)
+        while not self.checkpointer.completed_final:
+            self.turn()
+        self.checkpointer.collect_writes(wait=True)
+
+    def turn(self) -> None:
+        """One turn of the input loop: replay unblocked buffers, act on control messages,
+        read up to 64 frames (waiting up to ``buffer_timeout`` for input when idle),
+        flush old partial batches, heartbeat and collect finished state writes."""
+        gate, inputs = self.io.gate, self.inputs
+        if gate is None or inputs is None:
+            raise BarrierProtocolError(f"task {self.spec.task_id} has no source and no inputs")
+        timeout = self.config.buffer_timeout
+        replaying = inputs.replaying
+        if replaying:
+            inputs.replay()
+        gate_ready, control_ready = self.io.wait(0 if replaying else max(1, int(timeout * 1000)))
+        if control_ready or self.control.has_messages():
+            self._serve_control()
+        if gate_ready:
+            on_frame = inputs.on_frame
+            for frame in gate.recv_frames(64):
+                on_frame(frame)
+        elif not replaying:
+            for ch in self.channels:  # idle: send partial batches now
+                ch.flush()
+        now = time.monotonic()
+        for ch in self.channels:
+            ch.flush_if_older(now, timeout)
+        self._housekeeping(now)
 
     def close(self, graceful: bool) -> None:
-        """Close sockets, operators and temp files (not reached after SIGKILL)."""
-        if graceful:
-            for op in self.operators:
-                try:
-                    op.close()
-                except Exception as err:
-                    log.warning("task %s: closing '%s' failed: %s", self.task_id, op.name, err)
-        if self.reader is not None:
-            self.reader.close()
-        self.writer.shutdown(wait=True)
-        for buf in self.buffers.values():
-            buf.close()
-        for ch in self.all_channels:
+        """Close operators, sockets and temp files (not reached after SIGKILL); safe after
+        a failed or partial ``open()``."""
+        self.chain.close(graceful)
+        self.checkpointer.close()
+        if self.inputs is not None:
+            self.inputs.close()
+        self.scratch.close()  # before Closed: the job manager may end the process after it
+        for ch in self.channels:
             ch.close(linger_ms=1000 if graceful else 0)
-        with contextlib.suppress(zmq.ZMQError):
-            self._send(P.Closed(self.index, self.attempt))
-        self.control.close(linger=2000 if graceful else 500)
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        t = self.identity
+        self.control.send_quietly(P.Closed(t.index, t.attempt))
+        self.control.close(linger_ms=2000 if graceful else 500)
 
 
 def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
@@ -748,7 +402,9 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
         gate = InputGate(zctx, host, rcvhwm=env.config.channel_hwm) if spec.inputs else None
         gathered = ctx.allGather(json.dumps([index, gate.endpoint if gate else ""]))
         endpoints = {i: ep for i, ep in (json.loads(m) for m in gathered)}
-        task = Task(plan, spec, env, zctx, gate, endpoints, host)
+        io = ZmqTaskIO(zctx, gate, endpoints, env.config, env.jm_endpoint, f"{index}:{env.attempt}")
+        task = Task(plan, spec, env, io, host)
+        task.open()
         task.run()
         graceful = True
     except TaskCancelled:

@@ -7,12 +7,23 @@ from statebackend.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     CorruptStateError,
+    IncompatibleCheckpointError,
     StateError,
+    StorageUsageError,
 )
+from statebackend.fs import FileSystem, LocalFileSystem
 from statebackend.keyed import KeyedStateBackend, StateKind
+from statebackend.metadata import (
+    CheckpointMetadata,
+    OperatorLayout,
+    StepState,
+    TaskStateHandle,
+)
+from statebackend.restore import RestorePlan, RestoreTarget, check_compatible, plan_restore
 from statebackend.snapshot import (
     OperatorSnapshot,
     StateFileInfo,
+    encode_task_snapshot,
     list_operators,
     read_keyed_state,
     read_operator_state,
@@ -20,20 +31,35 @@ from statebackend.snapshot import (
     write_task_snapshot,
 )
 from statebackend.spill import SpillBuffer
-from statebackend.storage import CheckpointStorage
+from statebackend.storage import CheckpointInfo, CheckpointStatus, CheckpointStorage
 
 __all__ = [
+    "CheckpointInfo",
+    "CheckpointMetadata",
     "CheckpointNotFoundError",
+    "CheckpointStatus",
     "CheckpointStorage",
     "CorruptCheckpointError",
     "CorruptStateError",
+    "FileSystem",
+    "IncompatibleCheckpointError",
     "KeyedStateBackend",
+    "LocalFileSystem",
+    "OperatorLayout",
     "OperatorSnapshot",
+    "RestorePlan",
+    "RestoreTarget",
     "SpillBuffer",
     "StateError",
     "StateFileInfo",
     "StateKind",
+    "StepState",
+    "StorageUsageError",
+    "TaskStateHandle",
+    "check_compatible",
+    "encode_task_snapshot",
     "list_operators",
+    "plan_restore",
     "read_keyed_state",
     "read_operator_state",
     "verify_state_file",

@@ -11,6 +11,11 @@ class StateError(AbsflowError):
     """State cannot be captured, written, read or restored."""
 
 
+class StorageUsageError(StateError, ValueError):
+    """Checkpoint storage was asked for something impossible (a task id that cannot be a
+    file name, keeping fewer than one checkpoint)."""
+
+
 class CorruptStateError(StateError):
     """A state file fails its checks: bad magic, checksum mismatch, truncation.
 
@@ -35,3 +40,9 @@ class CheckpointNotFoundError(StateError, FileNotFoundError):
 class CorruptCheckpointError(StateError):
     """A checkpoint's ``_metadata`` is unreadable or fails its checksum, or a state file it
     lists is missing or does not match its recorded size/crc32."""
+
+
+class IncompatibleCheckpointError(StateError, ValueError):
+    """A checkpoint's state does not fit the job asked to restore it: a step whose state
+    it holds is missing (or of another kind), or cannot be redistributed to the job's
+    parallelism. Raised on the driver before any task starts."""

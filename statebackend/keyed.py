@@ -1,10 +1,13 @@
 """Keyed state of one operator instance, partitioned into key groups.
 
 A key's *key group* (``key_group_of(key)``, in ``[0, max_parallelism)``) is fixed for
-the life of a job; an instance owns a contiguous range of key groups. Snapshots are
-regrouped per key group (:meth:`KeyedStateBackend.split_by_key_group`) so that a
-checkpoint taken at parallelism p restores at any parallelism p' <= max_parallelism:
-each new instance reads the key groups it owns and keeps only those keys.
+the life of a job; an instance owns a contiguous range of key groups. A snapshot is
+one blob of the instance's whole range, written as one section per operator (no
+regrouping in the writer). A checkpoint taken at parallelism p restores at any
+parallelism p' <= max_parallelism: each new instance is given the blobs of every old
+instance whose range overlaps its own, and :meth:`KeyedStateBackend.restore` keeps
+only the keys of its own key groups. (:meth:`KeyedStateBackend.split_by_key_group`
+regroups a blob per key group, for writers that want per-key-group sections.)
 
 Blob format (msgpack): ``[FORMAT_VERSION, [[kind, name, {key: value, ...}], ...]]``
 with kind one of ``"value" | "list" | "map"``. The state dicts are packed as msgpack
@@ -115,8 +118,8 @@ class KeyedStateBackend:
     A state name is unique within the backend, whatever its kind.
 
     :meth:`snapshot` is the synchronous part of a checkpoint (an immutable msgpack
-    copy, taken between two batches); :meth:`split_by_key_group` and writing the file
-    are the asynchronous part and touch only that copy.
+    copy, taken between two batches); writing the file is the asynchronous part and
+    touches only that copy.
     """
 
     def __init__(

@@ -1,8 +1,11 @@
-"""One task's state file: operator state and per-key-group keyed state of its operators.
+"""One task's state file: the operator state and keyed state of its operators.
 
 Writing is the asynchronous part of a checkpoint: it runs in a background thread on
 the immutable blobs captured synchronously (``OperatorSnapshot``), while the task goes
-on processing.
+on processing. This module is the file format only: `encode_task_snapshot` gives the
+bytes and the readers take an open file; where the file goes is
+``statebackend.storage.CheckpointStorage``'s business (`write_task_snapshot` and the
+path-taking readers are the local-file conveniences of tests and benchmarks).
 
 File format (all integers big-endian)::
 
@@ -19,27 +22,29 @@ File format (all integers big-endian)::
     20+H    ...   sections, each an lz4 block (size stored) of a msgpack blob
 
 Section offsets are relative to the end of the header; ``kind`` is ``"operator"``
-(key group -1) or ``"keyed"``: one section per key group present when the writer is
-given a key-group function for the operator, else one section (key group -2) with the
-instance's whole key-group range, whose keys a restore filters by key group. Each section's
+(key group -1) or ``"keyed"``. The task writes keyed state as one section per operator
+(key group -2) holding the instance's whole key-group range, whose keys a restore
+filters by key group; a writer given a key-group function for an operator (tests,
+benchmarks) writes one section per key group present instead. Each section's
 crc32 covers its bytes on disk; a reader verifies the header and every section it
 reads, so a truncated or bit-flipped file raises :class:`CorruptStateError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import lz4.block
 import msgpack
 
-from statebackend._fs import write_atomically
 from statebackend.errors import CorruptStateError, StateError
+from statebackend.fs import LocalFileSystem
 from statebackend.keyed import KeyedStateBackend
 
 MAGIC = b"ABSFSTAT"
@@ -96,18 +101,23 @@ class _Header:
     data_length: int
 
 
-def write_task_snapshot(
-    path: str,
+@dataclass(frozen=True, slots=True)
+class EncodedSnapshot:
+    """The bytes of one state file, in order, and their total size."""
+
+    chunks: tuple[bytes, ...]
+    size: int
+    sections: int
+
+
+def encode_task_snapshot(
     operators: Mapping[str, OperatorSnapshot],
     key_group_fns: Mapping[str, Callable[[Any], int]] | None = None,
-) -> StateFileInfo:
-    """Write one task's state file atomically (asynchronous part; any thread).
+) -> EncodedSnapshot:
+    """The state file of one task's operators (asynchronous part; any thread; no I/O).
 
-    ``key_group_fns[op]`` maps a key of keyed operator ``op`` to its key group; it is
-    required for every operator with ``keyed_state``. The file is written to
-    ``path + ".tmp"``, fsynced, renamed to ``path`` and the directory fsynced, so
-    ``path`` either does not exist or is complete. The returned crc32 covers the whole
-    file and is computed while writing.
+    Keyed state is one whole-range section per operator, unless ``key_group_fns[op]``
+    (key -> key group) is given for operator ``op``: then one section per key group.
     """
     fns = key_group_fns or {}
     payloads: list[tuple[str, str, int, bytes]] = []  # operator, kind, key group, raw blob
@@ -122,7 +132,8 @@ def write_task_snapshot(
             fn = fns.get(op)
             if fn is None:
                 # One section for the instance's whole key-group range: no regrouping in
-                # the writer (cheap); a restore filters the keys by key group instead.
+                # the writer (cheap; it competes with the task loop for the GIL); a restore
+                # filters the keys by key group instead.
                 payloads.append((op, KEYED_SECTION, WHOLE_RANGE, snap.keyed_state))
                 continue
             for kg, blob in KeyedStateBackend.split_by_key_group(snap.keyed_state, fn).items():
@@ -141,15 +152,44 @@ def write_task_snapshot(
         use_bin_type=True,
     )
     prefix = _PREFIX.pack(MAGIC, FILE_VERSION, 0, len(header), zlib.crc32(header))
+    return EncodedSnapshot(
+        (prefix, header, *bodies), len(prefix) + len(header) + offset, len(sections)
+    )
 
-    crc = write_atomically(path, (prefix, header, *bodies))
-    size = len(prefix) + len(header) + offset
-    return StateFileInfo(path=path, size=size, crc32=crc, sections=len(sections))
+
+def write_chunks(out: BinaryIO, chunks: tuple[bytes, ...]) -> int:
+    """Write ``chunks`` to ``out``; return the crc32 of everything written."""
+    crc = 0
+    for chunk in chunks:
+        out.write(chunk)
+        crc = zlib.crc32(chunk, crc)
+    return crc
 
 
-def read_operator_state(path: str, operator: str) -> bytes | None:
+def write_task_snapshot(
+    path: str,
+    operators: Mapping[str, OperatorSnapshot],
+    key_group_fns: Mapping[str, Callable[[Any], int]] | None = None,
+) -> StateFileInfo:
+    """Write one task's state file to local ``path`` atomically (``path + ".tmp"``,
+    fsync, rename, directory fsync): ``path`` either does not exist or is complete.
+
+    The local-file convenience of tests and benchmarks; tasks write through
+    ``CheckpointStorage.write_task_state``. The crc32 covers the whole file.
+    """
+    encoded = encode_task_snapshot(operators, key_group_fns)
+    with LocalFileSystem().open_write(path) as out:
+        crc = write_chunks(out, encoded.chunks)
+    return StateFileInfo(path=path, size=encoded.size, crc32=crc, sections=encoded.sections)
+
+
+StateSource = str | BinaryIO
+"""A state file to read: a local path, or a file opened for binary reading (left open)."""
+
+
+def read_operator_state(source: StateSource, operator: str) -> bytes | None:
     """The operator-state blob of ``operator``, or None if the file has none for it."""
-    with _open(path) as f:
+    with _open(source) as (f, path):
         header = _read_header(f, path)
         for section in header.sections:
             if section.operator == operator and section.kind == OPERATOR_SECTION:
@@ -157,11 +197,11 @@ def read_operator_state(path: str, operator: str) -> bytes | None:
     return None
 
 
-def read_keyed_state(path: str, operator: str, key_groups: range) -> list[bytes]:
+def read_keyed_state(source: StateSource, operator: str, key_groups: range) -> list[bytes]:
     """Keyed-state blobs of ``operator`` for those of ``key_groups`` present in the file,
     in key-group order (feed them to :meth:`KeyedStateBackend.restore`, which keeps only
     the keys of its own key groups: a whole-range section may hold others)."""
-    with _open(path) as f:
+    with _open(source) as (f, path):
         header = _read_header(f, path)
         owned = header.operators.get(operator)
         whole = (
@@ -181,9 +221,9 @@ def read_keyed_state(path: str, operator: str, key_groups: range) -> list[bytes]
         return [_read_section(f, path, header, s) for s in wanted]
 
 
-def list_operators(path: str) -> dict[str, dict[str, Any]]:
+def list_operators(source: StateSource) -> dict[str, dict[str, Any]]:
     """operator -> {"keyed": bool, "key_groups": [first, last] or None} (header only)."""
-    with _open(path) as f:
+    with _open(source) as (f, path):
         header = _read_header(f, path)
     result: dict[str, dict[str, Any]] = {}
     for op, (keyed, start, stop) in header.operators.items():
@@ -192,18 +232,18 @@ def list_operators(path: str) -> dict[str, dict[str, Any]]:
     return result
 
 
-def verify_state_file(path: str, expected_crc32: int | None = None) -> None:
+def verify_state_file(source: StateSource, expected_crc32: int | None = None) -> None:
     """Check the whole file: header, every section's crc32, the exact size, and (if
     given) the whole-file crc32 recorded in the checkpoint metadata.
 
     Raises CorruptStateError naming the path and the first failed check.
     """
-    with _open(path) as f:
+    with _open(source) as (f, path):
         header = _read_header(f, path)
         for section in sorted(header.sections, key=lambda s: s.offset):
             _read_section(f, path, header, section, decompress=False)
         end = header.data_start + header.data_length
-        actual = os.fstat(f.fileno()).st_size
+        actual = f.seek(0, os.SEEK_END)
         if actual != end:
             raise CorruptStateError(
                 path, f"size is {actual} bytes, the header says {end} (trailing bytes)"
@@ -220,14 +260,18 @@ def verify_state_file(path: str, expected_crc32: int | None = None) -> None:
                 )
 
 
-def _open(path: str) -> BinaryIO:
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
+@contextlib.contextmanager
+def _open(source: StateSource) -> Iterator[tuple[BinaryIO, str]]:
+    if not isinstance(source, str):
+        yield source, str(getattr(source, "name", "<state file>"))
+        return
+    if not os.path.exists(source):
         raise StateError(
-            f"state file {path!r} does not exist; the checkpoint is incomplete — restore "
+            f"state file {source!r} does not exist; the checkpoint is incomplete — restore "
             f"another one (list them with `python -m jobmanager checkpoints DIR`)"
-        ) from None
+        )
+    with open(source, "rb") as f:
+        yield f, source
 
 
 def _read_header(f: BinaryIO, path: str) -> _Header:

@@ -14,8 +14,8 @@ from typing import IO, Self
 
 import lz4.block
 
-from statebackend._fs import unlink_quietly
 from statebackend.errors import CorruptStateError, StateError
+from statebackend.fs import unlink_quietly
 
 _LEN = struct.Struct(">I")
 

@@ -132,6 +132,19 @@ def test_serialization_error_for_too_large_int() -> None:
         encode_data(0, [1, 2**64])
 
 
+def test_serialization_error_names_the_producing_step_once_the_task_knows_it() -> None:
+    with pytest.raises(RecordSerializationError) as info:
+        encode_data(0, [1, ("a", frozenset({1}))])
+    err = info.value
+    assert err.step is None and err.index == 1 and err.offending_type == "frozenset"
+    named = err.naming("pair")
+    assert named.step == "pair" and named.record == ("a", frozenset({1}))
+    message = str(named)
+    assert message.startswith("step 'pair' emitted a record that cannot cross tasks")
+    assert "a 'tuple' holding a 'frozenset'" in message
+    assert "convert the frozenset to a list/tuple in step 'pair'" in message
+
+
 def test_decode_records_rejects_event_frame() -> None:
     with pytest.raises(MalformedFrameError, match="not a data frame"):
         decode_records(encode_event(0, EndOfInput()))

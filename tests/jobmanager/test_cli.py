@@ -12,7 +12,8 @@ import msgpack
 import pytest
 
 from jobmanager.cli import main
-from statebackend.snapshot import OperatorSnapshot, write_task_snapshot
+from statebackend.metadata import CheckpointMetadata, OperatorLayout, StepState
+from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,29 +33,21 @@ def task_metrics(align: float) -> dict[str, Any]:
 
 def write_checkpoint(storage: CheckpointStorage, n: int, final: bool = False) -> str:
     """A checkpoint with one real state file (src[0]); returns the state file's path."""
-    path = storage.task_state_path(n, "src[0]")
     snap = OperatorSnapshot(msgpack.packb(n * 100), None, None)
-    info = write_task_snapshot(path, {"src": snap})
+    handle = storage.write_task_state(n, "src[0]", {"src": snap}, {"src": OperatorLayout(0, 1)})
     storage.write_metadata(
-        n,
-        {
-            "job": "wordcount",
-            "attempt": 1,
-            "final": final,
-            "trigger_time": 1_700_000_000.0 + n,
-            "completed_time": 1_700_000_000.5 + n,
-            "duration_ms": 12.5 * n,
-            "max_parallelism": 128,
-            "tasks": {
-                "src[0]": {
-                    "file": os.path.basename(path),
-                    "size": info.size,
-                    "crc32": info.crc32,
-                    "operators": {"src": {"subtask": 0, "parallelism": 1}},
-                }
-            },
-            "task_metrics": {"src[0]": task_metrics(0.0), "count[0]": task_metrics(7.25)},
-            "metrics": {
+        CheckpointMetadata(
+            checkpoint_id=n,
+            job="wordcount",
+            attempt=1,
+            final=final,
+            trigger_time=1_700_000_000.0 + n,
+            completed_time=1_700_000_000.5 + n,
+            duration_ms=12.5 * n,
+            max_parallelism=128,
+            tasks={"src[0]": handle},
+            task_metrics={"src[0]": task_metrics(0.0), "count[0]": task_metrics(7.25)},
+            metrics={
                 "tasks": 2,
                 "duration_ms": 12.5 * n,
                 "max_start_delay_ms": 0.4,
@@ -66,9 +59,10 @@ def write_checkpoint(storage: CheckpointStorage, n: int, final: bool = False) ->
                 "spilled_bytes": 128,
                 "keys": 6,
             },
-        },
+            steps=(StepState("src", "source", 1, False),),
+        )
     )
-    return path
+    return storage.task_state_path(n, "src[0]")
 
 
 @pytest.fixture
@@ -76,7 +70,7 @@ def root(tmp_path: Path) -> Path:
     storage = CheckpointStorage(str(tmp_path / "chk"))
     write_checkpoint(storage, 3)
     write_checkpoint(storage, 12, final=True)
-    storage.checkpoint_dir(13)  # in progress: no _metadata
+    os.makedirs(storage.location(13))  # in progress: no _metadata
     return tmp_path / "chk"
 
 

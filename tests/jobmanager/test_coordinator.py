@@ -19,6 +19,7 @@ from runtime.config import JobConfig
 from runtime.dataflow import Dataflow
 from runtime.plan import JobPlan
 from runtime.sources import GeneratorSource
+from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
 from statebackend.storage import CheckpointStorage
 
 SOURCES = [0, 1]
@@ -181,12 +182,12 @@ def test_completes_when_all_tasks_acked(tmp_path: Path) -> None:
     assert of_type(h.sent.new(), P.Complete) == [(i, P.Complete(1)) for i in ALL]
     assert done.path == os.path.join(h.storage.root, "chk-1", "_metadata")
     meta = h.storage.read_metadata(1)
-    assert meta["checkpoint_id"] == 1 and meta["job"] == "job" and meta["attempt"] == 0
-    assert meta["final"] is False
-    assert meta["duration_ms"] == pytest.approx(250.0)
-    assert meta["tasks"]["count[1]"] == {"file": "t3.state", "size": 10, "crc32": 1}
-    assert set(meta["task_metrics"]) == {"src[0]", "src[1]", "count[0]", "count[1]"}
-    m = meta["metrics"]
+    assert meta.checkpoint_id == 1 and meta.job == "job" and meta.attempt == 0
+    assert meta.final is False
+    assert meta.duration_ms == pytest.approx(250.0)
+    assert meta.tasks["count[1]"] == TaskStateHandle("t3.state", 10, 1, {})
+    assert set(meta.task_metrics) == {"src[0]", "src[1]", "count[0]", "count[1]"}
+    m = meta.metrics
     assert m["tasks"] == 4 and m["max_alignment_ms"] == 3.0 and m["mean_alignment_ms"] == 1.5
     assert m["state_bytes"] == 400 and m["keys"] == 6
     assert h.storage.completed_checkpoints() == [1]
@@ -197,7 +198,26 @@ def test_ack_without_state_is_not_listed_in_tasks(tmp_path: Path) -> None:
     h.tick(10)
     h.ack(1, 0, 1, state=False)
     h.ack(1, 2, 3)
-    assert set(h.storage.read_metadata(1)["tasks"]) == {"count[0]", "count[1]"}
+    assert set(h.storage.read_metadata(1).tasks) == {"count[0]", "count[1]"}
+
+
+def test_metadata_records_the_steps_whose_state_it_holds(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.tick(10)
+    for index, (op, groups) in enumerate(
+        [("src", None), ("src", None), ("count", (0, 64)), ("count", (64, 128))]
+    ):
+        layout = {"subtask": index % 2, "parallelism": 2}
+        if groups is not None:
+            layout["key_groups"] = list(groups)
+        state = {"file": f"t{index}.state", "size": 10, "crc32": 1, "operators": {op: layout}}
+        h.coord.on_ack(P.Ack(index, 0, 1, state, {}))
+    meta = h.storage.read_metadata(1)
+    # "out" (the collect sink) is not listed: no task acked state for it
+    assert meta.steps == (
+        StepState("count", "reduce", 2, True),
+        StepState("src", "source", 2, False),
+    )
 
 
 def test_late_ack_is_ignored(tmp_path: Path) -> None:
@@ -312,7 +332,7 @@ def test_final_checkpoint_triggers_exactly_once(tmp_path: Path) -> None:
     assert h.tick(100) == []  # no further periodic checkpoints either
     h.ack(1)
     assert h.coord.final_completed
-    assert h.storage.read_metadata(1)["final"] is True
+    assert h.storage.read_metadata(1).final is True
     h.coord.on_sources_ended()
     assert triggers(h.sent.new()) == []
 
@@ -367,7 +387,7 @@ def test_a_failed_metadata_write_is_a_failed_checkpoint_not_an_error(tmp_path: P
     h = Harness(tmp_path)
     h.tick(10)
 
-    def full_disk(checkpoint_id: int, metadata: dict[str, Any]) -> str:
+    def full_disk(metadata: CheckpointMetadata) -> str:
         raise OSError(28, "No space left on device")
 
     h.storage.write_metadata = full_disk  # type: ignore[method-assign]

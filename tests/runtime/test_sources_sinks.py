@@ -10,6 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from runtime.errors import RecordSerializationError
 from runtime.sinks import CollectSink, FileSink, SinkContext
 from runtime.sources import CollectionSource, GeneratorSource, SourceReader, TextFileSource
 
@@ -395,6 +396,31 @@ def test_collect_sink_restore_recommits_pending_of_the_snapshot() -> None:
     fresh.restore_state(state)
     # Sent again: the driver keeps the first copy per (step, subtask, checkpoint).
     assert again.received == [(1, ["a"])]
+
+
+def test_collect_sink_restores_transactions_of_older_checkpoints() -> None:
+    """Checkpoints written before transactions were packed hold the records themselves."""
+    again = Driver()
+    fresh = CollectSink()
+    fresh.open(ctx(driver=again))
+    fresh.restore_state(through_msgpack({"pending": [[1, ["a", ("b", 2)]]]}))
+    assert again.received == [(1, ["a", ("b", 2)])]
+
+
+def test_collect_sink_names_the_step_that_produced_an_unserializable_record() -> None:
+    sink = CollectSink()
+    sink.open(SinkContext("out", 0, 1, 0, Driver(), producer="to_set"))
+    sink.write_batch([1, ("k", {2, 3})])
+    with pytest.raises(RecordSerializationError) as info:
+        sink.snapshot_state(1)
+    err = info.value
+    assert (err.step, err.index, err.offending_type) == ("to_set", 1, "set")
+    message = str(err)
+    assert "step 'to_set' emitted a record that cannot cross tasks" in message
+    assert "('k', {2, 3})" in message
+    assert "None, bool, int, float, str, bytes, tuples/lists, dicts" in message
+    assert "convert the set to a list/tuple" in message
+    assert isinstance(err, TypeError) and isinstance(err.__cause__, TypeError)
 
 
 def test_print_sink_prints_each_record_with_its_subtask(capsys: Any) -> None:

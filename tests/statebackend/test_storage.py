@@ -1,54 +1,134 @@
 import json
 import logging
 import os
+import zlib
 from pathlib import Path
 
 import msgpack
 import pytest
 
 from statebackend import (
+    CheckpointMetadata,
     CheckpointNotFoundError,
+    CheckpointStatus,
     CheckpointStorage,
     CorruptCheckpointError,
+    OperatorLayout,
     OperatorSnapshot,
-    write_task_snapshot,
+    StepState,
+    TaskStateHandle,
 )
+from statebackend.storage import StorageUsageError
 
 TASKS = ("count[0]", "count[1]")
 
 
-def complete_checkpoint(storage: CheckpointStorage, checkpoint_id: int) -> dict[str, object]:
-    """Write every task's state file, then _metadata (as the coordinator does)."""
+def metadata_of(checkpoint_id: int, tasks: dict[str, TaskStateHandle]) -> CheckpointMetadata:
+    return CheckpointMetadata(
+        checkpoint_id=checkpoint_id,
+        job="wordcount",
+        attempt=0,
+        final=False,
+        trigger_time=1_700_000_000.0,
+        completed_time=1_700_000_000.5,
+        duration_ms=500.0,
+        max_parallelism=128,
+        tasks=tasks,
+        task_metrics={task: {"sync_ms": 1.5} for task in tasks},
+        metrics={"tasks": len(tasks), "state_bytes": sum(h.size for h in tasks.values())},
+        steps=(StepState("source", "source", 2, False),),
+    )
+
+
+def complete_checkpoint(storage: CheckpointStorage, checkpoint_id: int) -> CheckpointMetadata:
+    """Write every task's state file, then _metadata (as the tasks and coordinator do)."""
     tasks = {}
-    for task in TASKS:
-        path = storage.task_state_path(checkpoint_id, task)
+    for subtask, task in enumerate(TASKS):
         blob = msgpack.packb({"task": task, "checkpoint": checkpoint_id})
-        info = write_task_snapshot(path, {"source": OperatorSnapshot(blob, None, None)})
-        tasks[task] = {"file": os.path.basename(path), "size": info.size, "crc32": info.crc32}
-    metadata = {"job": "wordcount", "tasks": tasks, "sources": {"s": [1, 2]}}
-    storage.write_metadata(checkpoint_id, metadata)
+        tasks[task] = storage.write_task_state(
+            checkpoint_id,
+            task,
+            {"source": OperatorSnapshot(blob, None, None)},
+            {"source": OperatorLayout(subtask, 2)},
+        )
+    metadata = metadata_of(checkpoint_id, tasks)
+    storage.write_metadata(metadata)
     return metadata
 
 
+def start_checkpoint(storage: CheckpointStorage, checkpoint_id: int) -> None:
+    """A chk-<n> directory without _metadata (in progress, or aborted)."""
+    os.makedirs(storage.location(checkpoint_id), exist_ok=True)
+
+
 def test_layout(tmp_path: Path) -> None:
-    storage = CheckpointStorage(os.path.join(str(tmp_path), "ckpt"))
-    assert os.path.isdir(storage.root)
+    root = os.path.join(str(tmp_path), "ckpt")
+    storage = CheckpointStorage(root)
+    assert not os.path.exists(root)  # the constructor does no I/O
     assert storage.task_state_path(3, "count[1]") == os.path.join(
         storage.root, "chk-3", "count[1].state"
     )
-    assert os.path.isdir(storage.checkpoint_dir(3))
+    handle = storage.write_task_state(
+        3,
+        "count[1]",
+        {"count": OperatorSnapshot(msgpack.packb(7), None, None)},
+        {"count": OperatorLayout(1, 2)},
+    )
+    path = os.path.join(storage.root, "chk-3", "count[1].state")
+    assert handle == TaskStateHandle(
+        "count[1].state",
+        os.path.getsize(path),
+        zlib.crc32(Path(path).read_bytes()),
+        {"count": OperatorLayout(1, 2)},
+    )
+    assert storage.read_operator_state(3, handle, "count") == msgpack.packb(7)
+    assert storage.checkpoint_ids() == [3] and storage.completed_checkpoints() == []
+    with pytest.raises(StorageUsageError, match="file name"):
+        storage.task_state_path(3, "../x")
 
 
 def test_metadata_round_trip(tmp_path: Path) -> None:
     storage = CheckpointStorage(str(tmp_path))
     metadata = complete_checkpoint(storage, 1)
     got = storage.read_metadata(1)
-    assert got == {**metadata, "checkpoint_id": 1}
+    assert got == metadata
     path = os.path.join(storage.root, "chk-1", "_metadata")
     on_disk = json.loads(Path(path).read_text())
     assert isinstance(on_disk["crc32"], int) and on_disk["job"] == "wordcount"
+    assert on_disk["tasks"]["count[1]"]["operators"] == {"source": {"subtask": 1, "parallelism": 2}}
+    assert on_disk["steps"] == [
+        {"name": "source", "kind": "source", "parallelism": 2, "keyed": False}
+    ]
     assert not os.path.exists(path + ".tmp")
     assert storage.completed_checkpoints() == [1]
+
+
+def test_metadata_without_steps_derives_them_from_the_layouts() -> None:
+    handle = TaskStateHandle("c.state", 10, 1, {"count": OperatorLayout(0, 2, (0, 64))})
+    text = metadata_of(1, {"count[0]": handle}).to_json()
+    body = json.loads(text)
+    del body["steps"], body["crc32"]
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    old = json.dumps({**body, "crc32": zlib.crc32(canonical)})
+    assert CheckpointMetadata.from_json(old).steps == (StepState("count", "", 2, True),)
+
+
+def test_list_statuses(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    assert storage.list() == []
+    complete_checkpoint(storage, 1)
+    complete_checkpoint(storage, 2)
+    start_checkpoint(storage, 3)
+    os.unlink(storage.task_state_path(2, "count[0]"))
+    listed = storage.list()
+    assert [(i.checkpoint_id, i.status) for i in listed] == [
+        (1, CheckpointStatus.COMPLETED),
+        (2, CheckpointStatus.CORRUPT),
+        (3, CheckpointStatus.INCOMPLETE),
+    ]
+    assert listed[0].metadata == storage.read_metadata(1) and listed[0].problem is None
+    assert listed[1].metadata is not None and "missing" in str(listed[1].problem)
+    assert listed[2].metadata is None
 
 
 def test_metadata_checksum_mismatch(tmp_path: Path) -> None:
@@ -66,7 +146,7 @@ def test_metadata_checksum_mismatch(tmp_path: Path) -> None:
 
 def test_missing_metadata(tmp_path: Path) -> None:
     storage = CheckpointStorage(str(tmp_path))
-    storage.task_state_path(4, "count[0]")
+    start_checkpoint(storage, 4)
     with pytest.raises(CheckpointNotFoundError, match="chk-4") as err:
         storage.read_metadata(4)
     assert isinstance(err.value, FileNotFoundError)
@@ -83,11 +163,11 @@ def test_latest_valid_falls_back(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     data[-3] ^= 0xFF
     Path(bad).write_bytes(bytes(data))
     # chk-4: state files written but no _metadata (failed before completing)
-    storage.task_state_path(4, "count[0]")
+    start_checkpoint(storage, 4)
     with caplog.at_level(logging.WARNING, logger="absflow.statebackend"):
         found = storage.latest_valid()
     assert found is not None and found[0] == 2
-    assert found[1]["tasks"]["count[0]"]["file"] == "count[0].state"
+    assert found[1].tasks["count[0]"].file == "count[0].state"
     messages = [r.getMessage() for r in caplog.records if r.name == "absflow.statebackend"]
     assert any("checkpoint 4" in m and "_metadata" in m for m in messages)
     assert any("checkpoint 3" in m and "count[1]" in m and "crc32" in m for m in messages)
@@ -112,8 +192,8 @@ def test_retain(tmp_path: Path) -> None:
     storage = CheckpointStorage(str(tmp_path))
     for n in (1, 2, 3, 4, 5):
         complete_checkpoint(storage, n)
-    storage.checkpoint_dir(0)  # aborted, older than the newest completed
-    storage.checkpoint_dir(6)  # in progress
+    start_checkpoint(storage, 0)  # aborted, older than the newest completed
+    start_checkpoint(storage, 6)  # in progress
     os.unlink(os.path.join(storage.root, "chk-2", "_metadata"))  # aborted / incomplete
     assert storage.retain(2) == [0, 1, 2, 3]
     assert storage.completed_checkpoints() == [4, 5]
@@ -159,4 +239,4 @@ def test_resolve_errors(tmp_path: Path) -> None:
     complete_checkpoint(storage, 7)
     os.unlink(storage.task_state_path(7, "count[1]"))
     with pytest.raises(CorruptCheckpointError, match="missing"):
-        CheckpointStorage.resolve(storage.checkpoint_dir(7))
+        CheckpointStorage.resolve(storage.location(7))

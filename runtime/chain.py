@@ -1,0 +1,251 @@
+"""The operators of one task: its chain of steps in one subtask.
+
+A source chain starts with a `SourceReader` (read by the task loop), every other
+step is an `Operator`. `OperatorChain.process` is the per-record path: one call per
+batch, a plain loop over the operators' ``process`` functions. The chain also
+captures its state for a checkpoint (the synchronous part) and applies a restore plan.
+
+Lifecycle: ``open()`` (sinks open their files here) -> ``restore`` -> ``process`` /
+``capture`` / ``notify_complete`` ... -> ``finish`` -> ``close``. Task-loop thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from runtime.errors import OperatorFailure, TaskCancelled
+from runtime.graph import Step, StepKind
+from runtime.operators import Operator, build_operator
+from runtime.plan import JobPlan, TaskSpec, step_state
+from runtime.sinks import SinkContext
+from runtime.sources import SourceReader
+from runtime.task_faults import TaskFaults
+from statebackend.metadata import OperatorLayout
+from statebackend.restore import RestorePlan, RestoreTarget
+from statebackend.snapshot import OperatorSnapshot
+from statebackend.storage import CheckpointStorage
+
+log = logging.getLogger("absflow.task")
+
+SinkOutputSender = Callable[[str, int, list[Any]], None]
+"""``send(sink step, checkpoint id, records)``: committed collect() output to the driver."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """The synchronous part of a checkpoint: the state of every operator that holds any."""
+
+    snapshots: dict[str, OperatorSnapshot] = field(default_factory=dict)
+    layout: dict[str, OperatorLayout] = field(default_factory=dict)
+    keys: int = 0
+
+
+def _pack(state: Any) -> bytes:
+    packed: bytes = msgpack.packb(state, use_bin_type=True)
+    return packed
+
+
+def _unpack(blob: bytes) -> Any:
+    # as on the channels: sequences come back as tuples
+    return msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=False)
+
+
+class OperatorChain:
+    def __init__(
+        self,
+        plan: JobPlan,
+        spec: TaskSpec,
+        attempt: int,
+        send_sink_output: SinkOutputSender,
+        faults: TaskFaults,
+    ) -> None:
+        self.plan, self.spec, self.attempt = plan, spec, attempt
+        self._send_sink_output = send_sink_output
+        self._faults = faults
+        self.steps = plan.chain_steps(spec)
+        head = self.steps[0]
+        self.source_step: Step | None = head if head.kind is StepKind.SOURCE else None
+        self.output_step = self.steps[-1].name
+        """The step whose records leave the task on its output channels."""
+        self.reader: SourceReader | None = None
+        self.operators: list[Operator] = []
+        self._processes: list[Callable[[list[Any]], list[Any]]] = []
+        self._sink_position = -1
+        self.records_out = 0
+        """Records into the sink (sink chains) or onto the output channels (others)."""
+
+    # -- set-up --------------------------------------------------------------------------
+    def open(self) -> None:
+        """Create the source reader and the operators (sinks open here)."""
+        spec = self.spec
+        if self.source_step is not None:
+            self.reader = self.source_step.fn.create_reader(
+                spec.subtask, self.source_step.parallelism
+            )
+        first = 1 if self.source_step is not None else 0
+        for position in range(first, len(self.steps)):
+            step = self.steps[position]
+            ctx = None
+            if step.kind is StepKind.SINK:
+                ctx = SinkContext(
+                    step.name,
+                    spec.subtask,
+                    step.parallelism,
+                    self.attempt,
+                    self._sink_sender(step.name),
+                    producer=self._producer(position),
+                )
+            op = build_operator(step, spec.subtask, self.plan.max_parallelism, ctx)
+            self.operators.append(self._faults.wrap(op))
+        self._processes = [op.process for op in self.operators]
+        if self.steps[-1].kind is StepKind.SINK:
+            self._sink_position = len(self.operators) - 1
+
+    def _producer(self, position: int) -> str:
+        """The step(s) whose records reach the step at ``position`` of the chain."""
+        if position > 0:
+            return self.steps[position - 1].name
+        step = self.steps[position]
+        return ", ".join(self.plan.steps[edge.source].name for edge in step.inputs)
+
+    def _sink_sender(self, step: str) -> Callable[[int, list[Any]], None]:
+        send = self._send_sink_output
+
+        def send_to_driver(checkpoint_id: int, records: list[Any]) -> None:
+            send(step, checkpoint_id, records)
+
+        return send_to_driver
+
+    # -- the per-record path -------------------------------------------------------------
+    def process(self, batch: list[Any]) -> list[Any]:
+        """Run a batch through the operators; returns what leaves the chain.
+
+        Raises OperatorFailure naming the step whose function raised.
+        """
+        i = 0
+        sink_at = self._sink_position
+        try:
+            for process in self._processes:
+                if i == sink_at:
+                    self.records_out += len(batch)
+                batch = process(batch)
+                if not batch:
+                    return batch
+                i += 1
+        except (TaskCancelled, OperatorFailure):
+            raise
+        except Exception as err:
+            raise OperatorFailure(self.operators[i].name, err) from err
+        self.records_out += len(batch)
+        return batch
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def capture(self, checkpoint_id: int, with_state: bool) -> Capture:
+        """Snapshot every operator (sinks pre-commit, also without ``with_state``); with
+        ``with_state``, the state of those that hold any, serialized."""
+        capture = Capture()
+        subtask = self.spec.subtask
+        if with_state and self.reader is not None and self.source_step is not None:
+            name = self.source_step.name
+            capture.snapshots[name] = OperatorSnapshot(_pack(self.reader.snapshot()), None, None)
+            capture.layout[name] = OperatorLayout(subtask, self.source_step.parallelism)
+        keys = 0
+        for op in self.operators:
+            state = op.snapshot_state(checkpoint_id)
+            keyed = op.keyed_state
+            if not with_state or (state is None and keyed is None):
+                continue  # an operator without state is not in the checkpoint
+            groups = keyed.key_groups if keyed is not None else None
+            capture.snapshots[op.name] = OperatorSnapshot(
+                None if state is None else _pack(state),
+                keyed.snapshot() if keyed is not None else None,
+                groups,
+            )
+            capture.layout[op.name] = OperatorLayout(
+                subtask,
+                op.step.parallelism,
+                None if groups is None else (groups.start, groups.stop),
+            )
+            if keyed is not None:
+                keys += keyed.num_keys()
+        return Capture(capture.snapshots, capture.layout, keys)
+
+    def finish(self) -> None:
+        """All input has ended (before the final checkpoint)."""
+        for op in self.operators:
+            op.finish()
+
+    def notify_complete(self, checkpoint_id: int) -> None:
+        op_name = ""
+        try:
+            for op in self.operators:
+                op_name = op.name
+                op.notify_checkpoint_complete(checkpoint_id)
+        except Exception as err:
+            raise OperatorFailure(op_name, err) from err
+
+    # -- restore -------------------------------------------------------------------------
+    def restore_targets(self) -> list[RestoreTarget]:
+        """This subtask's steps as a restore plan needs them."""
+        targets = []
+        if self.source_step is not None:
+            targets.append(RestoreTarget(step_state(self.source_step)))
+        for op in self.operators:
+            keyed = op.keyed_state
+            targets.append(RestoreTarget(step_state(op.step), keyed.key_groups if keyed else None))
+        return targets
+
+    def restore_state(self, plan: RestorePlan, storage: CheckpointStorage) -> dict[str, Any]:
+        """Seek the source and load keyed state as ``plan`` says; returns the operators'
+        own states by name (for `apply_operator_states`)."""
+        n = plan.checkpoint_id
+
+        def operator_state(name: str) -> Any:
+            part = plan.operators.get(name)
+            if part is None or part.operator_state is None:
+                return None
+            blob = storage.read_operator_state(n, part.operator_state, name)
+            return None if blob is None else _unpack(blob)
+
+        if self.reader is not None and self.source_step is not None:
+            position = operator_state(self.source_step.name)
+            if position is not None:
+                self.reader.restore(position)
+        states: dict[str, Any] = {}
+        for op in self.operators:
+            states[op.name] = operator_state(op.name)
+            keyed = op.keyed_state
+            if keyed is not None:
+                part = plan.operators.get(op.name)
+                handles = part.keyed_state if part is not None else ()
+                keyed.restore(
+                    blob
+                    for handle in handles
+                    for blob in storage.read_keyed_state(n, handle, op.name, keyed.key_groups)
+                )
+        return states
+
+    def apply_operator_states(self, states: dict[str, Any]) -> None:
+        """Hand restored states to their operators; sinks always get theirs (None on a
+        fresh start: they roll back output no checkpoint covers)."""
+        for op in self.operators:
+            state = states.get(op.name)
+            if op.step.kind is StepKind.SINK or state is not None:
+                op.restore_state(state)
+
+    # -- shutdown ------------------------------------------------------------------------
+    def close(self, graceful: bool) -> None:
+        """Close the operators (only when ``graceful``: not after a failure) and the reader."""
+        if graceful:
+            for op in self.operators:
+                try:
+                    op.close()
+                except Exception as err:
+                    log.warning("task %s: closing '%s' failed: %s", self.spec.task_id, op.name, err)
+        if self.reader is not None:
+            self.reader.close()

@@ -1,0 +1,251 @@
+"""A task's part of each checkpoint: the `CheckpointActions` its barrier handler calls.
+
+A checkpoint is taken in four steps, each its own method so that later work
+(back-edge logging, channel state) can slot in between:
+
+1. **capture** — the synchronous part: every operator's state, serialized, between
+   two batches (``OperatorChain.capture``);
+2. **forward** — the barrier goes out on every output channel, behind all records
+   sent before it;
+3. **write** — the asynchronous part: the state file is written by the storage in
+   one background thread while the task goes on (skipped without storage);
+4. **ack** — once written, ``Ack`` with the state handle and the metrics (or
+   ``Decline`` with STATE_WRITE_FAILED when the write failed: the job goes on).
+
+Metrics of an ack: ``start_delay_ms`` (trigger to the first barrier here),
+``alignment_ms`` (first to last barrier), ``spilled_bytes`` (blocked input spilled
+meanwhile), ``sync_ms`` (capture), ``async_ms`` (write), ``state_bytes`` (file size),
+``keys`` (keyed state entries), ``records_in``/``records_out`` (the task's counts at
+the snapshot).
+
+Threading: task-loop thread, except `_write` (the writer thread), which touches only
+the captured, immutable blobs and the storage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from channels import control as P
+from channels.control import CheckpointFailureReason
+from channels.messages import Barrier, CancelBarrier, EndOfInput, Event
+from runtime.barriers import BarrierProtocolError
+from runtime.chain import Capture
+from runtime.inputs import BlockedChannels
+from runtime.task_faults import TaskFaults
+from runtime.task_io import Output
+from statebackend.metadata import TaskStateHandle
+from statebackend.storage import CheckpointStorage
+
+log = logging.getLogger("absflow.task")
+
+
+class Snapshotted(Protocol):
+    """What the checkpointer needs of the task's operators (``OperatorChain``)."""
+
+    def capture(self, checkpoint_id: int, with_state: bool) -> Capture: ...
+    def finish(self) -> None: ...
+    def notify_complete(self, checkpoint_id: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TaskIdentity:
+    index: int
+    attempt: int
+    task_id: str
+
+
+@dataclass(slots=True)
+class _PendingWrite:
+    checkpoint_id: int
+    future: Future[tuple[TaskStateHandle, float]]
+    metrics: dict[str, Any]
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+class TaskCheckpointer:
+    """Implements ``runtime.barriers.CheckpointActions`` for one task.
+
+    Lifecycle: ``start()`` starts the writer thread; ``close()`` waits for it.
+    ``completed_final`` turns true when the final checkpoint completed: the task ends.
+    """
+
+    def __init__(
+        self,
+        task: TaskIdentity,
+        chain: Snapshotted,
+        outputs: Sequence[Output],
+        storage: CheckpointStorage | None,
+        send: Callable[[P.Message], None],
+        inputs: BlockedChannels | None,
+        faults: TaskFaults,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        writer: Executor | None = None,
+        counts: Callable[[], tuple[int, int]] = lambda: (0, 0),
+    ) -> None:
+        """``counts()``: the task's (records in, records out) so far."""
+        self.task, self.chain, self.outputs, self.storage = task, chain, outputs, storage
+        self._send, self._inputs, self._faults = send, inputs, faults
+        self._clock, self._wall_clock = clock, wall_clock
+        self._writer = writer
+        self._counts = counts
+        self._owns_writer = writer is None
+        self._pending: list[_PendingWrite] = []
+        self.final_checkpoint: int | None = None
+        self.completed_final = False
+
+    def start(self) -> None:
+        self._executor()
+
+    def _executor(self) -> Executor:
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="absflow-snapshot")
+        return self._writer
+
+    # -- CheckpointActions -----------------------------------------------------------------
+    def block(self, channel: int) -> None:
+        if self._inputs is None:
+            raise BarrierProtocolError(f"task {self.task.task_id} has no inputs to block")
+        self._inputs.block(channel)
+
+    def unblock_all(self) -> None:
+        """Nothing to do here: the task loop replays the buffers of channels the handler
+        no longer blocks, before anything newer."""
+
+    def trigger_checkpoint(self, barrier: Barrier, alignment_started_at: float) -> None:
+        now = self._clock()
+        # The first barrier arrived at alignment_started_at on the handler's clock (this
+        # one): its wall-clock time, against the coordinator's trigger time.
+        first_barrier_wall = self._wall_clock() - (now - alignment_started_at)
+        metrics: dict[str, Any] = {
+            "start_delay_ms": _ms(first_barrier_wall - barrier.timestamp),
+            "alignment_ms": _ms(now - alignment_started_at),
+            "spilled_bytes": self._inputs.spilled_bytes if self._inputs is not None else 0,
+        }
+        self.checkpoint(barrier, metrics)
+
+    def abort_checkpoint(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None:
+        self.forward(CancelBarrier(checkpoint_id))
+        self.decline(checkpoint_id, reason, reason.message)
+
+    def end_of_all_inputs(self) -> None:
+        self.forward(EndOfInput())
+
+    # -- sources: the job manager triggers -------------------------------------------------
+    def trigger_source(self, trigger: P.Trigger) -> None:
+        """A source's checkpoint, between two batches; the final one ends its output."""
+        barrier = Barrier(trigger.checkpoint_id, trigger.timestamp, trigger.final)
+        metrics: dict[str, Any] = {
+            "start_delay_ms": _ms(self._wall_clock() - trigger.timestamp),
+            "alignment_ms": 0.0,
+            "spilled_bytes": 0,
+        }
+        self.checkpoint(barrier, metrics)
+        if trigger.final:
+            self.end_of_all_inputs()
+
+    # -- the steps -----------------------------------------------------------------------
+    def checkpoint(self, barrier: Barrier, metrics: dict[str, Any]) -> None:
+        """Capture, forward, then write and ack (ack at once without storage)."""
+        n = barrier.checkpoint_id
+        if barrier.final:
+            self.final_checkpoint = n
+            self.chain.finish()
+        captured = self.capture(n, metrics)
+        self.forward(barrier)
+        if self.storage is None:
+            metrics["async_ms"] = 0.0
+            self.ack(n, None, metrics)
+            return
+        self.write(n, captured, metrics)
+
+    def capture(self, checkpoint_id: int, metrics: dict[str, Any]) -> Capture:
+        started = time.perf_counter()
+        captured = self.chain.capture(checkpoint_id, with_state=self.storage is not None)
+        metrics["sync_ms"] = _ms(time.perf_counter() - started)
+        metrics["keys"] = captured.keys
+        # Counts at the snapshot (a consistent cut): the job's committed record figures.
+        metrics["records_in"], metrics["records_out"] = self._counts()
+        return captured
+
+    def forward(self, event: Event) -> None:
+        for output in self.outputs:
+            output.send_event(event)
+
+    def write(self, checkpoint_id: int, captured: Capture, metrics: dict[str, Any]) -> None:
+        """Start writing the state file; `collect_writes` acks it when done."""
+        die = self._faults.kill_during_snapshot(checkpoint_id)
+        future = self._executor().submit(self._write, checkpoint_id, captured, die)
+        self._pending.append(_PendingWrite(checkpoint_id, future, metrics))
+
+    def _write(
+        self, checkpoint_id: int, captured: Capture, die: bool
+    ) -> tuple[TaskStateHandle, float]:
+        storage = self.storage
+        if storage is None:
+            raise BarrierProtocolError("a state file write without checkpoint storage")
+        if die:  # fault injection: die with a half-written state file on disk
+            TaskFaults.die_writing(storage, checkpoint_id, self.task.task_id)
+        started = time.perf_counter()
+        handle = storage.write_task_state(
+            checkpoint_id, self.task.task_id, captured.snapshots, captured.layout
+        )
+        return handle, _ms(time.perf_counter() - started)
+
+    @property
+    def writes_pending(self) -> bool:
+        return bool(self._pending)
+
+    def collect_writes(self, wait: bool = False) -> None:
+        """Ack (or decline) every finished write, oldest first; with ``wait``, all of them."""
+        still = []
+        for pending in self._pending:
+            if not wait and not pending.future.done():
+                still.append(pending)
+                continue
+            n, metrics = pending.checkpoint_id, pending.metrics
+            try:
+                handle, async_ms = pending.future.result()
+            except Exception as err:  # e.g. disk full: decline, the job goes on
+                log.warning("task %s: writing checkpoint %d failed: %s", self.task.task_id, n, err)
+                self.decline(
+                    n, CheckpointFailureReason.STATE_WRITE_FAILED, f"{type(err).__name__}: {err}"
+                )
+                continue
+            metrics["async_ms"] = async_ms
+            metrics["state_bytes"] = handle.size
+            self.ack(n, handle, metrics)
+        self._pending = still
+
+    def ack(
+        self, checkpoint_id: int, handle: TaskStateHandle | None, metrics: dict[str, Any]
+    ) -> None:
+        t = self.task
+        state = None if handle is None else handle.encode()
+        self._send(P.Ack(t.index, t.attempt, checkpoint_id, state, metrics))
+
+    def decline(self, checkpoint_id: int, reason: CheckpointFailureReason, detail: str) -> None:
+        t = self.task
+        self._send(P.Decline(t.index, t.attempt, checkpoint_id, reason.name, detail))
+
+    # -- completion ----------------------------------------------------------------------
+    def complete(self, checkpoint_id: int) -> None:
+        """The job manager completed ``checkpoint_id``: operators commit what it covers."""
+        self.chain.notify_complete(checkpoint_id)
+        if self.final_checkpoint is not None and checkpoint_id >= self.final_checkpoint:
+            self.completed_final = True
+
+    def close(self) -> None:
+        """Wait for the writer thread (writes not collected are not acked)."""
+        if self._writer is not None and self._owns_writer:
+            self._writer.shutdown(wait=True)
+        self._writer = None

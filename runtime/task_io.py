@@ -1,0 +1,126 @@
+"""How a task reaches the world: its input gate, output channels, control socket, and
+the wait between them.
+
+`Task` sees only the protocols below, so its loop runs on fakes in unit tests;
+`ZmqTaskIO` is the real thing (``channels.zmq_io`` sockets and one ``zmq.Poller``).
+Sockets are created when the task opens, never when an object is constructed.
+
+Threading: task-loop thread only (each socket has one owning thread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import zmq
+
+from channels.messages import Event
+from channels.zmq_io import InputGate, OutputChannel
+from runtime.config import JobConfig
+
+
+class Output(Protocol):
+    """One output channel (``channels.zmq_io.OutputChannel``)."""
+
+    def write(self, records: list[Any]) -> None: ...
+    def flush(self) -> None: ...
+    def flush_if_older(self, now: float, timeout: float) -> None: ...
+    def send_event(self, event: Event) -> None: ...
+    def close(self, linger_ms: int = 0) -> None: ...
+
+
+class Gate(Protocol):
+    """A task's input gate (``channels.zmq_io.InputGate``)."""
+
+    @property
+    def endpoint(self) -> str: ...
+    def recv_frames(self, max_frames: int) -> list[bytes]: ...
+
+
+class ControlSocket(Protocol):
+    """The task's end of the control plane (a ZeroMQ DEALER socket)."""
+
+    def send(self, data: bytes, /) -> Any: ...
+    def recv(self) -> Any: ...
+    def poll(self, timeout: int, /) -> int: ...
+    def close(self, linger: int | None = None) -> None: ...
+
+
+class TaskIO(Protocol):
+    """Factories the task calls from ``open()``, and the wait of its input loop."""
+
+    @property
+    def gate(self) -> Gate | None:
+        """The input gate (bound before the endpoints are exchanged); None for sources."""
+        ...
+
+    def control_socket(self) -> ControlSocket:
+        """Connect a new control socket to the job manager."""
+        ...
+
+    def output(
+        self, channel_id: int, target_task: int, on_backpressure: Callable[[], None]
+    ) -> Output:
+        """Connect output channel ``channel_id`` to task ``target_task``'s gate."""
+        ...
+
+    def wait(self, timeout_ms: int) -> tuple[bool, bool]:
+        """Wait up to ``timeout_ms`` for input; returns (gate readable, control readable)."""
+        ...
+
+
+class ZmqTaskIO:
+    """`TaskIO` over ZeroMQ: PUSH outputs to the gathered endpoints, a DEALER to the
+    job manager (identity ``"<task index>:<attempt>"``), one poller over gate and DEALER."""
+
+    def __init__(
+        self,
+        zctx: zmq.Context[Any],
+        gate: InputGate | None,
+        endpoints: dict[int, str],
+        config: JobConfig,
+        jm_endpoint: str,
+        identity: str,
+    ) -> None:
+        self._zctx, self._gate, self._endpoints = zctx, gate, endpoints
+        self._config, self._jm_endpoint, self._identity = config, jm_endpoint, identity
+        self._poller: zmq.Poller | None = None
+        self._control: zmq.Socket[Any] | None = None
+
+    @property
+    def gate(self) -> InputGate | None:
+        return self._gate
+
+    def control_socket(self) -> zmq.Socket[Any]:
+        control: zmq.Socket[Any] = self._zctx.socket(zmq.DEALER)
+        control.setsockopt(zmq.LINGER, 2000)
+        control.setsockopt(zmq.IDENTITY, self._identity.encode())
+        control.connect(self._jm_endpoint)
+        self._control = control
+        return control
+
+    def output(
+        self, channel_id: int, target_task: int, on_backpressure: Callable[[], None]
+    ) -> OutputChannel:
+        cfg = self._config
+        return OutputChannel(
+            self._zctx,
+            self._endpoints[target_task],
+            channel_id,
+            batch_size=cfg.batch_size,
+            sndhwm=cfg.channel_hwm,
+            compress_min_bytes=cfg.compress_min_bytes,
+            on_backpressure=on_backpressure,
+        )
+
+    def wait(self, timeout_ms: int) -> tuple[bool, bool]:
+        if self._poller is None:
+            self._poller = zmq.Poller()
+            if self._gate is not None:
+                self._poller.register(self._gate.socket, zmq.POLLIN)
+            if self._control is not None:
+                self._poller.register(self._control, zmq.POLLIN)
+        events = dict(self._poller.poll(timeout_ms))
+        gate_ready = self._gate is not None and self._gate.socket in events
+        return gate_ready, self._control is not None and self._control in events

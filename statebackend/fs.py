@@ -1,0 +1,163 @@
+"""The filesystem interface checkpoint storage writes through, and its local implementation.
+
+`CheckpointStorage` needs only a few operations, listed by `FileSystem`; each says
+what it promises, so that a store without rename (S3 and friends, through fsspec)
+can implement it: a whole-file write is "create in one PUT", a streaming write is a
+multipart upload that becomes visible when it is closed.
+
+Paths are the filesystem's own strings (a local path here; a bucket key elsewhere).
+`filesystem_for` turns a storage URL into a filesystem and a root path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from typing import BinaryIO, Protocol
+
+from statebackend.errors import StateError
+
+FILE_SCHEME = "file://"
+
+
+class FileSystem(Protocol):
+    """What checkpoint storage does with files. Safe to call from any thread."""
+
+    def join(self, *parts: str) -> str:
+        """The path of ``parts[-1]`` inside ``parts[0]/.../parts[-2]``."""
+        ...
+
+    def write_whole(self, path: str, data: bytes) -> None:
+        """Write ``data`` as the whole file ``path``: afterwards ``path`` holds all of it,
+        or (on an error, or a crash half-way) is as it was before. Parents are created."""
+        ...
+
+    def open_write(self, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """A stream whose bytes become the file ``path`` when the ``with`` block ends
+        without an error; an error (or a crash) inside the block leaves no file at
+        ``path``. Parents are created."""
+        ...
+
+    def open_read(self, path: str) -> BinaryIO:
+        """The file for reading; FileNotFoundError if it does not exist."""
+        ...
+
+    def read_bytes(self, path: str) -> bytes:
+        """The whole file; FileNotFoundError if it does not exist."""
+        ...
+
+    def list_dir(self, path: str) -> list[str]:
+        """Names of the entries of directory ``path``; FileNotFoundError if it does not exist."""
+        ...
+
+    def is_dir(self, path: str) -> bool: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def size(self, path: str) -> int:
+        """Size in bytes; FileNotFoundError if the file does not exist."""
+        ...
+
+    def remove(self, path: str) -> None:
+        """Remove a file; a missing file is fine."""
+        ...
+
+    def remove_tree(self, path: str) -> None:
+        """Remove a directory and everything in it; a missing directory is fine."""
+        ...
+
+
+def unlink_quietly(path: str) -> None:
+    """Remove local file ``path``; a missing file is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _fsync_dir(directory: str) -> None:
+    """Persist renames in ``directory`` (no-op where directories cannot be fsynced)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class LocalFileSystem:
+    """A local (or NFS-mounted) directory tree. Writes go to ``path + ".tmp"``, are
+    fsynced and renamed into place, and the directory is fsynced: atomic on POSIX."""
+
+    def join(self, *parts: str) -> str:
+        return os.path.join(*parts)
+
+    def write_whole(self, path: str, data: bytes) -> None:
+        with self.open_write(path) as out:
+            out.write(data)
+
+    @contextlib.contextmanager
+    def open_write(self, path: str) -> Iterator[BinaryIO]:
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, exist_ok=True)
+        tmp = path + ".tmp"
+        try:
+            with open(tmp, "wb") as out:
+                yield out
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            unlink_quietly(tmp)
+            raise
+        _fsync_dir(directory)
+
+    def open_read(self, path: str) -> BinaryIO:
+        return open(path, "rb")
+
+    def read_bytes(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def list_dir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+    def remove(self, path: str) -> None:
+        unlink_quietly(path)
+
+    def remove_tree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return "LocalFileSystem()"
+
+
+def filesystem_for(url: str) -> tuple[FileSystem, str]:
+    """The filesystem of a storage URL and the root path in it.
+
+    A plain path or a ``file://`` URL is a local directory (made absolute against the
+    current directory of the caller: resolve on the driver, hand the result to tasks).
+    Raises StateError for other schemes.
+    """
+    if url.startswith(FILE_SCHEME):
+        url = url[len(FILE_SCHEME) :]
+    elif "://" in url:
+        scheme = url.split("://", 1)[0]
+        raise StateError(
+            f"checkpoint storage {url!r}: the {scheme}:// scheme is not supported yet; use a "
+            f"local or shared-filesystem directory (a path or a file:// URL)"
+        )
+    return LocalFileSystem(), os.path.abspath(url)

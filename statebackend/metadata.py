@@ -1,0 +1,252 @@
+"""What a checkpoint records about itself: one typed schema, one encode/decode pair each.
+
+* `OperatorLayout` — where one operator's state in a task state file came from
+  (subtask, parallelism, key-group range).
+* `TaskStateHandle` — one task's state file (name, size, crc32, operators); a task
+  sends it in its ``Ack`` (`encode`/`decode` to a plain dict for the control plane)
+  and ``_metadata`` lists one per task.
+* `StepState` — a step whose state the checkpoint holds (name, kind, parallelism,
+  keyed): what a restore checks the new job against.
+* `CheckpointMetadata` — the ``_metadata`` file: readable JSON with a ``"crc32"`` of
+  its canonical body (``json.dumps(body, sort_keys=True, separators=(",", ":"))`` of
+  every other key), written by the coordinator, read by restore and the CLI.
+
+Decoding raises CorruptCheckpointError naming what is missing or malformed.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from statebackend.errors import CorruptCheckpointError
+
+_LIST_HINT = "list the checkpoints with `python -m jobmanager checkpoints DIR`"
+
+
+def _canonical(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorLayout:
+    """One operator's part of a task state file: written by ``subtask`` of ``parallelism``;
+    ``key_groups`` is the ``(start, stop)`` range it owned, None if it is not keyed."""
+
+    subtask: int
+    parallelism: int
+    key_groups: tuple[int, int] | None = None
+
+    def encode(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"subtask": self.subtask, "parallelism": self.parallelism}
+        if self.key_groups is not None:
+            out["key_groups"] = list(self.key_groups)
+        return out
+
+    @classmethod
+    def decode(cls, data: Any) -> OperatorLayout:
+        try:
+            groups = data.get("key_groups")
+            return cls(
+                int(data["subtask"]),
+                int(data["parallelism"]),
+                None if groups is None else (int(groups[0]), int(groups[1])),
+            )
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+            raise CorruptCheckpointError(
+                f"operator layout {data!r} is malformed ({err!r}): expected "
+                f"{{'subtask': int, 'parallelism': int, 'key_groups': [start, stop]?}}"
+            ) from err
+
+    def overlaps(self, key_groups: range) -> bool:
+        """Whether this operator's key groups overlap ``key_groups`` (False if not keyed)."""
+        if self.key_groups is None:
+            return False
+        start, stop = self.key_groups
+        return start < key_groups.stop and key_groups.start < stop
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStateHandle:
+    """One task's state file in a checkpoint: ``file`` (a name inside the checkpoint),
+    its ``size`` and whole-file ``crc32``, and the layout of each operator in it."""
+
+    file: str
+    size: int
+    crc32: int
+    operators: Mapping[str, OperatorLayout] = field(default_factory=dict)
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "size": self.size,
+            "crc32": self.crc32,
+            "operators": {name: layout.encode() for name, layout in self.operators.items()},
+        }
+
+    @classmethod
+    def decode(cls, data: Any) -> TaskStateHandle:
+        try:
+            operators = data.get("operators") or {}
+            return cls(
+                str(data["file"]),
+                int(data["size"]),
+                int(data["crc32"]),
+                {str(name): OperatorLayout.decode(op) for name, op in operators.items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise CorruptCheckpointError(
+                f"task state handle {data!r} is malformed ({err!r}): expected "
+                f"{{'file': str, 'size': int, 'crc32': int, 'operators': {{...}}}}"
+            ) from err
+
+
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """A step as far as its state goes: ``kind`` is the step kind's value (``"aggregate"``,
+    ``"source"``, ...; empty when a checkpoint written before kinds were recorded is
+    read); ``keyed`` steps can be restored at any parallelism up to max_parallelism."""
+
+    name: str
+    kind: str
+    parallelism: int
+    keyed: bool
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "parallelism": self.parallelism,
+            "keyed": self.keyed,
+        }
+
+    @classmethod
+    def decode(cls, data: Any) -> StepState:
+        try:
+            return cls(
+                str(data["name"]), str(data["kind"]), int(data["parallelism"]), bool(data["keyed"])
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CorruptCheckpointError(f"step entry {data!r} is malformed ({err!r})") from err
+
+    def describe(self) -> str:
+        what = f"{self.kind} " if self.kind else ""
+        keyed = "keyed" if self.keyed else "non-keyed"
+        return f"{what}step '{self.name}' ({keyed}, parallelism {self.parallelism})"
+
+
+def steps_of(tasks: Mapping[str, TaskStateHandle]) -> tuple[StepState, ...]:
+    """The steps the state files hold, from their layouts (kinds unknown), by name."""
+    found: dict[str, StepState] = {}
+    for handle in tasks.values():
+        for name, layout in handle.operators.items():
+            found.setdefault(
+                name, StepState(name, "", layout.parallelism, layout.key_groups is not None)
+            )
+    return tuple(found[name] for name in sorted(found))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointMetadata:
+    """The ``_metadata`` of a completed checkpoint (see the module docstring)."""
+
+    checkpoint_id: int
+    job: str
+    attempt: int
+    final: bool
+    trigger_time: float
+    """Wall clock (time.time()) when the coordinator triggered the checkpoint."""
+    completed_time: float
+    duration_ms: float
+    max_parallelism: int
+    tasks: Mapping[str, TaskStateHandle]
+    """By task id; tasks without state (no storage, nothing to write) are absent."""
+    task_metrics: Mapping[str, Mapping[str, Any]]
+    """By task id: the metrics of its ack (start_delay_ms, alignment_ms, sync_ms, ...)."""
+    metrics: Mapping[str, Any]
+    """Checkpoint-level summary (jobmanager.coordinator.summarize, plus duration_ms)."""
+    steps: tuple[StepState, ...] = ()
+    """The steps whose state the checkpoint holds, by name."""
+
+    def step(self, name: str) -> StepState | None:
+        return next((s for s in self.steps if s.name == name), None)
+
+    def _body(self) -> dict[str, Any]:
+        body = {
+            "checkpoint_id": self.checkpoint_id,
+            "job": self.job,
+            "attempt": self.attempt,
+            "final": self.final,
+            "trigger_time": self.trigger_time,
+            "completed_time": self.completed_time,
+            "duration_ms": self.duration_ms,
+            "max_parallelism": self.max_parallelism,
+            "tasks": {task: handle.encode() for task, handle in self.tasks.items()},
+            "task_metrics": {task: dict(m) for task, m in self.task_metrics.items()},
+            "metrics": dict(self.metrics),
+            "steps": [s.encode() for s in self.steps],
+        }
+        # Through JSON once so the crc covers exactly what a reader gets back.
+        decoded: dict[str, Any] = json.loads(json.dumps(body))
+        return decoded
+
+    def to_json(self) -> str:
+        """Indented JSON with ``"crc32"`` of the canonical body."""
+        body = self._body()
+        crc = zlib.crc32(_canonical(body))
+        return json.dumps({**body, "crc32": crc}, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "_metadata") -> CheckpointMetadata:
+        """Parse and verify ``_metadata`` text; ``source`` names it in errors."""
+        try:
+            body = json.loads(text)
+        except ValueError as err:
+            raise CorruptCheckpointError(
+                f"checkpoint metadata {source!r} is not valid JSON ({err}); the checkpoint "
+                f"cannot be restored, use an older one ({_LIST_HINT})"
+            ) from err
+        if not isinstance(body, dict) or not isinstance(body.get("crc32"), int):
+            raise CorruptCheckpointError(
+                f"checkpoint metadata {source!r} has no crc32 field; it was not written by "
+                f"absflow or is damaged ({_LIST_HINT})"
+            )
+        recorded = body.pop("crc32")
+        crc = zlib.crc32(_canonical(body))
+        if crc != recorded:
+            raise CorruptCheckpointError(
+                f"checkpoint metadata {source!r} fails its checksum (crc32 {crc:#010x}, recorded "
+                f"{recorded:#010x}); it was modified or damaged, use an older checkpoint "
+                f"({_LIST_HINT})"
+            )
+        try:
+            tasks = {str(t): TaskStateHandle.decode(h) for t, h in body["tasks"].items()}
+            steps = body.get("steps")
+            return cls(
+                checkpoint_id=int(body["checkpoint_id"]),
+                job=str(body["job"]),
+                attempt=int(body["attempt"]),
+                final=bool(body["final"]),
+                trigger_time=float(body["trigger_time"]),
+                completed_time=float(body["completed_time"]),
+                duration_ms=float(body["duration_ms"]),
+                max_parallelism=int(body["max_parallelism"]),
+                tasks=tasks,
+                task_metrics={str(t): dict(m) for t, m in body["task_metrics"].items()},
+                metrics=dict(body["metrics"]),
+                steps=steps_of(tasks)
+                if steps is None
+                else tuple(StepState.decode(s) for s in steps),
+            )
+        except KeyError as err:
+            raise CorruptCheckpointError(
+                f"checkpoint metadata {source!r} lacks the field {err.args[0]!r}; it was not "
+                f"written by this version of absflow ({_LIST_HINT})"
+            ) from err
+        except (TypeError, ValueError, AttributeError) as err:
+            raise CorruptCheckpointError(
+                f"checkpoint metadata {source!r} is malformed ({err}) ({_LIST_HINT})"
+            ) from err

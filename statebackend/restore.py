@@ -1,0 +1,161 @@
+"""Restoring a checkpoint into a job: whether it fits, and which files each subtask reads.
+
+Both are pure functions of a checkpoint's `CheckpointMetadata` and the new job's
+steps (tested without Spark):
+
+* `check_compatible` runs on the driver before the first attempt. State is matched
+  to a step by **name and kind**; a checkpoint whose state has no matching step is
+  refused unless ``allow_non_restored_state`` (then that state is dropped, as with
+  Flink's allowNonRestoredState). Non-keyed state cannot be redistributed, so its
+  step must keep its parallelism; keyed state needs the same number of key groups.
+* `plan_restore` runs in each task: for each of its operators, the state file with
+  its own operator state (same subtask) and the state files whose key-group ranges
+  overlap its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from statebackend.errors import IncompatibleCheckpointError
+from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
+
+log = logging.getLogger("absflow.statebackend")
+
+_ALLOW_HINT = "pass allow_non_restored_state=True to drop it"
+
+
+def _unmatched(recorded: StepState, new: StepState | None, job: str) -> str | None:
+    """Why ``recorded``'s state has no step in the new job, or None if ``new`` matches."""
+    if new is None:
+        return f"state of step '{recorded.name}' has no step of that name in job '{job}'"
+    if recorded.kind and new.kind != recorded.kind:
+        return (
+            f"state of {recorded.kind} step '{recorded.name}' has no {recorded.kind} step of "
+            f"that name in job '{job}' ('{new.name}' is a {new.kind} step there)"
+        )
+    return None
+
+
+def _match(recorded: StepState, new: StepState | None) -> StepState | None:
+    """``new`` if ``recorded``'s state restores into it (same name and kind), else None."""
+    return new if _unmatched(recorded, new, "") is None else None
+
+
+def _unfit(recorded: StepState, new: StepState, checkpoint_groups: int, groups: int) -> str | None:
+    """Why matched state cannot be restored into ``new``, or None if it can."""
+    if not recorded.keyed and new.parallelism != recorded.parallelism:
+        return (
+            f"step '{new.name}' has parallelism {new.parallelism}, the checkpoint has it at "
+            f"parallelism {recorded.parallelism} and its state is not keyed (it cannot be "
+            f"redistributed); run '{new.name}' with parallelism {recorded.parallelism}"
+        )
+    if recorded.keyed and groups != checkpoint_groups:
+        return (
+            f"keyed step '{new.name}': the checkpoint has {checkpoint_groups} key groups "
+            f"(max_parallelism), the job {groups}; keyed state restores only with the same "
+            f"max_parallelism: use Dataflow(max_parallelism={checkpoint_groups})"
+        )
+    return None
+
+
+def check_compatible(
+    metadata: CheckpointMetadata,
+    steps: Sequence[StepState],
+    job: str,
+    max_parallelism: int,
+    allow_non_restored_state: bool = False,
+) -> list[StepState]:
+    """Check that checkpoint ``metadata`` can be restored into job ``job`` with ``steps``.
+
+    Returns the recorded steps whose state will be dropped (only with
+    ``allow_non_restored_state``; a WARNING names each). Raises
+    IncompatibleCheckpointError naming every step that does not fit.
+    """
+    by_name = {s.name: s for s in steps}
+    dropped: list[StepState] = []
+    unmatched: list[str] = []
+    unfit: list[str] = []
+    for recorded in metadata.steps:
+        new = _match(recorded, by_name.get(recorded.name))
+        if new is None:
+            unmatched.append(str(_unmatched(recorded, by_name.get(recorded.name), job)))
+            dropped.append(recorded)
+            continue
+        problem = _unfit(recorded, new, metadata.max_parallelism, max_parallelism)
+        if problem is not None:
+            unfit.append(problem)
+    where = f"checkpoint {metadata.checkpoint_id} of job '{metadata.job}'"
+    if unfit or (unmatched and not allow_non_restored_state):
+        problems = list(unfit)
+        if not allow_non_restored_state:
+            problems += [f"{why}; {_ALLOW_HINT}" for why in unmatched]
+        raise IncompatibleCheckpointError(
+            f"cannot restore {where} into job '{job}': " + "; ".join(problems)
+        )
+    for why in unmatched:
+        log.warning("restoring %s: %s; dropped (allow_non_restored_state=True)", where, why)
+    return dropped
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreTarget:
+    """One operator of a subtask of the new job: its step, and the key groups it owns
+    (None unless keyed)."""
+
+    step: StepState
+    key_groups: range | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorRestore:
+    """Where one operator's state comes from: ``operator_state`` is the state file with
+    this subtask's own operator state (None: start empty); ``keyed_state`` the state
+    files whose key-group ranges overlap this subtask's."""
+
+    operator: str
+    operator_state: TaskStateHandle | None
+    keyed_state: tuple[TaskStateHandle, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RestorePlan:
+    checkpoint_id: int
+    operators: Mapping[str, OperatorRestore]
+
+
+def plan_restore(
+    metadata: CheckpointMetadata, subtask: int, targets: Sequence[RestoreTarget]
+) -> RestorePlan:
+    """Which state files subtask ``subtask`` reads for each of its operators.
+
+    State recorded for a step of another kind, or for no step of the new job, is not
+    planned (`check_compatible` decided it may be dropped). Raises
+    IncompatibleCheckpointError if a non-keyed operator changed its parallelism.
+    """
+    planned: dict[str, OperatorRestore] = {}
+    for target in targets:
+        name = target.step.name
+        recorded = metadata.step(name)
+        if recorded is not None and _match(recorded, target.step) is None:
+            continue
+        own: TaskStateHandle | None = None
+        keyed: list[TaskStateHandle] = []
+        for handle in metadata.tasks.values():
+            layout = handle.operators.get(name)
+            if layout is None:
+                continue
+            if layout.key_groups is None and layout.parallelism != target.step.parallelism:
+                raise IncompatibleCheckpointError(
+                    f"cannot restore '{name}' at parallelism {target.step.parallelism}: the "
+                    f"checkpoint has it at parallelism {layout.parallelism} and its state is "
+                    f"not keyed; run '{name}' with parallelism {layout.parallelism}"
+                )
+            if layout.subtask == subtask and layout.parallelism == target.step.parallelism:
+                own = handle
+            if target.key_groups is not None and layout.overlaps(target.key_groups):
+                keyed.append(handle)
+        planned[name] = OperatorRestore(name, own, tuple(keyed))
+    return RestorePlan(metadata.checkpoint_id, planned)

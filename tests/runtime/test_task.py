@@ -1,0 +1,420 @@
+"""The task loop, its blocked channels and its checkpointer, on fakes: no Spark, no ZeroMQ.
+
+The fakes: a gate that hands out scripted frames, output channels that log what they
+are sent, and a control socket that plays the job manager (it completes every
+checkpoint it is acked, and says Alive to heartbeats).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from channels import control as P
+from channels.control import CheckpointFailureReason
+from channels.messages import (
+    Barrier,
+    CancelBarrier,
+    EndOfInput,
+    Event,
+    encode_data,
+    encode_event,
+)
+from runtime.barriers import BarrierAligner
+from runtime.chain import Capture
+from runtime.checkpointer import TaskCheckpointer, TaskIdentity
+from runtime.config import JobConfig, TaskEnvironment
+from runtime.dataflow import Dataflow
+from runtime.errors import RecordSerializationError, TaskCancelled
+from runtime.inputs import BlockedChannels
+from runtime.plan import JobPlan
+from runtime.sources import CollectionSource
+from runtime.task import Task
+from runtime.task_faults import TaskFaults
+from statebackend.metadata import OperatorLayout, TaskStateHandle
+from statebackend.snapshot import OperatorSnapshot
+
+Log = list[tuple[str, Any]]
+
+
+# -- fakes -------------------------------------------------------------------------------
+class FakeOutput:
+    def __init__(self, name: str, log: Log) -> None:
+        self.name, self.log = name, log
+        self.closed = False
+
+    def write(self, records: list[Any]) -> None:
+        self.log.append(("write", list(records)))
+
+    def flush(self) -> None:
+        pass
+
+    def flush_if_older(self, now: float, timeout: float) -> None:
+        pass
+
+    def send_event(self, event: Event) -> None:
+        self.log.append(("forward", event))
+
+    def close(self, linger_ms: int = 0) -> None:
+        self.closed = True
+
+
+class FakeGate:
+    endpoint = "fake://gate"
+
+    def __init__(self) -> None:
+        self.frames: deque[bytes] = deque()
+
+    def recv_frames(self, max_frames: int) -> list[bytes]:
+        out = []
+        while self.frames and len(out) < max_frames:
+            out.append(self.frames.popleft())
+        return out
+
+
+class FakeJobManager:
+    """The task's control socket, answering like the job manager would."""
+
+    def __init__(self) -> None:
+        self.inbox: deque[bytes] = deque()
+        self.received: list[P.Message] = []
+        self.closed = False
+
+    def tell(self, msg: P.Message) -> None:
+        self.inbox.append(P.encode(msg))
+
+    def send(self, data: bytes, /) -> None:
+        msg = P.decode(data)
+        self.received.append(msg)
+        if isinstance(msg, P.Ack):
+            self.tell(P.Complete(msg.checkpoint_id))
+        elif isinstance(msg, P.Heartbeat):
+            self.tell(P.Alive())
+
+    def recv(self) -> bytes:
+        return self.inbox.popleft()
+
+    def poll(self, timeout: int, /) -> int:
+        return len(self.inbox)
+
+    def close(self, linger: int | None = None) -> None:
+        self.closed = True
+
+    def of_type(self, cls: type) -> list[Any]:
+        return [m for m in self.received if isinstance(m, cls)]
+
+
+class FakeIO:
+    def __init__(self) -> None:
+        self.gate = FakeGate()
+        self.jm = FakeJobManager()
+        self.log: Log = []
+        self.outputs: dict[int, FakeOutput] = {}
+
+    def control_socket(self) -> FakeJobManager:
+        return self.jm
+
+    def output(
+        self, channel_id: int, target_task: int, on_backpressure: Callable[[], None]
+    ) -> FakeOutput:
+        self.outputs[channel_id] = FakeOutput(f"ch{channel_id}", self.log)
+        return self.outputs[channel_id]
+
+    def wait(self, timeout_ms: int) -> tuple[bool, bool]:
+        return bool(self.gate.frames), bool(self.jm.inbox)
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+def parity(x: int) -> int:
+    return x % 2
+
+
+def merge_plan(**kw: Any) -> JobPlan:
+    """Two sources into union "merge" -> map "double" (one task, two input channels 0
+    and 1) -> hash -> reduce "count" -> collect."""
+    flow = Dataflow("merge", parallelism=1)
+    a = flow.source(CollectionSource([1]), name="a")
+    b = flow.source(CollectionSource([2]), name="b")
+    (
+        a.union(b, name="merge")
+        .map(kw.get("fn", double), name="double")
+        .key_by(parity)
+        .reduce(lambda x, _y: x, name="count")
+        .collect("out")
+    )
+    return flow.plan()
+
+
+def merge_task(tmp_path: Path, **settings: Any) -> tuple[Task, FakeIO]:
+    plan = merge_plan(**settings.pop("plan", {}))
+    spec = next(t for t in plan.tasks if t.task_id == "merge[0]")
+    assert spec.inputs == [0, 1]
+    env = TaskEnvironment(
+        jm_endpoint="fake://jm",
+        attempt=0,
+        config=JobConfig(heartbeat_interval=3600, **settings),
+        checkpoint_root=str(tmp_path / "chk") if settings.get("checkpoint_interval") else None,
+        restore_root=None,
+        restore_metadata=None,
+        run_id="test",
+    )
+    io = FakeIO()
+    return Task(plan, spec, env, io, "127.0.0.1"), io
+
+
+def data(channel: int, *records: Any) -> bytes:
+    return encode_data(channel, list(records))
+
+
+def event(channel: int, e: Event) -> bytes:
+    return encode_event(channel, e)
+
+
+# -- the task loop -----------------------------------------------------------------------
+def test_constructing_a_task_does_no_io(tmp_path: Path) -> None:
+    task, io = merge_task(tmp_path)
+    assert io.outputs == {} and io.jm.received == []
+    task.close(graceful=False)  # safe without open()
+
+
+def test_blocked_frames_are_replayed_in_order_before_newer_ones(tmp_path: Path) -> None:
+    task, io = merge_task(tmp_path)
+    task.open()
+    assert [type(m) for m in io.jm.received] == [P.Register]
+    b1, b2 = Barrier(1, 0.0), Barrier(2, 0.0, final=True)
+    io.gate.frames.extend(
+        [
+            data(0, 1, 2),
+            event(0, b1),  # blocks channel 0
+            data(0, 3),  # buffered
+            data(1, 10),
+            event(1, b1),  # aligned: checkpoint 1, unblock
+            data(0, 4),  # newer than the buffered [3]
+            event(0, b2),
+            event(1, b2),
+            event(0, EndOfInput()),
+            event(1, EndOfInput()),
+        ]
+    )
+    task.run()
+    assert io.log == [
+        ("write", [2, 4]),
+        ("write", [20]),
+        ("forward", b1),
+        ("write", [6]),
+        ("write", [8]),
+        ("forward", b2),
+        ("forward", EndOfInput()),
+    ]
+    acks = io.jm.of_type(P.Ack)
+    assert [a.checkpoint_id for a in acks] == [1, 2]
+    assert acks[0].state is None  # no checkpoint storage
+    assert set(acks[0].metrics) >= {"start_delay_ms", "alignment_ms", "sync_ms", "async_ms"}
+    assert io.jm.of_type(P.Finished)[0].metrics["records_in"] == 5
+    task.close(graceful=True)
+    assert io.jm.closed and all(o.closed for o in io.outputs.values())
+    assert isinstance(io.jm.received[-1], P.Closed)
+
+
+def test_state_files_are_written_through_the_storage(tmp_path: Path) -> None:
+    task, io = merge_task(tmp_path, checkpoint_interval=1.0)
+    task.open()
+    b = Barrier(1, 0.0, final=True)
+    io.gate.frames.extend(
+        [event(0, b), event(1, b), event(0, EndOfInput()), event(1, EndOfInput())]
+    )
+    task.run()
+    (ack,) = io.jm.of_type(P.Ack)
+    handle = TaskStateHandle.decode(ack.state)
+    assert handle.file == "merge[0].state" and handle.operators == {}  # nothing stateful
+    assert (tmp_path / "chk" / "chk-1" / "merge[0].state").stat().st_size == handle.size
+    assert ack.metrics["state_bytes"] == handle.size
+    task.close(graceful=True)
+
+
+def test_an_abort_from_the_job_manager_reaches_the_handler_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    task, io = merge_task(tmp_path)
+    task.open()
+    io.gate.frames.extend([event(0, Barrier(1, 0.0)), data(0, 5)])
+    task.turn()
+    assert task.inputs is not None and task.inputs.buffered(0) == 1  # aligning, 0 blocked
+    io.jm.tell(P.Abort(1, CheckpointFailureReason.EXPIRED.name))
+    task.turn()
+    (decline,) = io.jm.of_type(P.Decline)
+    assert (decline.checkpoint_id, decline.reason) == (1, "EXPIRED")
+    assert decline.detail == CheckpointFailureReason.EXPIRED.message
+    assert ("forward", CancelBarrier(1)) in io.log
+    task.turn()  # channel 0 is unblocked: its buffered batch is replayed
+    assert io.log[-1] == ("write", [10])
+    task.close(graceful=False)
+
+
+def test_a_cancel_from_the_job_manager_ends_the_task(tmp_path: Path) -> None:
+    task, io = merge_task(tmp_path)
+    task.open()
+    io.jm.tell(P.Cancel("the attempt failed"))
+    with pytest.raises(TaskCancelled, match="the attempt failed"):
+        task.run()
+    task.close(graceful=False)
+
+
+def make_set(x: int) -> Any:
+    return {x}
+
+
+def test_an_unserializable_record_is_a_fatal_failure_naming_its_step(tmp_path: Path) -> None:
+    task, io = merge_task(tmp_path, plan={"fn": make_set})
+
+    def refuse(records: list[Any]) -> None:  # what OutputChannel.write raises
+        raise RecordSerializationError.of_batch(records, TypeError("can not serialize 'set'"))
+
+    task.open()
+    for output in io.outputs.values():
+        output.write = refuse  # type: ignore[method-assign]
+    io.gate.frames.append(data(0, 1))
+    with pytest.raises(TaskCancelled):
+        task.run()
+    (failed,) = io.jm.of_type(P.Failed)
+    assert failed.fatal and failed.operator == "double"
+    assert "step 'double' emitted a record that cannot cross tasks" in failed.error
+    assert "convert the set to a list/tuple" in failed.error
+    task.close(graceful=False)
+
+
+# -- blocked channels ----------------------------------------------------------------------
+def test_blocked_channels_buffer_and_replay_oldest_first(tmp_path: Path) -> None:
+    delivered: list[tuple[int, Any]] = []
+    blocked: set[int] = set()
+    inputs = BlockedChannels(
+        lambda ch, kind, frame: delivered.append((ch, frame)),
+        lambda: frozenset(blocked),
+        lambda: str(tmp_path),
+        spill_threshold=10,  # the second frame already spills to disk
+    )
+    f = [data(0, i) for i in range(4)] + [data(1, 99)]
+    blocked.add(0)
+    inputs.block(0)
+    for frame in f[:3]:
+        inputs.on_frame(frame)
+    inputs.on_frame(f[4])  # channel 1 is not blocked: delivered at once
+    assert delivered == [(1, f[4])] and not inputs.replaying
+    assert inputs.spilled_bytes > 0
+    blocked.clear()  # the handler unblocked
+    assert inputs.replaying
+    inputs.on_frame(f[3])  # newer than the buffer: goes behind it
+    inputs.replay(budget=2)
+    assert delivered[1:] == [(0, f[0]), (0, f[1])]
+    inputs.replay()
+    assert delivered[1:] == [(0, f[i]) for i in range(4)]
+    assert not inputs.replaying and inputs.buffered(0) == 0
+    assert inputs.spilled_total > 0 and list(tmp_path.iterdir()) == []
+
+
+# -- the checkpointer ------------------------------------------------------------------------
+class Synchronous(Executor):
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as err:
+            future.set_exception(err)
+        return future
+
+
+class FakeChain:
+    def __init__(self, log: Log) -> None:
+        self.log = log
+
+    def capture(self, checkpoint_id: int, with_state: bool) -> Capture:
+        self.log.append(("capture", checkpoint_id))
+        snap = OperatorSnapshot(b"\x01", None, None)
+        return Capture({"op": snap}, {"op": OperatorLayout(0, 1)}, keys=3)
+
+    def finish(self) -> None:
+        self.log.append(("finish", None))
+
+    def notify_complete(self, checkpoint_id: int) -> None:
+        self.log.append(("complete", checkpoint_id))
+
+
+class FakeStorage:
+    def __init__(self, log: Log, fail: bool = False) -> None:
+        self.log, self.fail = log, fail
+
+    def write_task_state(
+        self, checkpoint_id: int, task_id: str, snapshots: Any, layout: Any
+    ) -> TaskStateHandle:
+        self.log.append(("write", checkpoint_id))
+        if self.fail:
+            raise OSError(28, "No space left on device")
+        return TaskStateHandle(f"{task_id}.state", 42, 7, dict(layout))
+
+
+def checkpointer(log: Log, storage: Any, inputs: BlockedChannels | None = None) -> TaskCheckpointer:
+    def send(msg: P.Message) -> None:
+        log.append((type(msg).__name__.lower(), msg))
+
+    return TaskCheckpointer(
+        TaskIdentity(2, 0, "merge[0]"),
+        FakeChain(log),
+        [FakeOutput("out", log)],
+        storage,
+        send,
+        inputs,
+        TaskFaults((), 2, 0),
+        writer=Synchronous(),
+    )
+
+
+def test_a_barrier_sequence_captures_forwards_writes_and_acks_in_order() -> None:
+    log: Log = []
+    inputs = BlockedChannels(lambda *a: None, lambda: aligner.blocked_channels, str, 1)
+    cp = checkpointer(log, FakeStorage(log), inputs)
+    aligner = BarrierAligner([0, 1], cp)
+    barrier = Barrier(1, 0.0)
+    aligner.on_barrier(0, barrier)
+    assert log == [] and inputs.buffered(0) == 0  # channel 0 blocked, not aligned yet
+    inputs.on_frame(data(0, 1))
+    assert inputs.buffered(0) == 1
+    aligner.on_barrier(1, barrier)
+    cp.collect_writes()
+    assert [kind for kind, _ in log] == ["capture", "forward", "write", "ack"]
+    ack = log[-1][1]
+    assert TaskStateHandle.decode(ack.state) == TaskStateHandle(
+        "merge[0].state", 42, 7, {"op": OperatorLayout(0, 1)}
+    )
+    assert ack.metrics["keys"] == 3 and ack.metrics["state_bytes"] == 42
+    assert {"sync_ms", "async_ms", "alignment_ms", "start_delay_ms"} <= set(ack.metrics)
+
+
+def test_a_failed_state_write_declines_the_checkpoint() -> None:
+    log: Log = []
+    cp = checkpointer(log, FakeStorage(log, fail=True))
+    cp.trigger_source(P.Trigger(4, 0.0, False))
+    cp.collect_writes(wait=True)
+    assert [kind for kind, _ in log] == ["capture", "forward", "write", "decline"]
+    decline = log[-1][1]
+    assert decline.checkpoint_id == 4
+    assert decline.reason == CheckpointFailureReason.STATE_WRITE_FAILED.name
+    assert "No space left" in decline.detail
+
+
+def test_without_storage_the_ack_follows_the_forward_at_once() -> None:
+    log: Log = []
+    cp = checkpointer(log, None)
+    cp.trigger_source(P.Trigger(1, 0.0, final=True))
+    assert [kind for kind, _ in log] == ["finish", "capture", "forward", "ack", "forward"]
+    assert log[-1][1] == EndOfInput()
+    assert not cp.completed_final
+    cp.complete(1)
+    assert cp.completed_final and log[-1] == ("complete", 1)

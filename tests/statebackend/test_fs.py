@@ -1,0 +1,46 @@
+"""LocalFileSystem: whole and streaming writes are all or nothing; storage URLs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from statebackend.errors import StateError
+from statebackend.fs import LocalFileSystem, filesystem_for
+
+
+def test_streaming_write_appears_only_when_closed(tmp_path: Path) -> None:
+    fs = LocalFileSystem()
+    path = str(tmp_path / "a" / "b.bin")  # parents are created
+    with fs.open_write(path) as out:
+        out.write(b"part")
+        assert not os.path.exists(path)
+    assert fs.read_bytes(path) == b"part" and fs.size(path) == 4
+    assert fs.list_dir(str(tmp_path / "a")) == ["b.bin"]
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path: Path) -> None:
+    fs = LocalFileSystem()
+    path = str(tmp_path / "meta")
+    fs.write_whole(path, b"old")
+    with pytest.raises(ValueError, match="boom"), fs.open_write(path) as out:
+        out.write(b"new")
+        raise ValueError("boom")
+    assert fs.read_bytes(path) == b"old" and os.listdir(tmp_path) == ["meta"]
+
+
+def test_remove_is_quiet(tmp_path: Path) -> None:
+    fs = LocalFileSystem()
+    fs.remove(str(tmp_path / "missing"))
+    fs.remove_tree(str(tmp_path / "missing"))
+    assert not fs.exists(str(tmp_path / "missing")) and fs.is_dir(str(tmp_path))
+
+
+def test_storage_urls(tmp_path: Path) -> None:
+    fs, root = filesystem_for(f"file://{tmp_path}")
+    assert isinstance(fs, LocalFileSystem) and root == str(tmp_path)
+    assert filesystem_for("relative/dir")[1] == os.path.abspath("relative/dir")
+    with pytest.raises(StateError, match="s3:// scheme is not supported"):
+        filesystem_for("s3://bucket/chk")
