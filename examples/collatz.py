@@ -53,7 +53,7 @@ def build(n: int, parallelism: int, **config: object) -> Dataflow:
     loop = numbers.iterate(name="loop")
     step = loop.stream.map(collatz_step, name="step")
     loop.feedback(step.filter(lambda r: r[1] != 1, name="again").key_by(lambda r: r[0]))
-    step.filter(lambda r: r[1] == 1, name="done").map(lambda r: (r[0], r[2]), name="steps").collect(
+    step.filter(lambda r: r[1] == 1, name="done").map(lambda r: (r[0], r[2]), name="count").collect(
         "steps"
     )
     return flow

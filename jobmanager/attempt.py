@@ -25,6 +25,7 @@ from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.faults import DriverKill
 from jobmanager.liveness import Liveness, ctrl_c_deferred, send_signal
 from jobmanager.metrics import CommittedOutputs, RunMetrics
+from jobmanager.termination import LoopTermination
 from runtime.config import JobConfig
 from runtime.errors import FaultInjectionError
 from runtime.plan import JobPlan
@@ -153,6 +154,12 @@ class Attempt:
             self._on_checkpoint_completed,
             clock=run.clock,
         )
+        # Jobs with loops end by termination detection, not when the sources end.
+        self.termination = (
+            LoopTermination(sorted(self.tasks), self.send, clock=run.clock)
+            if plan.has_loops
+            else None
+        )
 
     @property
     def all_finished(self) -> bool:
@@ -240,6 +247,8 @@ class Attempt:
 
     def _check_checkpoints(self) -> Failure | None:
         coordinator = self.coordinator
+        if self.termination is not None and self.termination.on_tick():
+            coordinator.on_sources_ended()  # no record left in any loop: the final checkpoint
         coordinator.on_tick()
         if coordinator.final_failed is not None:
             f = coordinator.final_failed
@@ -339,7 +348,10 @@ class Attempt:
             case P.SourceEnded():
                 self.sources_ended.add(msg.task_index)
                 if self.sources_ended >= self.sources:
-                    self.coordinator.on_sources_ended()
+                    if self.termination is not None:
+                        self.termination.start()
+                    else:
+                        self.coordinator.on_sources_ended()
                     faults = self.run_services.faults
                     self._fire(faults.on_sources_ended(self._periodic_pending, self._can_kill))
             case P.Finished():
@@ -350,6 +362,9 @@ class Attempt:
                 t.records_out = msg.metrics.get("records_out", t.records_out)
             case P.Closed():
                 self.tasks[msg.task_index].closed = True
+            case P.LoopStatus():
+                if self.termination is not None:
+                    self.termination.on_status(msg)
             case P.Failed():
                 return self._on_failed(msg)
             case _:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import errno
 import logging
-import os
 import shutil
 import socket
 import tempfile
@@ -338,20 +337,16 @@ def open_checkpoint_storage(root: str) -> CheckpointStorage:
     """The checkpoint storage at ``root`` (created if missing), proven writable by creating
     and removing a probe file in it. Raises CheckpointStorageError naming the path, the
     OS error and the fix: a restart cannot fix storage the job cannot write."""
+    storage = CheckpointStorage(root)
+    existed = storage.exists()
+    probe = storage.fs.join(storage.root, f".absflow-probe-{uuid.uuid4().hex[:8]}")
     try:
-        storage = CheckpointStorage(root)
+        storage.fs.write_whole(probe, b"")  # creates the root (and missing parents)
+        storage.fs.remove(probe)
     except OSError as err:
+        what = "is not writable" if existed else "cannot be created"
         raise CheckpointStorageError(
-            f"checkpoint_dir {root!r} cannot be created: {_os_error(err)}. {_storage_fix(err)}"
-        ) from err
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".absflow-probe-", dir=storage.root)
-        os.close(fd)
-        os.remove(probe)
-    except OSError as err:
-        raise CheckpointStorageError(
-            f"checkpoint_dir {storage.root!r} is not writable: {_os_error(err)}. "
-            f"{_storage_fix(err)}"
+            f"checkpoint_dir {storage.root!r} {what}: {_os_error(err)}. {_storage_fix(err)}"
         ) from err
     return storage
 

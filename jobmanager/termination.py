@@ -15,11 +15,14 @@ Driver side, job-manager thread only.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from channels import control as P
+
+log = logging.getLogger("absflow.jobmanager")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,18 +57,21 @@ class LoopTermination:
         self.tasks = list(tasks)
         self.send = send
         self.interval = interval
+        self.resend_after = 1.0
         self.clock = clock
         self.started = False
         self.terminated = False
         self.round = 0
         self.answers: dict[int, P.LoopStatus] = {}
         self.waves: list[Wave] = []
-        self.wave_sent_at = 0.0
+        self.wave_sent_at = -float("inf")
 
     def start(self) -> None:
+        """Every source ended; the first wave goes out at the next ``on_tick`` (called
+        once every task registered: a probe to an unregistered task would be lost)."""
         if not self.started:
             self.started = True
-            self._probe()
+            log.info("every source ended: detecting when no record is left in the loops")
 
     def on_status(self, status: P.LoopStatus) -> None:
         if status.round == self.round and not self.terminated:
@@ -82,6 +88,13 @@ class LoopTermination:
                 sum(a.received for a in self.answers.values()),
             )
             self.waves.append(wave)
+            if len(self.waves) % 100 == 1:
+                log.info(
+                    "termination wave %d: sent %d, received %d",
+                    wave.round,
+                    wave.sent,
+                    wave.received,
+                )
             previous = self.waves[-2] if len(self.waves) > 1 else None
             if (
                 previous is not None
@@ -93,8 +106,15 @@ class LoopTermination:
                 return True
             self.answers = {}
             self.round = 0  # no answer counts until the next wave is out
-        if self.round == 0 and self.clock() - self.wave_sent_at >= self.interval:
+        now = self.clock()
+        if self.round == 0 and now - self.wave_sent_at >= self.interval:
             self._probe()
+        elif self.round and now - self.wave_sent_at >= self.resend_after:
+            # A probe can be lost (a task reconnecting its control socket): ask again.
+            self.wave_sent_at = now
+            for index in self.tasks:
+                if index not in self.answers:
+                    self.send(index, P.LoopProbe(self.round))
         return False
 
     @property

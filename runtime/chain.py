@@ -45,12 +45,12 @@ class Capture:
     keys: int = 0
 
 
-def _pack(state: Any) -> bytes:
+def pack(state: Any) -> bytes:
     packed: bytes = msgpack.packb(state, use_bin_type=True)
     return packed
 
 
-def _unpack(blob: bytes) -> Any:
+def unpack(blob: bytes) -> Any:
     # as on the channels: sequences come back as tuples
     return msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=False)
 
@@ -152,7 +152,7 @@ class OperatorChain:
         subtask = self.spec.subtask
         if with_state and self.reader is not None and self.source_step is not None:
             name = self.source_step.name
-            capture.snapshots[name] = OperatorSnapshot(_pack(self.reader.snapshot()), None, None)
+            capture.snapshots[name] = OperatorSnapshot(pack(self.reader.snapshot()), None, None)
             capture.layout[name] = OperatorLayout(subtask, self.source_step.parallelism)
         keys = 0
         for op in self.operators:
@@ -162,7 +162,7 @@ class OperatorChain:
                 continue  # an operator without state is not in the checkpoint
             groups = keyed.key_groups if keyed is not None else None
             capture.snapshots[op.name] = OperatorSnapshot(
-                None if state is None else _pack(state),
+                None if state is None else pack(state),
                 keyed.snapshot() if keyed is not None else None,
                 groups,
             )
@@ -210,7 +210,7 @@ class OperatorChain:
             if part is None or part.operator_state is None:
                 return None
             blob = storage.read_operator_state(n, part.operator_state, name)
-            return None if blob is None else _unpack(blob)
+            return None if blob is None else unpack(blob)
 
         if self.reader is not None and self.source_step is not None:
             position = operator_state(self.source_step.name)

@@ -12,10 +12,17 @@ A checkpoint is taken in four steps, each its own method so that later work
 4. **ack** — once written, ``Ack`` with the state handle and the metrics (or
    ``Decline`` with STATE_WRITE_FAILED when the write failed: the job goes on).
 
+A task with back-edge inputs (a loop head, cyclic ABS) slots one step in between
+forward and write: it **logs** the records arriving on its back-edges until the
+barrier comes back on each (`log`, then `back_edges_logged` from the handler's
+`BackEdgeLogger`); the log becomes the operator state of the chain's head step
+(the loop head, which holds no state of its own) and is written with the rest.
+
 Metrics of an ack: ``start_delay_ms`` (trigger to the first barrier here),
 ``alignment_ms`` (first to last barrier), ``spilled_bytes`` (blocked input spilled
 meanwhile), ``sync_ms`` (capture), ``async_ms`` (write), ``state_bytes`` (file size),
-``keys`` (keyed state entries), ``records_in``/``records_out`` (the task's counts at
+``keys`` (keyed state entries), ``backedge_records``/``backedge_bytes`` (the
+back-edge log of a loop head), ``records_in``/``records_out`` (the task's counts at
 the snapshot).
 
 Threading: task-loop thread, except `_write` (the writer thread), which touches only
@@ -35,11 +42,13 @@ from channels import control as P
 from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier, EndOfInput, Event
 from runtime.barriers import BarrierProtocolError
-from runtime.chain import Capture
+from runtime.chain import Capture, pack
 from runtime.inputs import BlockedChannels
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output
-from statebackend.metadata import TaskStateHandle
+from statebackend.metadata import OperatorLayout, TaskStateHandle
+from statebackend.snapshot import OperatorSnapshot
+from statebackend.spill import SpillBuffer
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.task")
@@ -67,6 +76,28 @@ class _PendingWrite:
     metrics: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class LoopHead:
+    """Where a loop head keeps its back-edge log: the operator state of ``step``."""
+
+    step: str
+    layout: OperatorLayout
+    spill_dir: Callable[[], str]
+    spill_threshold: int
+
+
+@dataclass(slots=True)
+class _BackEdgeLog:
+    """A checkpoint past its snapshot whose back-edge barriers are still out."""
+
+    checkpoint_id: int
+    captured: Capture
+    metrics: dict[str, Any]
+    frames: SpillBuffer
+    records: int = 0
+    nbytes: int = 0
+
+
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
@@ -91,13 +122,17 @@ class TaskCheckpointer:
         wall_clock: Callable[[], float] = time.time,
         writer: Executor | None = None,
         counts: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        loop_head: LoopHead | None = None,
     ) -> None:
-        """``counts()``: the task's (records in, records out) so far."""
+        """``counts()``: the task's (records in, records out) so far; ``loop_head``: set
+        for a task with back-edge inputs."""
         self.task, self.chain, self.outputs, self.storage = task, chain, outputs, storage
         self._send, self._inputs, self._faults = send, inputs, faults
         self._clock, self._wall_clock = clock, wall_clock
         self._writer = writer
         self._counts = counts
+        self._loop_head = loop_head
+        self._log: _BackEdgeLog | None = None
         self._owns_writer = writer is None
         self._pending: list[_PendingWrite] = []
         self.final_checkpoint: int | None = None
@@ -134,11 +169,56 @@ class TaskCheckpointer:
         self.checkpoint(barrier, metrics)
 
     def abort_checkpoint(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None:
+        if self._log is not None and self._log.checkpoint_id == checkpoint_id:
+            self._drop_log()
         self.forward(CancelBarrier(checkpoint_id))
         self.decline(checkpoint_id, reason, reason.message)
 
     def end_of_all_inputs(self) -> None:
         self.forward(EndOfInput())
+
+    def back_edges_logged(self, checkpoint_id: int) -> None:
+        log = self._log
+        head = self._loop_head
+        if log is None or head is None or log.checkpoint_id != checkpoint_id:
+            raise BarrierProtocolError(
+                f"task {self.task.task_id}: back-edge log of checkpoint {checkpoint_id} "
+                "completed, but it is not the one being logged"
+            )
+        self._log = None
+        frames = log.frames
+        metrics = log.metrics
+        metrics["backedge_records"] = log.records
+        metrics["backedge_bytes"] = log.nbytes
+        metrics["spilled_bytes"] = metrics.get("spilled_bytes", 0) + frames.spilled_bytes
+        logged = [frames.popleft() for _ in range(len(frames))]
+        frames.close()
+        captured = log.captured
+        if self.storage is not None:
+            snapshots = dict(captured.snapshots)
+            layout = dict(captured.layout)
+            snapshots[head.step] = OperatorSnapshot(pack(logged), None, None)
+            layout[head.step] = head.layout
+            captured = Capture(snapshots, layout, captured.keys)
+        self._write_or_ack(checkpoint_id, captured, metrics)
+
+    # -- loop heads: the back-edge log --------------------------------------------------------
+    def log(self, frame: bytes, records: int) -> None:
+        """A data frame arrived on a back-edge channel being logged (see the handler's
+        ``logging_channels``): it belongs to the snapshot being completed."""
+        log = self._log
+        if log is None:
+            raise BarrierProtocolError(
+                f"task {self.task.task_id}: a back-edge frame to log, but no checkpoint logs"
+            )
+        log.frames.append(frame)
+        log.records += records
+        log.nbytes += len(frame)
+
+    def _drop_log(self) -> None:
+        if self._log is not None:
+            self._log.frames.close()
+            self._log = None
 
     # -- sources: the job manager triggers -------------------------------------------------
     def trigger_source(self, trigger: P.Trigger) -> None:
@@ -162,6 +242,16 @@ class TaskCheckpointer:
             self.chain.finish()
         captured = self.capture(n, metrics)
         self.forward(barrier)
+        head = self._loop_head
+        if head is not None:  # write once the back-edge barriers came back
+            self._drop_log()  # an older one still logging was subsumed
+            self._log = _BackEdgeLog(
+                n, captured, metrics, SpillBuffer(head.spill_dir(), head.spill_threshold)
+            )
+            return
+        self._write_or_ack(n, captured, metrics)
+
+    def _write_or_ack(self, n: int, captured: Capture, metrics: dict[str, Any]) -> None:
         if self.storage is None:
             metrics["async_ms"] = 0.0
             self.ack(n, None, metrics)
@@ -246,6 +336,7 @@ class TaskCheckpointer:
 
     def close(self) -> None:
         """Wait for the writer thread (writes not collected are not acked)."""
+        self._drop_log()
         if self._writer is not None and self._owns_writer:
             self._writer.shutdown(wait=True)
         self._writer = None

@@ -6,10 +6,10 @@ serialized. Every remaining edge becomes one FIFO channel per (producer subtask,
 consumer subtask) pair it can route to.
 
 Loops make the graph cyclic. Its **back-edges** are found by a depth-first search
-from the sources over the graph of chains: an edge into a chain on the DFS stack
-is a back-edge, and every channel of it is a back-edge channel. Removing them
-leaves a DAG (the search's own proof); the task that receives a back-edge channel
-logs it during checkpoints (cyclic ABS) and never blocks it.
+from the source tasks over the task graph: a channel into a task on the DFS stack
+is a back-edge. Removing them leaves a DAG (the search's own proof); the task that
+receives a back-edge channel logs it during checkpoints (cyclic ABS) and never
+blocks it.
 """
 
 from __future__ import annotations
@@ -149,9 +149,17 @@ class JobPlan:
                 for out in tasks[0].outputs:
                     target = out.target_task_ids[0].partition("[")[0]
                     fan = len(out.channels)
+                    n_back = sum(
+                        self.channels[c].back_edge
+                        for t in tasks
+                        for o in t.outputs
+                        if o is not None and o.target_task_ids == out.target_task_ids
+                        for c in o.channels
+                    )
                     back = (
-                        "  [back-edge: logged in checkpoints, never blocked]"
-                        if self.channels[out.channels[0]].back_edge
+                        f"  [back-edge: {n_back} of {fan * len(tasks)} channels logged in "
+                        "checkpoints, never blocked]"
+                        if n_back
                         else ""
                     )
                     lines.append(
@@ -231,53 +239,52 @@ def build_plan(
                         [tasks[first_task[target_chain.id] + d].task_id for d in targets],
                     )
                 )
-    for chain_edge in find_back_edges(graph, chains, chain_of):
-        for spec in channels:
-            if (spec.source_step, spec.target_step) == chain_edge:
-                spec.back_edge = True
-                tasks[spec.target_task].back_edge_inputs.append(spec.id)
+    sources = [
+        t.index for t in tasks if graph.step(chains[t.chain].step_ids[0]).kind is StepKind.SOURCE
+    ]
+    back = find_back_edges(tasks, channels, sources)
+    for spec in channels:
+        if spec.id in back:
+            spec.back_edge = True
+            tasks[spec.target_task].back_edge_inputs.append(spec.id)
     return JobPlan(name, graph.steps, chains, tasks, channels, max_parallelism)
 
 
 def find_back_edges(
-    graph: LogicalGraph, chains: list[Chain], chain_of: dict[int, int]
-) -> set[tuple[int, int]]:
-    """The back-edges of the chain graph, as (source step, target step) edges.
+    tasks: list[TaskSpec], channels: list[ChannelSpec], roots: list[int]
+) -> set[int]:
+    """The back-edge channels of the task graph.
 
-    Depth-first search from the source chains, in plan order; an edge into a chain on
-    the DFS stack is a back-edge. The chain graph without them is acyclic, which is
-    all cyclic ABS needs (Carbone et al. 2015, §4.2). Usually the back-edges are the
-    declared feedback edges; when a loop body also has inputs from outside the loop,
-    the search may enter the cycle there and pick another edge of the same cycle,
-    which is as correct.
+    Depth-first search from the source tasks (``roots``, in plan order); a channel into a
+    task on the DFS stack is a back-edge. The task graph without them is acyclic, which
+    is what cyclic ABS needs (Carbone et al. 2015, §4.2): a task aligns on its other
+    inputs, and the barrier on a back-edge can only come back after the task forwarded
+    it. With a shuffled feedback edge some of its channels are tree edges (the head
+    subtask they reach was first entered through them) and are aligned like any other.
     """
-    out_edges: dict[int, list[tuple[int, int, int]]] = {c.id: [] for c in chains}
-    for chain in chains:
-        tail = graph.step(chain.step_ids[-1])
-        for edge in tail.outputs:
-            out_edges[chain.id].append((chain_of[edge.target], edge.source, edge.target))
+    out: dict[int, list[ChannelSpec]] = {t.index: [] for t in tasks}
+    for spec in channels:
+        out[spec.source_task].append(spec)
     on_stack: set[int] = set()
     done: set[int] = set()
-    back: set[tuple[int, int]] = set()
-    roots = [c.id for c in chains if graph.step(c.step_ids[0]).kind is StepKind.SOURCE]
+    back: set[int] = set()
     for root in roots:
         if root in done:
             continue
-        # Iterative DFS: (chain, index of the next out-edge to look at).
-        stack: list[tuple[int, int]] = [(root, 0)]
+        stack: list[tuple[int, int]] = [(root, 0)]  # (task, index of its next channel)
         on_stack.add(root)
         while stack:
-            chain_id, i = stack[-1]
-            if i == len(out_edges[chain_id]):
+            task, i = stack[-1]
+            if i == len(out[task]):
                 stack.pop()
-                on_stack.discard(chain_id)
-                done.add(chain_id)
+                on_stack.discard(task)
+                done.add(task)
                 continue
-            stack[-1] = (chain_id, i + 1)
-            target, src_step, dst_step = out_edges[chain_id][i]
-            if target in on_stack:
-                back.add((src_step, dst_step))
-            elif target not in done:
-                on_stack.add(target)
-                stack.append((target, 0))
+            stack[-1] = (task, i + 1)
+            spec = out[task][i]
+            if spec.target_task in on_stack:
+                back.add(spec.id)
+            elif spec.target_task not in done:
+                on_stack.add(spec.target_task)
+                stack.append((spec.target_task, 0))
     return back

@@ -12,7 +12,9 @@ Control messages (trigger, complete, abort, cancel) arrive from the job manager.
 * `BlockedChannels` (``runtime.inputs``) — buffers and replays blocked channels;
 * a barrier handler — `BarrierAligner` or `BarrierTracker`, the one source of truth
   of which channels are blocked;
-* `TaskCheckpointer` (``runtime.checkpointer``) — capture, forward, write, ack;
+* `TaskCheckpointer` (``runtime.checkpointer``) — capture, forward, (log back-edges,)
+  write, ack;
+* `FeedbackQueue` (``runtime.feedback``) — a loop head's back-edge frames, always read;
 * `ControlClient` (``runtime.control_client``) — the job manager's socket, heartbeats;
 * `TaskFaults` (``runtime.task_faults``), `ScratchDir` (``runtime.scratch``);
 * `TaskIO` (``runtime.task_io``) — sockets and the wait, fakes in unit tests.
@@ -36,7 +38,15 @@ import zmq
 
 from channels import control as P
 from channels.control import CheckpointFailureReason
-from channels.messages import KIND_DATA, Barrier, CancelBarrier, decode_event, decode_records
+from channels.messages import (
+    HEADER,
+    KIND_DATA,
+    KIND_MASK,
+    Barrier,
+    CancelBarrier,
+    decode_event,
+    decode_records,
+)
 from channels.partitioners import (
     BroadcastPartitioner,
     ForwardPartitioner,
@@ -46,11 +56,12 @@ from channels.partitioners import (
 )
 from channels.zmq_io import InputGate
 from runtime.barriers import BarrierAligner, BarrierHandler, BarrierProtocolError, BarrierTracker
-from runtime.chain import OperatorChain
-from runtime.checkpointer import TaskCheckpointer, TaskIdentity
+from runtime.chain import OperatorChain, unpack
+from runtime.checkpointer import LoopHead, TaskCheckpointer, TaskIdentity
 from runtime.config import SnapshotMode, TaskEnvironment
 from runtime.control_client import ControlClient
 from runtime.errors import GraphError, OperatorFailure, RecordSerializationError, TaskCancelled
+from runtime.feedback import FeedbackQueue
 from runtime.graph import Partitioning
 from runtime.inputs import BlockedChannels
 from runtime.plan import JobPlan, OutputSpec, TaskSpec
@@ -58,7 +69,8 @@ from runtime.scratch import ScratchDir
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output, TaskIO, ZmqTaskIO
-from statebackend.restore import plan_restore
+from statebackend.metadata import OperatorLayout, StepState
+from statebackend.restore import RestorePlan, RestoreTarget, plan_restore
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.task")
@@ -104,6 +116,25 @@ class Task:
             if spec.inputs
             else None
         )
+        # A loop head: back-edge inputs on a gate of their own, logged in checkpoints.
+        self.back_edges = frozenset(spec.back_edge_inputs)
+        self.head_step = plan.chain_steps(spec)[0]
+        # The back-edge log is stored like the operator state of a step of this name.
+        self.backedge_log_name = f"{self.head_step.name}#backedge-log"
+        self.feedback: FeedbackQueue | None = None
+        loop_head: LoopHead | None = None
+        if self.back_edges:
+            if io.feedback_gate is None:
+                raise GraphError(f"task {spec.task_id} has back-edge inputs but no feedback gate")
+            self.feedback = FeedbackQueue(
+                io.feedback_gate, self._dispatch, lambda: self.scratch.path, cfg.spill_threshold
+            )
+            loop_head = LoopHead(
+                self.backedge_log_name,
+                OperatorLayout(spec.subtask, self.head_step.parallelism),
+                lambda: self.scratch.path,
+                cfg.spill_threshold,
+            )
         self.checkpointer = TaskCheckpointer(
             self.identity,
             self.chain,
@@ -113,15 +144,20 @@ class Task:
             self.inputs,
             self.faults,
             counts=lambda: (self.records_in, self.chain.records_out),
+            loop_head=loop_head,
         )
         if spec.inputs:
             handler_cls = (
                 BarrierAligner if cfg.snapshot_mode is SnapshotMode.EXACTLY_ONCE else BarrierTracker
             )
-            self._handler = handler_cls(spec.inputs, self.checkpointer)
+            self._handler = handler_cls(
+                spec.regular_inputs, self.checkpointer, back_edges=spec.back_edge_inputs
+            )
+        self._replay: list[bytes] = []  # a restored back-edge log, replayed before new input
 
-        # Metrics.
+        # Metrics (and the counters of loop termination detection).
         self.records_in = 0
+        self.records_sent = 0  # records written to output channels
         self.first_record_at = 0.0
         self.peak_rss = 0
 
@@ -134,7 +170,12 @@ class Task:
         self.control.open()
         for out in self.spec.outputs:
             chans = [
-                self.io.output(ch, self.plan.channels[ch].target_task, self._on_backpressure)
+                self.io.output(
+                    ch,
+                    self.plan.channels[ch].target_task,
+                    self._on_backpressure,
+                    back_edge=self.plan.channels[ch].back_edge,
+                )
                 for ch in out.channels
             ]
             self.channels.extend(chans)
@@ -156,15 +197,30 @@ class Task:
         states: dict[str, Any] = {}
         if env.restore_metadata is not None and env.restore_root is not None:
             try:
-                plan = plan_restore(
-                    env.restore_metadata, spec.subtask, self.chain.restore_targets()
-                )
-                states = self.chain.restore_state(plan, CheckpointStorage(env.restore_root))
+                targets = self.chain.restore_targets()
+                if self.back_edges:
+                    targets.append(RestoreTarget(self._backedge_log_step()))
+                plan = plan_restore(env.restore_metadata, spec.subtask, targets)
+                storage = CheckpointStorage(env.restore_root)
+                states = self.chain.restore_state(plan, storage)
+                if self.back_edges:
+                    self._replay = self._read_backedge_log(plan, storage)
             except Exception as err:  # the checkpoint does not fit: restarting cannot help
                 self._report_failure(spec.task_id, err, fatal=True)
                 where = f"checkpoint {env.restore_metadata.checkpoint_id} in {env.restore_root}"
                 raise TaskCancelled(f"restoring {where} failed: {err}") from err
         self.chain.apply_operator_states(states)
+
+    def _backedge_log_step(self) -> StepState:
+        return StepState(self.backedge_log_name, "backedge-log", self.head_step.parallelism, False)
+
+    def _read_backedge_log(self, plan: RestorePlan, storage: CheckpointStorage) -> list[bytes]:
+        """The back-edge frames a restored checkpoint logged for this task (in order)."""
+        part = plan.operators.get(self.backedge_log_name)
+        if part is None or part.operator_state is None:
+            return []
+        blob = storage.read_operator_state(plan.checkpoint_id, part.operator_state, part.operator)
+        return [] if blob is None else list(unpack(blob))
 
     def _partitioner(self, out: OutputSpec, n: int) -> Partitioner:
         if out.partitioning is Partitioning.FORWARD:
@@ -195,11 +251,20 @@ class Task:
                 self._handler.abort(
                     msg.checkpoint_id, CheckpointFailureReason.from_wire(msg.reason)
                 )
+            elif isinstance(msg, P.LoopProbe):
+                t = self.identity
+                received = 0 if self.chain.reader is not None else self.records_in
+                self.control.send(
+                    P.LoopStatus(t.index, t.attempt, msg.round, self.records_sent, received)
+                )
 
     def _on_backpressure(self) -> None:
         # Called from inside a blocked send: only queue control messages (acting on a
-        # trigger here would put a barrier in the middle of a batch), keep heartbeating.
+        # trigger here would put a barrier in the middle of a batch), keep heartbeating,
+        # and keep reading the back-edges (a loop must never block its own feedback).
         self.control.read()
+        if self.feedback is not None:
+            self.feedback.drain()
         self._housekeeping(time.monotonic())
 
     def _heartbeat(self) -> P.Heartbeat:
@@ -225,9 +290,12 @@ class Task:
         batch = self.chain.process(batch)
         if not batch:
             return
+        sent = 0
         for partitioner, chans in self.outputs:
             for target, part in partitioner.partition(batch):
                 chans[target].write(part)
+                sent += len(part)
+        self.records_sent += sent
 
     def _blocked_channels(self) -> frozenset[int]:
         handler = self._handler
@@ -235,14 +303,19 @@ class Task:
 
     def _dispatch(self, channel: int, kind: int, frame: bytes) -> None:
         """Deliver one frame of an unblocked channel: a batch, or an in-band event."""
+        handler = self._handler
         if kind == KIND_DATA:
             batch = decode_records(frame)
             if not self.records_in:
                 self._first_record()
             self.records_in += len(batch)
+            if channel in self.back_edges and handler is not None:
+                logging = handler.logging_checkpoint
+                if logging is not None and channel in handler.logging_channels:
+                    self.faults.while_logging(logging)
+                    self.checkpointer.log(frame, len(batch))
             self.push(batch)
             return
-        handler = self._handler
         if handler is None:
             raise BarrierProtocolError(
                 f"task {self.spec.task_id} has no input channels but got an event on {channel}"
@@ -300,7 +373,8 @@ class Task:
             "records_in": self.records_in,
             "records_out": self.chain.records_out,
             "peak_rss": max(self.peak_rss, _rss_bytes()),
-            "spilled_bytes": self.inputs.spilled_total if self.inputs is not None else 0,
+            "spilled_bytes": (self.inputs.spilled_total if self.inputs is not None else 0)
+            + (self.feedback.spilled_bytes if self.feedback is not None else 0),
         }
 
     def _flush_all(self) -> None:
@@ -337,7 +411,17 @@ class Task:
         checkpointer.collect_writes(wait=True)
 
     def _input_loop(self) -> None:
-        while not self.checkpointer.completed_final:
+        # A restored back-edge log goes back into the loop before any new input.
+        replay, self._replay = self._replay, []
+        for frame in replay:
+            channel, kind = HEADER.unpack_from(frame)
+            self.records_sent += len(decode_records(frame))  # it was in flight, as sent
+            self._dispatch(channel, kind & KIND_MASK, frame)
+        handler = self._handler
+        # A loop head also waits for the end of input to come around its back-edges.
+        while not self.checkpointer.completed_final or (
+            handler is not None and handler.back_edges_live
+        ):
             self.turn()
         self.checkpointer.collect_writes(wait=True)
 
@@ -349,17 +433,23 @@ class Task:
         if gate is None or inputs is None:
             raise BarrierProtocolError(f"task {self.spec.task_id} has no source and no inputs")
         timeout = self.config.buffer_timeout
+        feedback = self.feedback
+        looping = False
+        if feedback is not None:  # feedback first: regular inputs wait (backpressure)
+            feedback.drain()
+            looping = feedback.process(64) > 0 or len(feedback) > 0
         replaying = inputs.replaying
         if replaying:
             inputs.replay()
-        gate_ready, control_ready = self.io.wait(0 if replaying else max(1, int(timeout * 1000)))
+        busy = replaying or looping
+        gate_ready, control_ready = self.io.wait(0 if busy else max(1, int(timeout * 1000)))
         if control_ready or self.control.has_messages():
             self._serve_control()
-        if gate_ready:
+        if gate_ready and not looping:
             on_frame = inputs.on_frame
             for frame in gate.recv_frames(64):
                 on_frame(frame)
-        elif not replaying:
+        elif not busy:
             for ch in self.channels:  # idle: send partial batches now
                 ch.flush()
         now = time.monotonic()
@@ -374,6 +464,8 @@ class Task:
         self.checkpointer.close()
         if self.inputs is not None:
             self.inputs.close()
+        if self.feedback is not None:
+            self.feedback.close()
         self.scratch.close()  # before Closed: the job manager may end the process after it
         for ch in self.channels:
             ch.close(linger_ms=1000 if graceful else 0)
@@ -396,13 +488,31 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
         host = socket.gethostbyname(host)  # bind needs an address, Spark may give a name
     zctx = zmq.Context()
     gate: InputGate | None = None
+    feedback: InputGate | None = None
     task: Task | None = None
     graceful = False
     try:
-        gate = InputGate(zctx, host, rcvhwm=env.config.channel_hwm) if spec.inputs else None
-        gathered = ctx.allGather(json.dumps([index, gate.endpoint if gate else ""]))
-        endpoints = {i: ep for i, ep in (json.loads(m) for m in gathered)}
-        io = ZmqTaskIO(zctx, gate, endpoints, env.config, env.jm_endpoint, f"{index}:{env.attempt}")
+        hwm = env.config.channel_hwm
+        gate = InputGate(zctx, host, rcvhwm=hwm) if spec.regular_inputs else None
+        feedback = InputGate(zctx, host, rcvhwm=hwm) if spec.back_edge_inputs else None
+        gathered = ctx.allGather(
+            json.dumps(
+                [index, gate.endpoint if gate else "", feedback.endpoint if feedback else ""]
+            )
+        )
+        exchanged = [json.loads(m) for m in gathered]
+        endpoints = {i: ep for i, ep, _fb in exchanged}
+        feedback_endpoints = {i: fb for i, _ep, fb in exchanged if fb}
+        io = ZmqTaskIO(
+            zctx,
+            gate,
+            endpoints,
+            env.config,
+            env.jm_endpoint,
+            f"{index}:{env.attempt}",
+            feedback,
+            feedback_endpoints,
+        )
         task = Task(plan, spec, env, io, host)
         task.open()
         task.run()
@@ -412,8 +522,9 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
     finally:
         if task is not None:
             task.close(graceful)
-        if gate is not None:
-            gate.close()
+        for g in (gate, feedback):
+            if g is not None:
+                g.close()
         # Closes whatever a half-built Task left open (term() alone would wait forever),
         # giving a queued Failed message up to a second to leave.
         zctx.destroy(linger=1000)

@@ -3,6 +3,8 @@
 * ``kill_during_alignment`` — SIGKILL when the task starts aligning a checkpoint
   >= ``checkpoint_id`` (its first barrier arrives while other inputs are live);
 * ``kill_during_snapshot`` — SIGKILL half way through writing the state file;
+* ``kill_during_backedge_log`` — SIGKILL a loop head while it logs its back-edges for
+  a checkpoint >= ``checkpoint_id`` (after its snapshot, before the barrier came back);
 * ``raise_at_record`` — step ``operator`` raises once it has seen ``record`` records.
 
 All hooks sit off the per-record path: the first two run per barrier or per
@@ -24,6 +26,7 @@ from statebackend.storage import CheckpointStorage
 
 KILL_DURING_ALIGNMENT = "kill_during_alignment"
 KILL_DURING_SNAPSHOT = "kill_during_snapshot"
+KILL_DURING_BACKEDGE_LOG = "kill_during_backedge_log"
 RAISE_AT_RECORD = "raise_at_record"
 
 
@@ -79,6 +82,11 @@ class TaskFaults:
             and len(handler.live_channels) > 1
             and self._fires(KILL_DURING_ALIGNMENT, checkpoint_id)
         ):
+            _die()
+
+    def while_logging(self, checkpoint_id: int) -> None:
+        """A back-edge record of checkpoint ``checkpoint_id`` is being logged: kill if due."""
+        if self._faults and self._fires(KILL_DURING_BACKEDGE_LOG, checkpoint_id):
             _die()
 
     def kill_during_snapshot(self, checkpoint_id: int) -> bool:

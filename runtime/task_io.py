@@ -55,18 +55,28 @@ class TaskIO(Protocol):
         """The input gate (bound before the endpoints are exchanged); None for sources."""
         ...
 
+    @property
+    def feedback_gate(self) -> Gate | None:
+        """The gate of the back-edge channels (loop heads only), else None."""
+        ...
+
     def control_socket(self) -> ControlSocket:
         """Connect a new control socket to the job manager."""
         ...
 
     def output(
-        self, channel_id: int, target_task: int, on_backpressure: Callable[[], None]
+        self,
+        channel_id: int,
+        target_task: int,
+        on_backpressure: Callable[[], None],
+        back_edge: bool = False,
     ) -> Output:
-        """Connect output channel ``channel_id`` to task ``target_task``'s gate."""
+        """Connect output channel ``channel_id`` to task ``target_task``'s gate (its
+        feedback gate for a back-edge channel)."""
         ...
 
     def wait(self, timeout_ms: int) -> tuple[bool, bool]:
-        """Wait up to ``timeout_ms`` for input; returns (gate readable, control readable)."""
+        """Wait up to ``timeout_ms`` for input; returns (a gate readable, control readable)."""
         ...
 
 
@@ -82,8 +92,12 @@ class ZmqTaskIO:
         config: JobConfig,
         jm_endpoint: str,
         identity: str,
+        feedback_gate: InputGate | None = None,
+        feedback_endpoints: dict[int, str] | None = None,
     ) -> None:
         self._zctx, self._gate, self._endpoints = zctx, gate, endpoints
+        self._feedback_gate = feedback_gate
+        self._feedback_endpoints = feedback_endpoints or {}
         self._config, self._jm_endpoint, self._identity = config, jm_endpoint, identity
         self._poller: zmq.Poller | None = None
         self._control: zmq.Socket[Any] | None = None
@@ -91,6 +105,10 @@ class ZmqTaskIO:
     @property
     def gate(self) -> InputGate | None:
         return self._gate
+
+    @property
+    def feedback_gate(self) -> InputGate | None:
+        return self._feedback_gate
 
     def control_socket(self) -> zmq.Socket[Any]:
         control: zmq.Socket[Any] = self._zctx.socket(zmq.DEALER)
@@ -101,12 +119,17 @@ class ZmqTaskIO:
         return control
 
     def output(
-        self, channel_id: int, target_task: int, on_backpressure: Callable[[], None]
+        self,
+        channel_id: int,
+        target_task: int,
+        on_backpressure: Callable[[], None],
+        back_edge: bool = False,
     ) -> OutputChannel:
         cfg = self._config
+        endpoints = self._feedback_endpoints if back_edge else self._endpoints
         return OutputChannel(
             self._zctx,
-            self._endpoints[target_task],
+            endpoints[target_task],
             channel_id,
             batch_size=cfg.batch_size,
             sndhwm=cfg.channel_hwm,
@@ -117,10 +140,13 @@ class ZmqTaskIO:
     def wait(self, timeout_ms: int) -> tuple[bool, bool]:
         if self._poller is None:
             self._poller = zmq.Poller()
-            if self._gate is not None:
-                self._poller.register(self._gate.socket, zmq.POLLIN)
+            for gate in (self._gate, self._feedback_gate):
+                if gate is not None:
+                    self._poller.register(gate.socket, zmq.POLLIN)
             if self._control is not None:
                 self._poller.register(self._control, zmq.POLLIN)
         events = dict(self._poller.poll(timeout_ms))
-        gate_ready = self._gate is not None and self._gate.socket in events
+        gate_ready = any(
+            gate is not None and gate.socket in events for gate in (self._gate, self._feedback_gate)
+        )
         return gate_ready, self._control is not None and self._control in events

@@ -132,6 +132,11 @@ class BackEdgeInputs:
         return self._inputs.back_edges.logging_channels
 
     @property
+    def logging_checkpoint(self) -> int | None:
+        """The checkpoint whose back-edges are logged now, if any."""
+        return self._inputs.back_edges.logging_checkpoint
+
+    @property
     def back_edges_live(self) -> frozenset[int]:
         """Back-edge channels that have not ended."""
         return self._inputs.back_edges.live

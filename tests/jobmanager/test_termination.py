@@ -35,6 +35,12 @@ def detector() -> tuple[LoopTermination, Probes, Clock]:
     return LoopTermination([0, 1, 2], probes, interval=0.0, clock=clock), probes, clock
 
 
+def started(t: LoopTermination) -> LoopTermination:
+    t.start()
+    t.on_tick()
+    return t
+
+
 def test_nothing_happens_before_the_sources_ended() -> None:
     t, probes, _ = detector()
     assert t.on_tick() is False and probes.sent == []
@@ -43,6 +49,8 @@ def test_nothing_happens_before_the_sources_ended() -> None:
 def test_two_equal_balanced_waves_prove_termination() -> None:
     t, probes, _ = detector()
     t.start()
+    assert probes.sent == []  # the first wave goes out at the next tick
+    assert t.on_tick() is False
     assert [i for i, _m in probes.sent] == [0, 1, 2]
     assert answer(t, {0: (10, 0), 1: (5, 10), 2: (0, 5)}) is False  # balanced, first wave
     assert answer(t, {0: (10, 0), 1: (5, 10), 2: (0, 5)}) is True
@@ -52,7 +60,7 @@ def test_two_equal_balanced_waves_prove_termination() -> None:
 
 def test_records_in_flight_keep_the_job_running() -> None:
     t, _, _ = detector()
-    t.start()
+    started(t)
     assert answer(t, {0: (10, 0), 1: (8, 10), 2: (0, 6)}) is False  # 2 in flight
     assert t.in_flight == 2
     assert answer(t, {0: (10, 0), 1: (8, 10), 2: (0, 8)}) is False  # balanced once
@@ -63,7 +71,7 @@ def test_balanced_waves_with_different_totals_are_not_enough() -> None:
     # Between the waves records moved (a record circulated and came back): both waves
     # balance, yet the loop was not proven empty for the whole time between them.
     t, _, _ = detector()
-    t.start()
+    started(t)
     assert answer(t, {0: (10, 0), 1: (5, 10), 2: (0, 5)}) is False
     assert answer(t, {0: (10, 0), 1: (7, 12), 2: (2, 7)}) is False
     assert answer(t, {0: (10, 0), 1: (7, 12), 2: (2, 7)}) is True
@@ -71,7 +79,7 @@ def test_balanced_waves_with_different_totals_are_not_enough() -> None:
 
 def test_an_incomplete_wave_waits_and_late_answers_are_ignored() -> None:
     t, probes, _ = detector()
-    t.start()
+    started(t)
     t.on_status(P.LoopStatus(0, 0, 1, 3, 3))
     t.on_status(P.LoopStatus(1, 0, 1, 0, 0))
     assert t.on_tick() is False and probes.rounds() == [1]  # task 2 has not answered
@@ -84,8 +92,21 @@ def test_an_incomplete_wave_waits_and_late_answers_are_ignored() -> None:
 def test_waves_are_spaced_by_the_interval() -> None:
     probes, clock = Probes(), Clock()
     t = LoopTermination([0], probes, interval=0.5, clock=clock)
-    t.start()
+    started(t)
     t.on_status(P.LoopStatus(0, 0, 1, 1, 0))
     assert t.on_tick() is False and probes.rounds() == [1]
     clock.now = 0.6
     assert t.on_tick() is False and probes.rounds() == [1, 2]
+
+
+def test_a_lost_probe_is_sent_again_to_the_tasks_that_did_not_answer() -> None:
+    t, probes, clock = detector()
+    started(t)
+    t.on_status(P.LoopStatus(0, 0, 1, 0, 0))
+    probes.sent.clear()
+    clock.now = 0.5
+    t.on_tick()
+    assert probes.sent == []
+    clock.now = 1.2
+    t.on_tick()
+    assert probes.sent == [(1, P.LoopProbe(1)), (2, P.LoopProbe(1))]

@@ -110,8 +110,9 @@ class FakeJobManager:
 
 
 class FakeIO:
-    def __init__(self) -> None:
+    def __init__(self, feedback: bool = False) -> None:
         self.gate = FakeGate()
+        self.feedback_gate: FakeGate | None = FakeGate() if feedback else None
         self.jm = FakeJobManager()
         self.log: Log = []
         self.outputs: dict[int, FakeOutput] = {}
@@ -120,13 +121,18 @@ class FakeIO:
         return self.jm
 
     def output(
-        self, channel_id: int, target_task: int, on_backpressure: Callable[[], None]
+        self,
+        channel_id: int,
+        target_task: int,
+        on_backpressure: Callable[[], None],
+        back_edge: bool = False,
     ) -> FakeOutput:
         self.outputs[channel_id] = FakeOutput(f"ch{channel_id}", self.log)
         return self.outputs[channel_id]
 
     def wait(self, timeout_ms: int) -> tuple[bool, bool]:
-        return bool(self.gate.frames), bool(self.jm.inbox)
+        fed = self.feedback_gate is not None and bool(self.feedback_gate.frames)
+        return bool(self.gate.frames) or fed, bool(self.jm.inbox)
 
 
 def double(x: int) -> int:
