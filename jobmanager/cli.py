@@ -29,6 +29,8 @@ SUMMARY_METRICS = (
     "state_bytes",
     "spilled_bytes",
     "keys",
+    "backedge_records",
+    "backedge_bytes",
 )
 TASK_METRICS = (
     "start_delay_ms",
@@ -37,6 +39,7 @@ TASK_METRICS = (
     "async_ms",
     "state_bytes",
     "spilled_bytes",
+    "backedge_records",
 )
 
 
@@ -98,7 +101,7 @@ def _open_root(directory: str) -> CheckpointStorage:
 def _row(info: CheckpointInfo) -> list[Any]:
     meta = info.metadata
     if meta is None:
-        return [info.checkpoint_id, info.status.value, *([None] * 8)]
+        return [info.checkpoint_id, info.status.value, *([None] * 9)]
     metrics = meta.metrics
     return [
         info.checkpoint_id,
@@ -111,6 +114,7 @@ def _row(info: CheckpointInfo) -> list[Any]:
         metrics.get("tasks", len(meta.task_metrics)),
         metrics.get("max_alignment_ms"),
         metrics.get("spilled_bytes"),
+        metrics.get("backedge_bytes"),
     ]
 
 
@@ -134,6 +138,7 @@ def list_checkpoints(directory: str, out: TextIO) -> int:
                 "tasks",
                 "max_align_ms",
                 "spilled_bytes",
+                "backedge_bytes",
             ],
             [_row(info) for info in listed],
         )

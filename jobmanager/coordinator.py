@@ -283,4 +283,6 @@ def summarize(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "state_bytes": int(sum(values("state_bytes"))),
         "spilled_bytes": int(sum(values("spilled_bytes"))),
         "keys": int(sum(values("keys"))),
+        "backedge_records": int(sum(values("backedge_records"))),
+        "backedge_bytes": int(sum(values("backedge_bytes"))),
     }

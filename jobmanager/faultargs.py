@@ -19,7 +19,7 @@ from runtime.plan import JobPlan
 
 _SECONDS = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?")
 _CHECKPOINT = re.compile(r"chk(\d+)")
-_DURING = ("alignment", "snapshot")
+_DURING = ("alignment", "snapshot", "backedge_log")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def parse_when(text: str) -> When:
         return When(seconds=value / 1000 if m.group(2) == "ms" else value)
     raise argparse.ArgumentTypeError(
         f"{text!r} is not a moment: use seconds (2s, 0.5s, 500ms), a checkpoint (chk3), "
-        f"'alignment' or 'snapshot'"
+        f"'alignment', 'snapshot' or 'backedge_log'"
     )
 
 
@@ -72,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="WHEN",
         type=parse_when,
         default=None,
-        help="when: 2s, 500ms, chk3 (right after checkpoint 3), alignment or snapshot",
+        help="when: 2s, 500ms, chk3 (right after checkpoint 3), alignment, snapshot or "
+        "backedge_log (a loop head, while it logs its back-edges)",
     )
     group.add_argument(
         "--chaos",
@@ -97,6 +98,12 @@ def faults_from(parser: argparse.ArgumentParser, args: Any, plan: JobPlan) -> li
             known = ", ".join(t.task_id for t in plan.tasks)
             parser.error(f"--kill-task {args.kill_task}: {err}; the job's tasks are: {known}")
         when: When = args.after or When(seconds=1.0)
+        if when.during == "backedge_log" and not task.back_edge_inputs:
+            heads = ", ".join(t.task_id for t in plan.tasks if t.back_edge_inputs) or "none"
+            parser.error(
+                f"--kill-task {args.kill_task} --after backedge_log: not a loop head "
+                f"(loop heads: {heads})"
+            )
         if when.during == "alignment" and len(task.inputs) < 2:
             parser.error(
                 f"--kill-task {args.kill_task} --after alignment: the task has "

@@ -114,6 +114,18 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
                 raise GraphError(
                     f"Kill({fault.task!r}, during=...) always sends SIGKILL; drop signal=."
                 )
+            elif fault.during == "backedge_log":
+                if not plan.tasks[t].back_edge_inputs:
+                    raise GraphError(
+                        f"Kill({fault.task!r}, during='backedge_log'): the task has no back-edge "
+                        f"input (it is no loop head); loop heads: "
+                        f"{[x.task_id for x in plan.tasks if x.back_edge_inputs]}."
+                    )
+                task.append(
+                    TaskFault(
+                        "kill_during_backedge_log", t, fault.attempt, fault.after_checkpoint or 1
+                    )
+                )
             elif fault.during in ("alignment", "snapshot"):
                 if fault.during == "alignment" and len(plan.tasks[t].inputs) < 2:
                     raise GraphError(
@@ -127,7 +139,9 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
                 )
                 task.append(TaskFault(kind, t, fault.attempt, fault.after_checkpoint or 1))
             else:
-                raise GraphError(f"Kill(during={fault.during!r}): use 'alignment' or 'snapshot'.")
+                raise GraphError(
+                    f"Kill(during={fault.during!r}): use 'alignment', 'snapshot' or 'backedge_log'."
+                )
         elif isinstance(fault, RaiseAt):
             matches = [
                 x

@@ -49,6 +49,7 @@ class JobConfig:
     executor_wait: float = 60.0  # on a cluster: how long to wait for executors to register
     timeout: float | None = None  # give up (cancel) after this many seconds
     allow_non_restored_state: bool = False  # restore_from may drop state of removed steps
+    debug_drop_backedge_log: bool = False  # tests only: restore loops without their back-edge log
 
     def __post_init__(self) -> None:
         if isinstance(self.snapshot_mode, str):

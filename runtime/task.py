@@ -203,7 +203,7 @@ class Task:
                 plan = plan_restore(env.restore_metadata, spec.subtask, targets)
                 storage = CheckpointStorage(env.restore_root)
                 states = self.chain.restore_state(plan, storage)
-                if self.back_edges:
+                if self.back_edges and not self.config.debug_drop_backedge_log:
                     self._replay = self._read_backedge_log(plan, storage)
             except Exception as err:  # the checkpoint does not fit: restarting cannot help
                 self._report_failure(spec.task_id, err, fatal=True)

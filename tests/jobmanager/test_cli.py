@@ -97,6 +97,7 @@ def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "tasks",
         "max_align_ms",
         "spilled_bytes",
+        "backedge_bytes",
     ]
     rows = lines[3:]
     assert [r.split()[:3] for r in rows] == [
@@ -159,9 +160,10 @@ def test_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "async_ms",
         "state_bytes",
         "spilled_bytes",
+        "backedge_records",
     ]
     count_row = next(line for line in out.splitlines() if line.startswith("count[0]"))
-    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64"]
+    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64", "-"]
     state_row = next(
         line for line in out.splitlines() if line.startswith("src[0]") and ".state" in line
     )
