@@ -418,3 +418,16 @@ def test_without_storage_the_ack_follows_the_forward_at_once() -> None:
     assert not cp.completed_final
     cp.complete(1)
     assert cp.completed_final and log[-1] == ("complete", 1)
+
+
+def test_the_task_process_never_imports_the_job_manager() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, runtime.task; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'jobmanager'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
