@@ -376,9 +376,11 @@ def checkpointer(log: Log, storage: Any, inputs: BlockedChannels | None = None) 
     )
 
 
-def test_a_barrier_sequence_captures_forwards_writes_and_acks_in_order() -> None:
+def test_a_barrier_sequence_captures_forwards_writes_and_acks_in_order(tmp_path: Path) -> None:
     log: Log = []
-    inputs = BlockedChannels(lambda *a: None, lambda: aligner.blocked_channels, str, 1)
+    inputs = BlockedChannels(
+        lambda *a: None, lambda: aligner.blocked_channels, lambda: str(tmp_path), 1 << 20
+    )
     cp = checkpointer(log, FakeStorage(log), inputs)
     aligner = BarrierAligner([0, 1], cp)
     barrier = Barrier(1, 0.0)
