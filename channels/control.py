@@ -77,7 +77,11 @@ class Heartbeat(Message):
 
 @dataclass(frozen=True, slots=True)
 class Ack(Message):
-    """Task's part of checkpoint ``checkpoint_id`` is durable (``state``: file info or None)."""
+    """Task's part of checkpoint ``checkpoint_id`` is durable.
+
+    ``state`` is ``statebackend.metadata.TaskStateHandle.encode()`` of the task's state
+    file (decode it with ``TaskStateHandle.decode``), or None without checkpoint storage.
+    """
 
     CODE: ClassVar[int] = 3
     task_index: int

@@ -148,12 +148,13 @@ class OperatorChain:
     def capture(self, checkpoint_id: int, with_state: bool) -> Capture:
         """Snapshot every operator (sinks pre-commit, also without ``with_state``); with
         ``with_state``, the state of those that hold any, serialized."""
-        capture = Capture()
+        snapshots: dict[str, OperatorSnapshot] = {}
+        layout: dict[str, OperatorLayout] = {}
         subtask = self.spec.subtask
         if with_state and self.reader is not None and self.source_step is not None:
             name = self.source_step.name
-            capture.snapshots[name] = OperatorSnapshot(pack(self.reader.snapshot()), None, None)
-            capture.layout[name] = OperatorLayout(subtask, self.source_step.parallelism)
+            snapshots[name] = OperatorSnapshot(pack(self.reader.snapshot()), None, None)
+            layout[name] = OperatorLayout(subtask, self.source_step.parallelism)
         keys = 0
         for op in self.operators:
             state = op.snapshot_state(checkpoint_id)
@@ -161,19 +162,19 @@ class OperatorChain:
             if not with_state or (state is None and keyed is None):
                 continue  # an operator without state is not in the checkpoint
             groups = keyed.key_groups if keyed is not None else None
-            capture.snapshots[op.name] = OperatorSnapshot(
+            snapshots[op.name] = OperatorSnapshot(
                 None if state is None else pack(state),
                 keyed.snapshot() if keyed is not None else None,
                 groups,
             )
-            capture.layout[op.name] = OperatorLayout(
+            layout[op.name] = OperatorLayout(
                 subtask,
                 op.step.parallelism,
                 None if groups is None else (groups.start, groups.stop),
             )
             if keyed is not None:
                 keys += keyed.num_keys()
-        return Capture(capture.snapshots, capture.layout, keys)
+        return Capture(snapshots, layout, keys)
 
     def finish(self) -> None:
         """All input has ended (before the final checkpoint)."""

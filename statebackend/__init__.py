@@ -1,4 +1,5 @@
-"""State backend: keyed state in key groups, task state files, checkpoint storage, spill.
+"""State backend: keyed state in key groups, task state files, checkpoint storage and its
+metadata schema, restore planning, spill.
 
 Imports nothing of absflow but ``channels.errors`` (the root error).
 """

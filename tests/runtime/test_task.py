@@ -382,9 +382,11 @@ def checkpointer(log: Log, storage: Any, inputs: BlockedChannels | None = None) 
     )
 
 
-def test_a_barrier_sequence_captures_forwards_writes_and_acks_in_order() -> None:
+def test_a_barrier_sequence_captures_forwards_writes_and_acks_in_order(tmp_path: Path) -> None:
     log: Log = []
-    inputs = BlockedChannels(lambda *a: None, lambda: aligner.blocked_channels, str, 1)
+    inputs = BlockedChannels(
+        lambda *a: None, lambda: aligner.blocked_channels, lambda: str(tmp_path), 1 << 20
+    )
     cp = checkpointer(log, FakeStorage(log), inputs)
     aligner = BarrierAligner([0, 1], cp)
     barrier = Barrier(1, 0.0)
@@ -424,3 +426,16 @@ def test_without_storage_the_ack_follows_the_forward_at_once() -> None:
     assert not cp.completed_final
     cp.complete(1)
     assert cp.completed_final and log[-1] == ("complete", 1)
+
+
+def test_the_task_process_never_imports_the_job_manager() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, runtime.task; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'jobmanager'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
