@@ -121,3 +121,33 @@ def test_ctrl_c_stops_the_example_cleanly_without_a_traceback(tmp_path: Any) -> 
             proc.wait()
     assert proc.returncode == 130, out[-2000:] + err[-3000:]
     assert "cancelled (Ctrl-C)" in err and "Traceback" not in err, err[-3000:]
+
+
+def test_collatz_example_checks_its_result(capsys: Any) -> None:
+    collatz = load_example("collatz")
+    assert collatz.main(["--n", "2000", "--checkpoint-interval", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "check against a direct computation, record for record: OK" in out, out
+
+
+@pytest.mark.slow
+def test_connected_components_example_survives_a_kill_of_a_loop_task(capsys: Any) -> None:
+    cc = load_example("connected_components")
+    code = cc.main(
+        [
+            "--vertices",
+            "3000",
+            "--edges",
+            "2400",
+            "--checkpoint-interval",
+            "0.1",
+            "--kill-task",
+            "propagate[1]",
+            "--after",
+            "chk2",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "check against union-find: OK; no duplicate updates: OK" in out, out
+    assert "restart after attempt 0" in out, out
+    assert code == 0
