@@ -2,7 +2,7 @@
 
     python examples/collatz.py                          # N = 20,000, parallelism 2
     python examples/collatz.py --n 100000
-    python examples/collatz.py --kill-task step[1] --after chk2
+    python examples/collatz.py --kill-task loop[1] --after backedge_log
     python examples/collatz.py --chaos 3                # 3 random kills
 
 Every number enters the loop as (n, n, 0); each pass through the body applies
@@ -24,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jobmanager import faultargs
 from runtime import Dataflow
-from runtime.errors import JobCancelledError
 from runtime.sources import GeneratorSource
 
 
@@ -65,22 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--n", type=int, default=20_000, help="numbers 1..N")
     ap.add_argument("--parallelism", type=int, default=2)
-    ap.add_argument("--checkpoint-interval", type=float, default=0.5, help="0 turns them off")
-    ap.add_argument("--checkpoint-dir", default=None)
-    faultargs.add_arguments(ap)
-    args = ap.parse_args(argv)
-    try:
-        return run(ap, args)
-    except (KeyboardInterrupt, JobCancelledError):
-        print("\ncancelled (Ctrl-C): the tasks were stopped", file=sys.stderr)
-        return 130
+    faultargs.add_checkpoint_arguments(ap)
+    return faultargs.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    config: dict[str, object] = {}
-    if args.checkpoint_interval > 0:
-        config["checkpoint_interval"] = args.checkpoint_interval
-        config["checkpoint_dir"] = args.checkpoint_dir
+    config = faultargs.checkpoint_config(args)
     flow = build(args.n, args.parallelism, **config)
     faults = faultargs.faults_from(ap, args, flow.plan())
     flow.explain()

@@ -27,7 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jobmanager import faultargs
 from runtime import Dataflow
-from runtime.errors import JobCancelledError
 from runtime.sources import CollectionSource
 
 EDGE, LABEL, OUT = "e", "l", "o"
@@ -102,23 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vertices", type=int, default=20_000)
     ap.add_argument("--edges", type=int, default=16_000)
     ap.add_argument("--parallelism", type=int, default=2)
-    ap.add_argument("--checkpoint-interval", type=float, default=0.5, help="0 turns them off")
-    ap.add_argument("--checkpoint-dir", default=None)
-    faultargs.add_arguments(ap)
-    args = ap.parse_args(argv)
-    try:
-        return run(ap, args)
-    except (KeyboardInterrupt, JobCancelledError):
-        print("\ncancelled (Ctrl-C): the tasks were stopped", file=sys.stderr)
-        return 130
+    faultargs.add_checkpoint_arguments(ap)
+    return faultargs.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     edges = make_edges(args.vertices, args.edges)
-    config: dict[str, object] = {}
-    if args.checkpoint_interval > 0:
-        config["checkpoint_interval"] = args.checkpoint_interval
-        config["checkpoint_dir"] = args.checkpoint_dir
+    config = faultargs.checkpoint_config(args)
     flow = build(edges, args.parallelism, **config)
     faults = faultargs.faults_from(ap, args, flow.plan())
     flow.explain()

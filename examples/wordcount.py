@@ -23,7 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jobmanager import faultargs
 from runtime import Dataflow
-from runtime.errors import JobCancelledError
 from runtime.sources import TextFileSource
 
 SYLLABLES = ["ka", "lo", "mi", "ra", "te", "su", "no", "vi", "de", "po", "ul", "an", "es", "or"]
@@ -80,29 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--words", type=int, default=4_000_000)
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--data", default=os.path.join("data", "wordcount"))
-    ap.add_argument(
-        "--checkpoint-interval", type=float, default=0.5, help="seconds; 0 turns checkpoints off"
-    )
-    ap.add_argument(
-        "--checkpoint-dir", default=None, help="keep checkpoints here (default: a temp dir)"
-    )
     ap.add_argument("--top", type=int, default=10)
-    faultargs.add_arguments(ap)
-    args = ap.parse_args(argv)
-    try:
-        return run(ap, args)
-    except (KeyboardInterrupt, JobCancelledError):
-        print("\ncancelled (Ctrl-C): the tasks were stopped", file=sys.stderr)
-        return 130
+    faultargs.add_checkpoint_arguments(ap)
+    return faultargs.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     paths = make_corpus(args.data, args.words)
-    config: dict[str, object] = {}
-    if args.checkpoint_interval > 0:
-        config["checkpoint_interval"] = args.checkpoint_interval
-        config["checkpoint_dir"] = args.checkpoint_dir
+    config = faultargs.checkpoint_config(args)
     flow = build(paths, args.parallelism, **config)
     faults = faultargs.faults_from(ap, args, flow.plan())
     flow.explain()

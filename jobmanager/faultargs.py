@@ -1,4 +1,6 @@
-"""Fault injection from an example's command line, checked the way argparse checks:
+"""The examples' shared command line: checkpoint flags, fault injection checked the way
+argparse checks, and a clean Ctrl-C.
+
 
     --kill-task count[1] --after 3s     (or 500ms, chk2, alignment, snapshot)
     --chaos K [--seed S]                K random kills; the example compares with a clean run
@@ -11,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jobmanager.faults import Kill, RandomKills
+from runtime.errors import JobCancelledError
 from runtime.plan import JobPlan
 
 _SECONDS = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?")
@@ -120,3 +125,35 @@ def faults_from(parser: argparse.ArgumentParser, args: Any, plan: JobPlan) -> li
     if args.chaos:
         faults.append(RandomKills(args.chaos, seed=args.seed))
     return faults
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, interval: float = 0.5) -> None:
+    parser.add_argument(
+        "--checkpoint-interval", type=float, default=interval, help="seconds; 0 turns them off"
+    )
+    parser.add_argument(
+        "--checkpoint-dir", default=None, help="keep checkpoints here (default: a temp dir)"
+    )
+
+
+def checkpoint_config(args: Any) -> dict[str, object]:
+    """``Dataflow`` settings from ``add_checkpoint_arguments``' flags."""
+    if args.checkpoint_interval <= 0:
+        return {}
+    return {"checkpoint_interval": args.checkpoint_interval, "checkpoint_dir": args.checkpoint_dir}
+
+
+def run_example(
+    parser: argparse.ArgumentParser,
+    run: Callable[[argparse.ArgumentParser, argparse.Namespace], int],
+    argv: Sequence[str] | None,
+) -> int:
+    """Parse ``argv`` (fault flags added) and call ``run``; Ctrl-C stops the job and exits
+    130 with one line instead of a traceback."""
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(parser, args)
+    except (KeyboardInterrupt, JobCancelledError):
+        print("\ncancelled (Ctrl-C): the tasks were stopped", file=sys.stderr)
+        return 130
