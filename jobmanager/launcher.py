@@ -220,7 +220,7 @@ class StageRunner:
         plan, env = self.plan, self.env
 
         def entry(_: Any) -> Any:
-            from runtime.task import run_barrier_task
+            from runtime.task_entry import run_barrier_task
 
             return run_barrier_task(plan, env)
 

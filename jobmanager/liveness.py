@@ -15,7 +15,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 log = logging.getLogger("absflow.jobmanager")
@@ -109,7 +109,7 @@ class Liveness:
     # -- the end of a failed attempt -------------------------------------------------------
     def end_attempt(
         self,
-        tasks: list[TaskProcess],
+        tasks: Sequence[TaskProcess],
         cancel: Callable[[], None],
         drain: Callable[[], None],
         stage: Stage,
@@ -136,7 +136,7 @@ class Liveness:
         self.wait_gone(local)
         log.info("attempt ended: stage done, processes and ports gone")
 
-    def wait_gone(self, local: list[TaskProcess]) -> bool:
+    def wait_gone(self, local: Sequence[TaskProcess]) -> bool:
         """Wait up to PORTS_FREE_SECONDS until the processes are gone and their ports free
         (the next attempt may bind the same ports); True when they are."""
         deadline = self.clock() + self.PORTS_FREE_SECONDS
@@ -147,7 +147,7 @@ class Liveness:
             self.sleep(0.02)
         return True
 
-    def _running(self, local: list[TaskProcess]) -> list[TaskProcess]:
+    def _running(self, local: Sequence[TaskProcess]) -> list[TaskProcess]:
         return [t for t in local if not t.closed and self.is_alive(t.pid)]
 
 

@@ -24,7 +24,7 @@ import zmq
 
 from channels import control as P
 from jobmanager import launcher
-from jobmanager.attempt import Attempt, RunServices
+from jobmanager.attempt import Attempt
 from jobmanager.failures import Failure, FailureHistory, restore_point_words
 from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.faults import DriverKill, relative_to_run, resolve_faults
@@ -33,6 +33,7 @@ from jobmanager.metrics import CommittedOutputs, RunMetrics
 from jobmanager.progress import Progress
 from jobmanager.restart import default_strategy
 from jobmanager.result import JobResult, Restart
+from jobmanager.services import RunServices
 from runtime.config import JobConfig, TaskEnvironment, TaskFault
 from runtime.errors import (
     AbsflowError,

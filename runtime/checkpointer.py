@@ -42,11 +42,12 @@ from channels import control as P
 from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier, EndOfInput, Event
 from runtime.barriers import BarrierProtocolError
-from runtime.chain import Capture, pack
+from runtime.chain import Capture, pack, unpack
 from runtime.inputs import BlockedChannels
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output
-from statebackend.metadata import OperatorLayout, TaskStateHandle
+from statebackend.metadata import OperatorLayout, StepState, TaskStateHandle
+from statebackend.restore import RestorePlan, RestoreTarget
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.spill import SpillBuffer
 from statebackend.storage import CheckpointStorage
@@ -84,6 +85,18 @@ class LoopHead:
     layout: OperatorLayout
     spill_dir: Callable[[], str]
     spill_threshold: int
+
+    def restore_target(self) -> RestoreTarget:
+        """What a restore must find for the log: a non-keyed state of ``step``."""
+        return RestoreTarget(StepState(self.step, "backedge-log", self.layout.parallelism, False))
+
+    def read_log(self, plan: RestorePlan, storage: CheckpointStorage) -> list[bytes]:
+        """The back-edge frames a restored checkpoint logged for this task, in order."""
+        part = plan.operators.get(self.step)
+        if part is None or part.operator_state is None:
+            return []
+        blob = storage.read_operator_state(plan.checkpoint_id, part.operator_state, part.operator)
+        return [] if blob is None else list(unpack(blob))
 
 
 @dataclass(slots=True)

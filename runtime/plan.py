@@ -18,6 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from channels.partitioners import (
+    BroadcastPartitioner,
+    ForwardPartitioner,
+    HashPartitioner,
+    Partitioner,
+    RebalancePartitioner,
+)
+from runtime.errors import GraphError
 from runtime.graph import EdgeKind, LogicalGraph, Partitioning, Step, StepKind
 from statebackend.metadata import StepState
 
@@ -55,6 +63,18 @@ class OutputSpec:
     key_fn: Callable[[Any], Any] | None
     channels: list[int]  # channel ids, index = target subtask (one entry for FORWARD)
     target_task_ids: list[str]
+
+    def partitioner(self, n: int, sender: TaskSpec, plan: JobPlan) -> Partitioner:
+        """The partitioner of this edge over its ``n`` channels, as ``sender`` uses it."""
+        if self.partitioning is Partitioning.FORWARD:
+            return ForwardPartitioner(0)
+        if self.partitioning is Partitioning.HASH:
+            if self.key_fn is None:
+                raise GraphError(f"task {sender.task_id}: a hash output has no key function")
+            return HashPartitioner(self.key_fn, n, plan.max_parallelism)
+        if self.partitioning is Partitioning.REBALANCE:
+            return RebalancePartitioner(n, start=sender.subtask % n)
+        return BroadcastPartitioner(n)
 
 
 @dataclass(slots=True)

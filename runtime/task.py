@@ -26,15 +26,11 @@ thread, except the asynchronous part of a snapshot (the checkpointer's writer th
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import socket
 import time
 import traceback
 from typing import Any
-
-import zmq
 
 from channels import control as P
 from channels.control import CheckpointFailureReason
@@ -48,34 +44,28 @@ from channels.messages import (
     decode_records,
 )
 from channels.partitioners import (
-    BroadcastPartitioner,
-    ForwardPartitioner,
-    HashPartitioner,
     Partitioner,
-    RebalancePartitioner,
 )
-from channels.zmq_io import InputGate
 from runtime.barriers import BarrierAligner, BarrierHandler, BarrierProtocolError, BarrierTracker
-from runtime.chain import OperatorChain, unpack
+from runtime.chain import OperatorChain
 from runtime.checkpointer import LoopHead, TaskCheckpointer, TaskIdentity
 from runtime.config import SnapshotMode, TaskEnvironment
 from runtime.control_client import ControlClient
 from runtime.errors import GraphError, OperatorFailure, RecordSerializationError, TaskCancelled
 from runtime.feedback import FeedbackQueue
-from runtime.graph import Partitioning
 from runtime.inputs import BlockedChannels
-from runtime.plan import JobPlan, OutputSpec, TaskSpec
+from runtime.plan import JobPlan, TaskSpec
 from runtime.scratch import ScratchDir
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
-from runtime.task_io import Output, TaskIO, ZmqTaskIO
-from statebackend.metadata import OperatorLayout, StepState
-from statebackend.restore import RestorePlan, RestoreTarget, plan_restore
+from runtime.task_io import Output, TaskIO
+from statebackend.metadata import OperatorLayout
+from statebackend.restore import plan_restore
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.task")
 
-__all__ = ["OperatorFailure", "Task", "TaskCancelled", "run_barrier_task"]
+__all__ = ["OperatorFailure", "Task", "TaskCancelled"]
 
 
 def _rss_bytes() -> int:
@@ -118,19 +108,18 @@ class Task:
         )
         # A loop head: back-edge inputs on a gate of their own, logged in checkpoints.
         self.back_edges = frozenset(spec.back_edge_inputs)
-        self.head_step = plan.chain_steps(spec)[0]
         # The back-edge log is stored like the operator state of a step of this name.
-        self.backedge_log_name = f"{self.head_step.name}#backedge-log"
+        self.head_step = plan.chain_steps(spec)[0]
         self.feedback: FeedbackQueue | None = None
-        loop_head: LoopHead | None = None
+        self.loop_head: LoopHead | None = None
         if self.back_edges:
             if io.feedback_gate is None:
                 raise GraphError(f"task {spec.task_id} has back-edge inputs but no feedback gate")
             self.feedback = FeedbackQueue(
                 io.feedback_gate, self._dispatch, lambda: self.scratch.path, cfg.spill_threshold
             )
-            loop_head = LoopHead(
-                self.backedge_log_name,
+            self.loop_head = LoopHead(
+                f"{self.head_step.name}#backedge-log",
                 OperatorLayout(spec.subtask, self.head_step.parallelism),
                 lambda: self.scratch.path,
                 cfg.spill_threshold,
@@ -144,7 +133,7 @@ class Task:
             self.inputs,
             self.faults,
             counts=lambda: (self.records_in, self.chain.records_out),
-            loop_head=loop_head,
+            loop_head=self.loop_head,
         )
         if spec.inputs:
             handler_cls = (
@@ -179,7 +168,7 @@ class Task:
                 for ch in out.channels
             ]
             self.channels.extend(chans)
-            self.outputs.append((self._partitioner(out, len(chans)), chans))
+            self.outputs.append((out.partitioner(len(chans), self.spec, self.plan), chans))
         self.chain.open()
         self.checkpointer.start()
         gate = self.io.gate
@@ -197,41 +186,19 @@ class Task:
         states: dict[str, Any] = {}
         if env.restore_metadata is not None and env.restore_root is not None:
             try:
-                targets = self.chain.restore_targets()
-                if self.back_edges:
-                    targets.append(RestoreTarget(self._backedge_log_step()))
+                head, targets = self.loop_head, self.chain.restore_targets()
+                if head is not None:
+                    targets.append(head.restore_target())
                 plan = plan_restore(env.restore_metadata, spec.subtask, targets)
                 storage = CheckpointStorage(env.restore_root)
                 states = self.chain.restore_state(plan, storage)
-                if self.back_edges and not self.config.debug_drop_backedge_log:
-                    self._replay = self._read_backedge_log(plan, storage)
+                if head is not None and not self.config.debug_drop_backedge_log:
+                    self._replay = head.read_log(plan, storage)
             except Exception as err:  # the checkpoint does not fit: restarting cannot help
                 self._report_failure(spec.task_id, err, fatal=True)
                 where = f"checkpoint {env.restore_metadata.checkpoint_id} in {env.restore_root}"
                 raise TaskCancelled(f"restoring {where} failed: {err}") from err
         self.chain.apply_operator_states(states)
-
-    def _backedge_log_step(self) -> StepState:
-        return StepState(self.backedge_log_name, "backedge-log", self.head_step.parallelism, False)
-
-    def _read_backedge_log(self, plan: RestorePlan, storage: CheckpointStorage) -> list[bytes]:
-        """The back-edge frames a restored checkpoint logged for this task (in order)."""
-        part = plan.operators.get(self.backedge_log_name)
-        if part is None or part.operator_state is None:
-            return []
-        blob = storage.read_operator_state(plan.checkpoint_id, part.operator_state, part.operator)
-        return [] if blob is None else list(unpack(blob))
-
-    def _partitioner(self, out: OutputSpec, n: int) -> Partitioner:
-        if out.partitioning is Partitioning.FORWARD:
-            return ForwardPartitioner(0)
-        if out.partitioning is Partitioning.HASH:
-            if out.key_fn is None:
-                raise GraphError(f"task {self.spec.task_id}: a hash output has no key function")
-            return HashPartitioner(out.key_fn, n, self.plan.max_parallelism)
-        if out.partitioning is Partitioning.REBALANCE:
-            return RebalancePartitioner(n, start=self.spec.subtask % n)
-        return BroadcastPartitioner(n)
 
     # -- control plane -----------------------------------------------------------------
     def _send_sink_output(self, step: str, checkpoint_id: int, records: list[Any]) -> None:
@@ -472,60 +439,3 @@ class Task:
         t = self.identity
         self.control.send_quietly(P.Closed(t.index, t.attempt))
         self.control.close(linger_ms=2000 if graceful else 500)
-
-
-def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
-    """Entry point inside a Spark barrier task (the Python worker process)."""
-    import json
-
-    from pyspark import BarrierTaskContext
-
-    ctx = BarrierTaskContext.get()
-    index = ctx.partitionId()
-    spec = plan.tasks[index]
-    host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
-    with contextlib.suppress(OSError):
-        host = socket.gethostbyname(host)  # bind needs an address, Spark may give a name
-    zctx = zmq.Context()
-    gate: InputGate | None = None
-    feedback: InputGate | None = None
-    task: Task | None = None
-    graceful = False
-    try:
-        hwm = env.config.channel_hwm
-        gate = InputGate(zctx, host, rcvhwm=hwm) if spec.regular_inputs else None
-        feedback = InputGate(zctx, host, rcvhwm=hwm) if spec.back_edge_inputs else None
-        gathered = ctx.allGather(
-            json.dumps(
-                [index, gate.endpoint if gate else "", feedback.endpoint if feedback else ""]
-            )
-        )
-        exchanged = [json.loads(m) for m in gathered]
-        endpoints = {i: ep for i, ep, _fb in exchanged}
-        feedback_endpoints = {i: fb for i, _ep, fb in exchanged if fb}
-        io = ZmqTaskIO(
-            zctx,
-            gate,
-            endpoints,
-            env.config,
-            env.jm_endpoint,
-            f"{index}:{env.attempt}",
-            feedback,
-            feedback_endpoints,
-        )
-        task = Task(plan, spec, env, io, host)
-        task.open()
-        task.run()
-        graceful = True
-    except TaskCancelled:
-        pass
-    finally:
-        if task is not None:
-            task.close(graceful)
-        for g in (gate, feedback):
-            if g is not None:
-                g.close()
-        # Closes whatever a half-built Task left open (term() alone would wait forever),
-        # giving a queued Failed message up to a second to leave.
-        zctx.destroy(linger=1000)
-    return []

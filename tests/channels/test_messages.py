@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from channels.errors import AbsflowError
+from channels.errors import AbsflowError, RecordSerializationError
 from channels.messages import (
     FLAG_LZ4,
     HEADER,
@@ -19,7 +19,6 @@ from channels.messages import (
     EndOfInput,
     Event,
     MalformedFrameError,
-    RecordSerializationError,
     decode_event,
     decode_header,
     decode_records,

@@ -32,7 +32,7 @@ from tests.integration.topologies import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
 
-CHK = {"checkpoint_interval": 0.1}
+CHK: dict[str, Any] = {"checkpoint_interval": 0.1}
 
 
 def multiset(records: list[Any]) -> collections.Counter[Any]:

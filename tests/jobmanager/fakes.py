@@ -4,7 +4,7 @@ barrier stage, a disconnect monitor, and a small plan (no Spark, no sockets)."""
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from channels import control as P
@@ -65,6 +65,15 @@ class ScriptedLink:
         """Queue one receive's worth: messages, or a single exception to raise."""
         self.script.append(list(items))
         return self
+
+    def then_do(self, action: Callable[[], None]) -> ScriptedLink:
+        """Queue one receive that runs ``action`` (a side effect) and hands out nothing."""
+
+        def run() -> list[Any]:
+            action()
+            return []
+
+        return self.then(run)
 
     def receive(self, timeout_ms: int) -> Iterator[P.Message]:
         self.polls += 1

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 import pytest
 
 from channels import control as P
-from jobmanager.attempt import Attempt, RunServices
+from jobmanager.attempt import Attempt
 from jobmanager.failures import FailureCause
 from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.faults import DriverKill
 from jobmanager.liveness import Liveness
 from jobmanager.metrics import CommittedOutputs, RecordCounts, RunMetrics
+from jobmanager.services import RunServices
 from runtime.config import JobConfig
 from tests.jobmanager.fakes import (
     Clock,
@@ -175,7 +176,7 @@ def test_a_dead_task_ends_the_attempt_and_the_survivors_are_ended() -> None:
 
 def test_a_disconnect_without_a_dead_process_is_no_failure() -> None:
     h = harness()
-    h.link.then(*registers()).then(lambda: [h.monitor.disconnect()][:0])
+    h.link.then(*registers()).then_do(h.monitor.disconnect)
     h.link.then(P.SourceEnded(0, 0), P.SourceEnded(1, 0))
     h.link.then(ack(0, 1, 1, 1), ack(1, 1, 1, 1), ack(2, 1, 1, 1), ack(3, 1, 1, 1))
     h.link.then(finished(0, 1, 1), finished(1, 1, 1), finished(2, 1, 1), finished(3, 1, 1))
@@ -203,14 +204,14 @@ def test_a_silent_task_is_a_lost_heartbeat() -> None:
 )
 def test_a_failed_stage_is_classified(text: str, cause: FailureCause) -> None:
     h = harness()
-    h.link.then(*registers()).then(lambda: [h.stage.outcome.put(Exception(text))][:0])
+    h.link.then(*registers()).then_do(lambda: h.stage.outcome.put(Exception(text)))
     failure = h.attempt.run(h.stage)
     assert failure is not None and failure.cause is cause and failure.error == text
 
 
 def test_a_stage_that_ended_without_every_task_finishing() -> None:
     h = harness(tick=1.0)
-    h.link.then(*registers()).then(lambda: [h.stage.outcome.put(None)][:0])
+    h.link.then(*registers()).then_do(lambda: h.stage.outcome.put(None))
     failure = h.attempt.run(h.stage)
     assert failure is not None and failure.cause is FailureCause.STAGE_ENDED_EARLY
 

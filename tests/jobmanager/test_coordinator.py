@@ -207,7 +207,7 @@ def test_metadata_records_the_steps_whose_state_it_holds(tmp_path: Path) -> None
     for index, (op, groups) in enumerate(
         [("src", None), ("src", None), ("count", (0, 64)), ("count", (64, 128))]
     ):
-        layout = {"subtask": index % 2, "parallelism": 2}
+        layout: dict[str, Any] = {"subtask": index % 2, "parallelism": 2}
         if groups is not None:
             layout["key_groups"] = list(groups)
         state = {"file": f"t{index}.state", "size": 10, "crc32": 1, "operators": {op: layout}}

@@ -9,8 +9,8 @@ import socket
 import subprocess
 import sys
 
-from jobmanager.attempt import TaskInfo
 from jobmanager.liveness import Liveness, pid_alive, port_bound
+from jobmanager.services import TaskInfo
 from tests.jobmanager.fakes import Clock, FakeMonitor, FakeStage, Processes
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from jobmanager.attempt import TaskInfo
 from jobmanager.coordinator import CompletedCheckpoint
 from jobmanager.failures import FailureCause
 from jobmanager.metrics import CommittedOutputs, RecordCounts, RunMetrics
 from jobmanager.result import JobResult, Restart
+from jobmanager.services import TaskInfo
 from tests.jobmanager.fakes import small_plan
 
 SOURCES, SINKS = (0, 1), (2, 3)

@@ -71,7 +71,7 @@ class FakeGate:
         self.frames: deque[bytes] = deque()
 
     def recv_frames(self, max_frames: int) -> list[bytes]:
-        out = []
+        out: list[bytes] = []
         while self.frames and len(out) < max_frames:
             out.append(self.frames.popleft())
         return out

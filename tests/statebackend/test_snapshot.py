@@ -16,7 +16,6 @@ from statebackend import (
     verify_state_file,
     write_task_snapshot,
 )
-from statebackend import snapshot as snapshot_module
 from tests.statebackend.keygroups import MAX_PARALLELISM, crc32_key_group_of, key_group_range
 
 KG = crc32_key_group_of()
@@ -155,7 +154,7 @@ def test_final_path_never_holds_a_partial_file(
         release.wait(5)
         real_fsync(fd)
 
-    monkeypatch.setattr(snapshot_module.os, "fsync", slow_fsync)
+    monkeypatch.setattr(os, "fsync", slow_fsync)
     writer = threading.Thread(target=write_sample, args=(path,))
     writer.start()
     assert in_fsync.wait(5)
@@ -172,7 +171,7 @@ def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def failing_fsync(fd: int) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(snapshot_module.os, "fsync", failing_fsync)
+    monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="disk full"):
         write_sample(path)
     assert os.listdir(str(tmp_path)) == []

@@ -18,7 +18,7 @@ from statebackend import (
     StepState,
     TaskStateHandle,
 )
-from statebackend.storage import StorageUsageError
+from statebackend.errors import StorageUsageError
 
 TASKS = ("count[0]", "count[1]")
 

@@ -1,0 +1,80 @@
+"""The task process's entry point inside a Spark barrier stage.
+
+``run_barrier_task`` runs once per barrier task (the Python worker process): it learns
+its index and host from the `BarrierTaskContext`, binds its input gates, exchanges the
+endpoints with every other task (``allGather``), then builds, opens and runs its
+`Task` (``runtime.task``) and always closes what it opened, gracefully or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from typing import Any
+
+import zmq
+
+from channels.zmq_io import InputGate
+from runtime.config import TaskEnvironment
+from runtime.errors import TaskCancelled
+from runtime.plan import JobPlan
+from runtime.task import Task
+from runtime.task_io import ZmqTaskIO
+
+__all__ = ["run_barrier_task"]
+
+
+def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
+    """Entry point inside a Spark barrier task (the Python worker process)."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    index = ctx.partitionId()
+    spec = plan.tasks[index]
+    host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
+    with contextlib.suppress(OSError):
+        host = socket.gethostbyname(host)  # bind needs an address, Spark may give a name
+    zctx = zmq.Context()
+    gate: InputGate | None = None
+    feedback: InputGate | None = None
+    task: Task | None = None
+    graceful = False
+    try:
+        hwm = env.config.channel_hwm
+        gate = InputGate(zctx, host, rcvhwm=hwm) if spec.regular_inputs else None
+        feedback = InputGate(zctx, host, rcvhwm=hwm) if spec.back_edge_inputs else None
+        gathered = ctx.allGather(
+            json.dumps(
+                [index, gate.endpoint if gate else "", feedback.endpoint if feedback else ""]
+            )
+        )
+        exchanged = [json.loads(m) for m in gathered]
+        endpoints = {i: ep for i, ep, _fb in exchanged}
+        feedback_endpoints = {i: fb for i, _ep, fb in exchanged if fb}
+        io = ZmqTaskIO(
+            zctx,
+            gate,
+            endpoints,
+            env.config,
+            env.jm_endpoint,
+            f"{index}:{env.attempt}",
+            feedback,
+            feedback_endpoints,
+        )
+        task = Task(plan, spec, env, io, host)
+        task.open()
+        task.run()
+        graceful = True
+    except TaskCancelled:
+        pass
+    finally:
+        if task is not None:
+            task.close(graceful)
+        for g in (gate, feedback):
+            if g is not None:
+                g.close()
+        # Closes whatever a half-built Task left open (term() alone would wait forever),
+        # giving a queued Failed message up to a second to leave.
+        zctx.destroy(linger=1000)
+    return []
