@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.config import JobConfig, TaskEnvironment
-from runtime.errors import InsufficientSlotsError, WorkerStartError
+from runtime.errors import CheckpointStorageError, InsufficientSlotsError, WorkerStartError
 from runtime.plan import JobPlan
 
 log = logging.getLogger("absflow.launcher")
@@ -153,6 +153,23 @@ def _fixed_local(master: str) -> bool:
     return master == "local" or (
         master.startswith("local[") and not master.startswith("local-cluster")
     )
+
+
+def single_host(master: str) -> bool:
+    """``local[...]`` and ``local-cluster[...]``: every executor runs on the driver's host."""
+    return master.startswith("local")
+
+
+def check_checkpoint_dir(master: str, checkpoint_dir: str | None, checkpointing: bool) -> None:
+    """On a cluster the default checkpoint dir (a temp dir on the driver) is out of the
+    executors' reach: ask for storage every executor can write to."""
+    if checkpointing and checkpoint_dir is None and not single_host(master):
+        raise CheckpointStorageError(
+            f"checkpointing on master {master!r} needs a checkpoint_dir that every executor "
+            "can write to (a shared filesystem, HDFS or S3): "
+            "Dataflow(..., checkpoint_dir='/shared/path') or --checkpoint-dir; the default, "
+            "a temp dir on the driver, exists only on the driver's host"
+        )
 
 
 def check_slots(

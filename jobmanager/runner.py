@@ -128,6 +128,9 @@ class JobManager:
                 len(self.plan.tasks), self.config, say=self.progress.say
             )
             sc = spark.sparkContext
+            launcher.check_checkpoint_dir(
+                sc.master, self.config.checkpoint_dir, self.config.checkpointing
+            )
             launcher.check_slots(
                 sc, len(self.plan.tasks), wait=self.config.executor_wait, say=self.progress.say
             )

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from jobmanager import launcher
-from runtime.errors import InsufficientSlotsError, WorkerStartError
+from runtime.errors import CheckpointStorageError, InsufficientSlotsError, WorkerStartError
 
 
 class FakeClock:
@@ -142,3 +142,16 @@ def test_warm_up_survives_a_python_worker_killed_on_the_real_session(
     said: list[str] = []
     launcher.warm_up(spark.sparkContext, 2, say=said.append, load=_die_once(str(marker)))
     assert not marker.exists() and len(said) == 1 and "trying again (2 of 3)" in said[0]
+
+
+@pytest.mark.parametrize("master", ["spark://10.0.0.1:7077", "yarn", "k8s://https://h:443"])
+def test_a_cluster_needs_a_checkpoint_dir_every_executor_reaches(master: str) -> None:
+    with pytest.raises(CheckpointStorageError, match="checkpoint_dir that every executor"):
+        launcher.check_checkpoint_dir(master, None, checkpointing=True)
+    launcher.check_checkpoint_dir(master, "/shared/chk", checkpointing=True)
+    launcher.check_checkpoint_dir(master, None, checkpointing=False)
+
+
+@pytest.mark.parametrize("master", ["local[4]", "local", "local-cluster[2,1,1024]"])
+def test_one_host_can_use_the_default_checkpoint_dir(master: str) -> None:
+    launcher.check_checkpoint_dir(master, None, checkpointing=True)
