@@ -219,6 +219,16 @@ class LoopProbe(Message):
     round: int
 
 
+@dataclass(frozen=True, slots=True)
+class KillSelf(Message):
+    """Fault injection on a task the job manager cannot signal (on another host): send
+    yourself ``signal`` at once, wherever the task is (SIGKILL dies, SIGSTOP freezes)."""
+
+    CODE: ClassVar[int] = 26
+    signal: int
+    label: str
+
+
 _TYPES: dict[int, type[Message]] = {
     cls.CODE: cls
     for cls in (
@@ -238,6 +248,7 @@ _TYPES: dict[int, type[Message]] = {
         Cancel,
         Alive,
         LoopProbe,
+        KillSelf,
     )
 }
 

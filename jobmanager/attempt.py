@@ -21,7 +21,6 @@ from jobmanager.liveness import ctrl_c_deferred
 from jobmanager.services import RunServices, Stage, TaskInfo
 from jobmanager.termination import LoopTermination
 from runtime.config import JobConfig
-from runtime.errors import FaultInjectionError
 from runtime.plan import JobPlan
 from statebackend.storage import CheckpointStorage
 
@@ -340,24 +339,27 @@ class Attempt:
         return bool(t.pid) and not t.finished and not t.closed
 
     def _fire(self, kills: list[DriverKill]) -> None:
-        """Fault injection: a real SIGKILL (or SIGSTOP) of task processes."""
+        """Fault injection: a real SIGKILL (or SIGSTOP) of task processes. A task on the
+        driver's host gets the signal from here (at any point of its work, frozen or
+        not); a task on another host is asked by a KillSelf message to signal itself."""
         for k in kills:
             t = self.tasks[k.task_index]
-            if not self.run_services.liveness.is_local(t):
-                raise FaultInjectionError(
-                    f"cannot kill task {t.task_id} on host {t.host}: kill faults need the "
-                    "task processes on the driver's machine (a local master)"
-                )
+            local = self.run_services.liveness.is_local(t)
             log.warning(
-                "fault injection: %s task %s (pid %d): %s",
+                "fault injection: %s task %s (pid %d on %s, %s): %s",
                 signal.Signals(k.signal).name,
                 t.task_id,
                 t.pid,
+                t.host,
+                "signalled" if local else "asked to signal itself",
                 k.label,
             )
             if self.killed_at is None:
                 self.killed_at = self.run_services.wall()
-            self.run_services.signal_process(t.pid, k.signal)
+            if local:
+                self.run_services.signal_process(t.pid, k.signal)
+            else:
+                self.send(k.task_index, P.KillSelf(k.signal, k.label))
 
     # -- the end ---------------------------------------------------------------------------
     def end(self, stage: Stage, failure: Failure | None) -> None:

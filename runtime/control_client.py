@@ -3,7 +3,9 @@
 Sends the task's messages (register, heartbeat, ack, decline, ...), queues what the
 job manager sends (trigger, complete, abort) until the task loop acts on it between
 two batches, heartbeats, and ends the task when the job manager says Cancel or goes
-silent for ``heartbeat_timeout`` (each heartbeat is answered by Alive).
+silent for ``heartbeat_timeout`` (each heartbeat is answered by Alive). A ``KillSelf``
+(fault injection on a task on another host) is obeyed the moment it is read, also
+inside a blocked send.
 
 Threading: task-loop thread only.
 """
@@ -11,6 +13,8 @@ Threading: task-loop thread only.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -20,6 +24,12 @@ import zmq
 from channels import control as P
 from runtime.errors import AbsflowError, TaskCancelled
 from runtime.task_io import ControlSocket
+
+log = logging.getLogger("absflow.task")
+
+
+def kill_self(sig: int) -> None:
+    os.kill(os.getpid(), sig)
 
 
 class ControlClosedError(AbsflowError, RuntimeError):
@@ -37,8 +47,9 @@ class ControlClient:
         heartbeat_interval: float,
         heartbeat_timeout: float,
         clock: Callable[[], float] = time.monotonic,
+        kill: Callable[[int], None] = kill_self,
     ) -> None:
-        self._connect = connect
+        self._connect, self._kill = connect, kill
         self._interval, self._timeout, self._clock = heartbeat_interval, heartbeat_timeout, clock
         self._socket: ControlSocket | None = None
         self._queued: deque[P.Message] = deque()
@@ -64,13 +75,18 @@ class ControlClient:
             self.send(msg)
 
     def read(self) -> None:
-        """Queue every waiting message; Cancel raises TaskCancelled at once."""
+        """Queue every waiting message; Cancel raises TaskCancelled at once, KillSelf
+        sends the task its signal at once."""
         sock = self._sock
         while sock.poll(0):
             msg = P.decode(sock.recv())
             self._last_contact = self._clock()
             if isinstance(msg, P.Cancel):
                 raise TaskCancelled(msg.reason)
+            if isinstance(msg, P.KillSelf):
+                log.warning("fault injection: signal %d to this task: %s", msg.signal, msg.label)
+                self._kill(msg.signal)
+                continue
             if not isinstance(msg, P.Alive):
                 self._queued.append(msg)
 

@@ -49,10 +49,6 @@ class CheckpointStorageError(AbsflowError, OSError):
     """The checkpoint directory cannot be created or written (checked before the job starts)."""
 
 
-class FaultInjectionError(AbsflowError, RuntimeError):
-    """A fault injection cannot be carried out (e.g. a kill of a task on another host)."""
-
-
 # -- inside a task process (never reach the user as such) -------------------------------
 class TaskCancelled(AbsflowError):
     """The job manager told this task to stop (or went silent): end the task quietly."""
@@ -70,7 +66,6 @@ class OperatorFailure(AbsflowError):
 __all__ = [
     "AbsflowError",
     "CheckpointStorageError",
-    "FaultInjectionError",
     "GraphError",
     "IncompatibleCheckpointError",
     "InsufficientSlotsError",

@@ -52,6 +52,7 @@ MESSAGES: list[P.Message] = [
     P.Cancel("attempt 2 failed"),
     P.Alive(),
     P.LoopProbe(7),
+    P.KillSelf(9, "Kill('count[1]', after_checkpoint=2)"),
 ]
 
 

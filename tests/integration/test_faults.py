@@ -59,6 +59,23 @@ def test_diamond_with_two_shuffles_survives_a_kill() -> None:
     assert multiset(result.output("by5")) == expected["by5"]
 
 
+def test_a_task_on_another_host_kills_itself_when_asked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As on a cluster: the job manager cannot signal the task's pid, so it sends KillSelf,
+    and learns of the death from Spark's failed stage (no pid checks on other hosts)."""
+    from jobmanager.liveness import Liveness
+
+    monkeypatch.setattr(Liveness, "is_local", lambda self, task: False)
+    n = 16_000
+    with caplog.at_level(logging.WARNING, logger="absflow.jobmanager"):
+        result = pipeline(n, **CHK).run(faults=[Kill("count[1]", after_checkpoint=2)])
+    assert "asked to signal itself" in caplog.text
+    assert len(result.restarts) == 1, result.summary()
+    assert result.restarts[0].restored_checkpoint is not None
+    assert multiset(result.output("out")) == pipeline_expected(n)
+
+
 @pytest.mark.parametrize("task", ["numbers[0]", "square[1]", "count[0]", "out[0]"])
 def test_kill_source_middle_keyed_and_sink_tasks(task: str) -> None:
     n = 16_000

@@ -74,9 +74,10 @@ def harness(
     return Harness(attempt, link, clock, procs, monitor, FakeStage(), metrics, outputs)
 
 
-def registers(attempt: int = 0) -> list[P.Message]:
+def registers(attempt: int = 0, host: str = "h") -> list[P.Message]:
     return [
-        P.Register(i, attempt, TASK_IDS[i], PIDS[i], "h", f"tcp://h:{7000 + i}") for i in range(4)
+        P.Register(i, attempt, TASK_IDS[i], PIDS[i], host, f"tcp://{host}:{7000 + i}")
+        for i in range(4)
     ]
 
 
@@ -254,6 +255,19 @@ def test_a_kill_due_at_a_checkpoint_is_fired_when_it_completes() -> None:
     assert h.procs.signals == [(103, signal.SIGKILL)]
     assert h.attempt.killed_at == 5000.0
     assert h.metrics.checkpoints_completed == 1
+
+
+def test_a_task_on_another_host_is_asked_to_kill_itself() -> None:
+    h = harness(kills=(DriverKill(3, 0, None, 1, label="Kill('count[1]')"),))
+    for msg in registers(host="worker-2"):
+        h.attempt.on_message(msg)
+    h.attempt._observe(h.clock())
+    n = h.attempt.coordinator.trigger(final=False)
+    for i in range(4):
+        h.attempt.on_message(ack(i, n, 1, 1))
+    assert h.procs.signals == []  # no signal to a pid on another host
+    assert h.link.sent_of(P.KillSelf) == [(3, P.KillSelf(signal.SIGKILL, "Kill('count[1]')"))]
+    assert h.attempt.killed_at == 5000.0
 
 
 def test_a_kill_due_by_time_waits_for_registration() -> None:
