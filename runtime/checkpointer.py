@@ -31,6 +31,7 @@ the captured, immutable blobs and the storage.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -150,6 +151,7 @@ class TaskCheckpointer:
         self._pending: list[_PendingWrite] = []
         self.final_checkpoint: int | None = None
         self.completed_final = False
+        self._aborted: set[int] = set()  # checkpoints whose pending writes are moot
 
     def start(self) -> None:
         self._executor()
@@ -316,6 +318,11 @@ class TaskCheckpointer:
                 still.append(pending)
                 continue
             n, metrics = pending.checkpoint_id, pending.metrics
+            if n in self._aborted:  # its files are gone, or about to be: nothing to report
+                self._aborted.discard(n)
+                with contextlib.suppress(Exception):
+                    pending.future.result()
+                continue
             try:
                 handle, async_ms = pending.future.result()
             except Exception as err:  # e.g. disk full: decline, the job goes on
@@ -341,6 +348,12 @@ class TaskCheckpointer:
         self._send(P.Decline(t.index, t.attempt, checkpoint_id, reason.name, detail))
 
     # -- completion ----------------------------------------------------------------------
+    def aborted(self, checkpoint_id: int) -> None:
+        """The job manager aborted ``checkpoint_id`` and removes its files: a write of it
+        still in flight is neither acked nor declined (nor its failure reported)."""
+        if any(p.checkpoint_id == checkpoint_id for p in self._pending):
+            self._aborted.add(checkpoint_id)
+
     def complete(self, checkpoint_id: int) -> None:
         """The job manager completed ``checkpoint_id``: operators commit what it covers."""
         self.chain.notify_complete(checkpoint_id)

@@ -214,10 +214,12 @@ class Task:
                 self.checkpointer.trigger_source(msg)
             elif isinstance(msg, P.Complete):
                 self.checkpointer.complete(msg.checkpoint_id)
-            elif isinstance(msg, P.Abort) and self._handler is not None:
-                self._handler.abort(
-                    msg.checkpoint_id, CheckpointFailureReason.from_wire(msg.reason)
-                )
+            elif isinstance(msg, P.Abort):
+                self.checkpointer.aborted(msg.checkpoint_id)
+                if self._handler is not None:
+                    self._handler.abort(
+                        msg.checkpoint_id, CheckpointFailureReason.from_wire(msg.reason)
+                    )
             elif isinstance(msg, P.LoopProbe):
                 t = self.identity
                 received = 0 if self.chain.reader is not None else self.records_in

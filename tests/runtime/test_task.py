@@ -417,6 +417,21 @@ def test_a_failed_state_write_declines_the_checkpoint() -> None:
     assert "No space left" in decline.detail
 
 
+def test_a_write_of_an_aborted_checkpoint_is_neither_acked_nor_declined() -> None:
+    # The job manager removes an aborted checkpoint's files; a write still in flight
+    # then fails (or lands in a removed dir): nothing to report about it.
+    log: Log = []
+    cp = checkpointer(log, FakeStorage(log, fail=True))
+    cp.trigger_source(P.Trigger(4, 0.0, False))
+    cp.trigger_source(P.Trigger(5, 0.0, False))
+    cp.aborted(4)
+    cp.aborted(9)  # not pending here: ignored
+    cp.collect_writes(wait=True)
+    sent = [(kind, m.checkpoint_id) for kind, m in log if kind in ("ack", "decline")]
+    assert sent == [("decline", 5)]
+    assert not cp.writes_pending
+
+
 def test_without_storage_the_ack_follows_the_forward_at_once() -> None:
     log: Log = []
     cp = checkpointer(log, None)
@@ -433,7 +448,7 @@ def test_the_task_process_never_imports_the_job_manager() -> None:
     import sys
 
     code = (
-        "import sys, runtime.task; "
+        "import sys, runtime.task_entry; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'jobmanager'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
