@@ -285,4 +285,6 @@ def summarize(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "keys": int(sum(values("keys"))),
         "backedge_records": int(sum(values("backedge_records"))),
         "backedge_bytes": int(sum(values("backedge_bytes"))),
+        "channel_state_records": int(sum(values("channel_state_records"))),
+        "channel_state_bytes": int(sum(values("channel_state_bytes"))),
     }

@@ -42,9 +42,17 @@ from typing import Any, Protocol
 from channels import control as P
 from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier, EndOfInput, Event
-from runtime.barriers import BarrierProtocolError
+from runtime.barriers import (
+    BarrierAligner,
+    BarrierHandler,
+    BarrierProtocolError,
+    BarrierTracker,
+    UnalignedHandler,
+)
 from runtime.chain import Capture, pack, unpack
+from runtime.config import JobConfig, SnapshotMode
 from runtime.inputs import BlockedChannels
+from runtime.plan import TaskSpec
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output
 from statebackend.metadata import OperatorLayout, StepState, TaskStateHandle
@@ -79,20 +87,24 @@ class _PendingWrite:
 
 
 @dataclass(frozen=True, slots=True)
-class LoopHead:
-    """Where a loop head keeps its back-edge log: the operator state of ``step``."""
+class InFlightLog:
+    """Where a task keeps the records in flight at its snapshot (a loop head's back-edge
+    log, or an unaligned checkpoint's channel state): the operator state of ``step``.
+    ``metric`` names its figures in the ack (``<metric>_records``, ``<metric>_bytes``)."""
 
     step: str
     layout: OperatorLayout
     spill_dir: Callable[[], str]
     spill_threshold: int
+    metric: str = "backedge"
 
     def restore_target(self) -> RestoreTarget:
         """What a restore must find for the log: a non-keyed state of ``step``."""
-        return RestoreTarget(StepState(self.step, "backedge-log", self.layout.parallelism, False))
+        kind = f"{self.metric}-log"
+        return RestoreTarget(StepState(self.step, kind, self.layout.parallelism, False))
 
     def read_log(self, plan: RestorePlan, storage: CheckpointStorage) -> list[bytes]:
-        """The back-edge frames a restored checkpoint logged for this task, in order."""
+        """The frames a restored checkpoint logged for this task, in arrival order."""
         part = plan.operators.get(self.step)
         if part is None or part.operator_state is None:
             return []
@@ -101,8 +113,8 @@ class LoopHead:
 
 
 @dataclass(slots=True)
-class _BackEdgeLog:
-    """A checkpoint past its snapshot whose back-edge barriers are still out."""
+class _OpenLog:
+    """A checkpoint past its snapshot whose in-flight records are still logged."""
 
     checkpoint_id: int
     captured: Capture
@@ -136,17 +148,17 @@ class TaskCheckpointer:
         wall_clock: Callable[[], float] = time.time,
         writer: Executor | None = None,
         counts: Callable[[], tuple[int, int]] = lambda: (0, 0),
-        loop_head: LoopHead | None = None,
+        in_flight: InFlightLog | None = None,
     ) -> None:
-        """``counts()``: the task's (records in, records out) so far; ``loop_head``: set
-        for a task with back-edge inputs."""
+        """``counts()``: the task's (records in, records out) so far; ``in_flight``: set
+        for a task that logs in-flight records (back-edges, or unaligned channel state)."""
         self.task, self.chain, self.outputs, self.storage = task, chain, outputs, storage
         self._send, self._inputs, self._faults = send, inputs, faults
         self._clock, self._wall_clock = clock, wall_clock
         self._writer = writer
         self._counts = counts
-        self._loop_head = loop_head
-        self._log: _BackEdgeLog | None = None
+        self._in_flight = in_flight
+        self._log: _OpenLog | None = None
         self._owns_writer = writer is None
         self._pending: list[_PendingWrite] = []
         self.final_checkpoint: int | None = None
@@ -193,18 +205,24 @@ class TaskCheckpointer:
         self.forward(EndOfInput())
 
     def back_edges_logged(self, checkpoint_id: int) -> None:
-        log = self._log
-        head = self._loop_head
-        if log is None or head is None or log.checkpoint_id != checkpoint_id:
+        self._log_complete(checkpoint_id)
+
+    def channel_state_logged(self, checkpoint_id: int) -> None:
+        self._log_complete(checkpoint_id)
+
+    def _log_complete(self, checkpoint_id: int) -> None:
+        """The in-flight log of ``checkpoint_id`` is complete: write it with the state."""
+        log, spec = self._log, self._in_flight
+        if log is None or spec is None or log.checkpoint_id != checkpoint_id:
             raise BarrierProtocolError(
-                f"task {self.task.task_id}: back-edge log of checkpoint {checkpoint_id} "
+                f"task {self.task.task_id}: the in-flight log of checkpoint {checkpoint_id} "
                 "completed, but it is not the one being logged"
             )
         self._log = None
         frames = log.frames
         metrics = log.metrics
-        metrics["backedge_records"] = log.records
-        metrics["backedge_bytes"] = log.nbytes
+        metrics[f"{spec.metric}_records"] = log.records
+        metrics[f"{spec.metric}_bytes"] = log.nbytes
         metrics["spilled_bytes"] = metrics.get("spilled_bytes", 0) + frames.spilled_bytes
         logged = [frames.popleft() for _ in range(len(frames))]
         frames.close()
@@ -212,19 +230,19 @@ class TaskCheckpointer:
         if self.storage is not None:
             snapshots = dict(captured.snapshots)
             layout = dict(captured.layout)
-            snapshots[head.step] = OperatorSnapshot(pack(logged), None, None)
-            layout[head.step] = head.layout
+            snapshots[spec.step] = OperatorSnapshot(pack(logged), None, None)
+            layout[spec.step] = spec.layout
             captured = Capture(snapshots, layout, captured.keys)
         self._write_or_ack(checkpoint_id, captured, metrics)
 
-    # -- loop heads: the back-edge log --------------------------------------------------------
+    # -- the in-flight log (back-edges, channel state) ---------------------------------------
     def log(self, frame: bytes, records: int) -> None:
-        """A data frame arrived on a back-edge channel being logged (see the handler's
+        """A data frame arrived on a channel being logged (see the handler's
         ``logging_channels``): it belongs to the snapshot being completed."""
         log = self._log
         if log is None:
             raise BarrierProtocolError(
-                f"task {self.task.task_id}: a back-edge frame to log, but no checkpoint logs"
+                f"task {self.task.task_id}: a frame to log, but no checkpoint logs"
             )
         log.frames.append(frame)
         log.records += records
@@ -257,11 +275,11 @@ class TaskCheckpointer:
             self.chain.finish()
         captured = self.capture(n, metrics)
         self.forward(barrier)
-        head = self._loop_head
-        if head is not None:  # write once the back-edge barriers came back
+        spec = self._in_flight
+        if spec is not None:  # written once the log is complete (the handler says when)
             self._drop_log()  # an older one still logging was subsumed
-            self._log = _BackEdgeLog(
-                n, captured, metrics, SpillBuffer(head.spill_dir(), head.spill_threshold)
+            self._log = _OpenLog(
+                n, captured, metrics, SpillBuffer(spec.spill_dir(), spec.spill_threshold)
             )
             return
         self._write_or_ack(n, captured, metrics)
@@ -366,3 +384,27 @@ class TaskCheckpointer:
         if self._writer is not None and self._owns_writer:
             self._writer.shutdown(wait=True)
         self._writer = None
+
+
+def handler_for(spec: TaskSpec, actions: TaskCheckpointer, cfg: JobConfig) -> BarrierHandler:
+    """The barrier handler of ``cfg.snapshot_mode`` for a task with inputs."""
+    mode = cfg.snapshot_mode
+    if cfg.records_channel_state:
+        return UnalignedHandler(spec.regular_inputs, actions, aligned_timeout=cfg.aligned_timeout)
+    cls = BarrierTracker if mode is SnapshotMode.AT_LEAST_ONCE else BarrierAligner
+    return cls(spec.regular_inputs, actions, back_edges=spec.back_edge_inputs)
+
+
+def in_flight_log_for(
+    spec: TaskSpec, head: str, parallelism: int, cfg: JobConfig, spill_dir: Callable[[], str]
+) -> InFlightLog | None:
+    """Where the task logs records in flight at a snapshot, if it does: a loop head its
+    back-edges, a task with inputs under unaligned checkpoints its channel state."""
+    layout = OperatorLayout(spec.subtask, parallelism)
+    if spec.back_edge_inputs:
+        return InFlightLog(f"{head}#backedge-log", layout, spill_dir, cfg.spill_threshold)
+    if spec.inputs and cfg.records_channel_state:
+        return InFlightLog(
+            f"{head}#channel-state", layout, spill_dir, cfg.spill_threshold, "channel_state"
+        )
+    return None

@@ -14,6 +14,7 @@ from statebackend.metadata import CheckpointMetadata
 class SnapshotMode(enum.Enum):
     EXACTLY_ONCE = "exactly_once"  # aligned ABS: block channels until all barriers arrived
     AT_LEAST_ONCE = "at_least_once"  # barriers counted, nothing blocked (replay may duplicate)
+    UNALIGNED = "unaligned"  # Chandy-Lamport: snapshot at the first barrier, log channel state
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class JobConfig:
     tolerable_checkpoint_failures: int = 3
     retained_checkpoints: int = 3
     snapshot_mode: SnapshotMode | str = SnapshotMode.EXACTLY_ONCE
+    aligned_timeout: float | None = None  # exactly_once: turn unaligned when aligning longer
     restart_strategy: Any = (
         None  # jobmanager.restart strategy; default: exponential if checkpointing
     )
@@ -49,7 +51,7 @@ class JobConfig:
     executor_wait: float = 60.0  # on a cluster: how long to wait for executors to register
     timeout: float | None = None  # give up (cancel) after this many seconds
     allow_non_restored_state: bool = False  # restore_from may drop state of removed steps
-    debug_drop_backedge_log: bool = False  # tests only: restore loops without their back-edge log
+    debug_drop_in_flight_log: bool = False  # tests only: restore loops without their back-edge log
 
     def __post_init__(self) -> None:
         if isinstance(self.snapshot_mode, str):
@@ -60,6 +62,16 @@ class JobConfig:
                 raise GraphError(
                     f"snapshot_mode {self.snapshot_mode!r} is unknown; use one of {modes}."
                 ) from None
+        if self.aligned_timeout is not None:
+            if not isinstance(self.aligned_timeout, int | float) or self.aligned_timeout < 0:
+                raise GraphError(
+                    f"aligned_timeout must be >= 0 seconds (or None), got {self.aligned_timeout!r}."
+                )
+            if self.snapshot_mode not in (SnapshotMode.EXACTLY_ONCE, SnapshotMode.UNALIGNED):
+                raise GraphError(
+                    f"aligned_timeout applies to aligned exactly-once checkpoints; snapshot_mode "
+                    f"{SnapshotMode(self.snapshot_mode).value!r} has no alignment: drop aligned_timeout."
+                )
         if self.checkpoint_interval is not None and not self.checkpoint_interval > 0:
             raise GraphError(
                 f"checkpoint_interval must be > 0 seconds (or None for off), got {self.checkpoint_interval!r}."
@@ -73,6 +85,11 @@ class JobConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise GraphError(f"{name} must be an int >= 1, got {value!r}.")
+
+    @property
+    def records_channel_state(self) -> bool:
+        """Unaligned checkpoints, or aligned ones that may turn unaligned."""
+        return self.snapshot_mode is SnapshotMode.UNALIGNED or self.aligned_timeout is not None
 
     @property
     def checkpointing(self) -> bool:

@@ -32,6 +32,15 @@ def kill_self(sig: int) -> None:
     os.kill(os.getpid(), sig)
 
 
+def rss_bytes() -> int:
+    """This process's resident set size in bytes (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
 class ControlClosedError(AbsflowError, RuntimeError):
     """The control client was used before ``open()`` or after ``close()`` (a task bug)."""
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from channels.partitioners import DEFAULT_MAX_PARALLELISM
-from runtime.config import JobConfig
+from runtime.config import JobConfig, SnapshotMode
 from runtime.errors import GraphError
 from runtime.graph import (
     EdgeKind,
@@ -358,9 +358,10 @@ class Dataflow:
         step = self.graph.add_step(step_name, StepKind.SOURCE, par, fn=source)
         return Stream(self, step)
 
-    def validate(self) -> None:
+    def validate(self, config: JobConfig | None = None) -> None:
         """Raise GraphError naming the first problem; called by explain() and run()."""
         self.graph.validate()
+        _check_mode_fits(self.graph, config or self.config)
         for step in self.graph.steps:
             if step.parallelism > self.max_parallelism and step.kind.keyed:
                 raise GraphError(
@@ -368,8 +369,8 @@ class Dataflow:
                     f"{self.max_parallelism}; raise Dataflow(max_parallelism=...)."
                 )
 
-    def plan(self) -> JobPlan:
-        self.validate()
+    def plan(self, config: JobConfig | None = None) -> JobPlan:
+        self.validate(config)
         return build_plan(self.graph, self.name, self.max_parallelism, self.chaining)
 
     def explain(self) -> str:
@@ -390,4 +391,22 @@ class Dataflow:
         from jobmanager.runner import run_job
 
         config = self.config.replace(**overrides) if overrides else self.config
-        return run_job(self.plan(), config, restore_from=restore_from, faults=list(faults))
+        return run_job(self.plan(config), config, restore_from=restore_from, faults=list(faults))
+
+
+def _check_mode_fits(graph: LogicalGraph, config: JobConfig) -> None:
+    """Loops checkpoint with cyclic ABS (aligned regular inputs, logged back-edges)."""
+    if not config.records_channel_state:
+        return
+    loop = next((s for s in graph.steps if s.kind is StepKind.ITERATE), None)
+    if loop is not None:
+        what = (
+            "snapshot_mode='unaligned'"
+            if config.snapshot_mode is SnapshotMode.UNALIGNED
+            else "aligned_timeout"
+        )
+        raise GraphError(
+            f"loop '{loop.name}': {what} is not supported on dataflows with loops (their "
+            "back-edge logs need aligned regular inputs); use snapshot_mode='exactly_once' "
+            "(cyclic ABS, the default) or 'at_least_once', without aligned_timeout."
+        )

@@ -46,11 +46,19 @@ from channels.messages import (
 from channels.partitioners import (
     Partitioner,
 )
-from runtime.barriers import BarrierAligner, BarrierHandler, BarrierProtocolError, BarrierTracker
+from runtime.barriers import (
+    BarrierHandler,
+    BarrierProtocolError,
+)
 from runtime.chain import OperatorChain
-from runtime.checkpointer import LoopHead, TaskCheckpointer, TaskIdentity
-from runtime.config import SnapshotMode, TaskEnvironment
-from runtime.control_client import ControlClient
+from runtime.checkpointer import (
+    TaskCheckpointer,
+    TaskIdentity,
+    handler_for,
+    in_flight_log_for,
+)
+from runtime.config import TaskEnvironment
+from runtime.control_client import ControlClient, rss_bytes
 from runtime.errors import GraphError, OperatorFailure, RecordSerializationError, TaskCancelled
 from runtime.feedback import FeedbackQueue
 from runtime.inputs import BlockedChannels
@@ -59,21 +67,12 @@ from runtime.scratch import ScratchDir
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output, TaskIO
-from statebackend.metadata import OperatorLayout
 from statebackend.restore import plan_restore
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.task")
 
 __all__ = ["OperatorFailure", "Task", "TaskCancelled"]
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
 
 
 class Task:
@@ -108,22 +107,19 @@ class Task:
         )
         # A loop head: back-edge inputs on a gate of their own, logged in checkpoints.
         self.back_edges = frozenset(spec.back_edge_inputs)
-        # The back-edge log is stored like the operator state of a step of this name.
         self.head_step = plan.chain_steps(spec)[0]
         self.feedback: FeedbackQueue | None = None
-        self.loop_head: LoopHead | None = None
+        # Records in flight at a snapshot (a loop head's back-edge log, an unaligned
+        # checkpoint's channel state) are stored like the operator state of a step.
         if self.back_edges:
             if io.feedback_gate is None:
                 raise GraphError(f"task {spec.task_id} has back-edge inputs but no feedback gate")
             self.feedback = FeedbackQueue(
                 io.feedback_gate, self._dispatch, lambda: self.scratch.path, cfg.spill_threshold
             )
-            self.loop_head = LoopHead(
-                f"{self.head_step.name}#backedge-log",
-                OperatorLayout(spec.subtask, self.head_step.parallelism),
-                lambda: self.scratch.path,
-                cfg.spill_threshold,
-            )
+        self.in_flight = in_flight_log_for(
+            spec, self.head_step.name, self.head_step.parallelism, cfg, lambda: self.scratch.path
+        )
         self.checkpointer = TaskCheckpointer(
             self.identity,
             self.chain,
@@ -133,16 +129,11 @@ class Task:
             self.inputs,
             self.faults,
             counts=lambda: (self.records_in, self.chain.records_out),
-            loop_head=self.loop_head,
+            in_flight=self.in_flight,
         )
         if spec.inputs:
-            handler_cls = (
-                BarrierAligner if cfg.snapshot_mode is SnapshotMode.EXACTLY_ONCE else BarrierTracker
-            )
-            self._handler = handler_cls(
-                spec.regular_inputs, self.checkpointer, back_edges=spec.back_edge_inputs
-            )
-        self._replay: list[bytes] = []  # a restored back-edge log, replayed before new input
+            self._handler = handler_for(spec, self.checkpointer, cfg)
+        self._replay: list[bytes] = []  # restored in-flight records, replayed before new input
 
         # Metrics (and the counters of loop termination detection).
         self.records_in = 0
@@ -154,7 +145,7 @@ class Task:
     def open(self) -> None:
         """Create the temp dir, connect the sockets, open the operators, register with the
         job manager and restore. A checkpoint that does not fit is reported as fatal."""
-        self.peak_rss = _rss_bytes()
+        self.peak_rss = rss_bytes()
         self.scratch.open()
         self.control.open()
         for out in self.spec.outputs:
@@ -186,13 +177,13 @@ class Task:
         states: dict[str, Any] = {}
         if env.restore_metadata is not None and env.restore_root is not None:
             try:
-                head, targets = self.loop_head, self.chain.restore_targets()
+                head, targets = self.in_flight, self.chain.restore_targets()
                 if head is not None:
                     targets.append(head.restore_target())
                 plan = plan_restore(env.restore_metadata, spec.subtask, targets)
                 storage = CheckpointStorage(env.restore_root)
                 states = self.chain.restore_state(plan, storage)
-                if head is not None and not self.config.debug_drop_backedge_log:
+                if head is not None and not self.config.debug_drop_in_flight_log:
                     self._replay = head.read_log(plan, storage)
             except Exception as err:  # the checkpoint does not fit: restarting cannot help
                 self._report_failure(spec.task_id, err, fatal=True)
@@ -237,7 +228,7 @@ class Task:
         self._housekeeping(time.monotonic())
 
     def _heartbeat(self) -> P.Heartbeat:
-        rss = _rss_bytes()
+        rss = rss_bytes()
         self.peak_rss = max(self.peak_rss, rss)
         t = self.identity
         return P.Heartbeat(
@@ -278,11 +269,9 @@ class Task:
             if not self.records_in:
                 self._first_record()
             self.records_in += len(batch)
-            if channel in self.back_edges and handler is not None:
-                logging = handler.logging_checkpoint
-                if logging is not None and channel in handler.logging_channels:
-                    self.faults.while_logging(logging)
-                    self.checkpointer.log(frame, len(batch))
+            if handler is not None and channel in handler.logging_channels:
+                self.faults.while_logging(handler.logging_checkpoint or 0)
+                self.checkpointer.log(frame, len(batch))
             self.push(batch)
             return
         if handler is None:
@@ -341,7 +330,7 @@ class Task:
         return {
             "records_in": self.records_in,
             "records_out": self.chain.records_out,
-            "peak_rss": max(self.peak_rss, _rss_bytes()),
+            "peak_rss": max(self.peak_rss, rss_bytes()),
             "spilled_bytes": (self.inputs.spilled_total if self.inputs is not None else 0)
             + (self.feedback.spilled_bytes if self.feedback is not None else 0),
         }
@@ -380,11 +369,12 @@ class Task:
         checkpointer.collect_writes(wait=True)
 
     def _input_loop(self) -> None:
-        # A restored back-edge log goes back into the loop before any new input.
+        # Restored in-flight records (a back-edge log, channel state) go first.
         replay, self._replay = self._replay, []
         for frame in replay:
             channel, kind = HEADER.unpack_from(frame)
-            self.records_sent += len(decode_records(frame))  # it was in flight, as sent
+            if self.back_edges:  # it was in flight around the loop, as sent
+                self.records_sent += len(decode_records(frame))
             self._dispatch(channel, kind & KIND_MASK, frame)
         handler = self._handler
         # A loop head also waits for the end of input to come around its back-edges.
@@ -414,6 +404,8 @@ class Task:
         gate_ready, control_ready = self.io.wait(0 if busy else max(1, int(timeout * 1000)))
         if control_ready or self.control.has_messages():
             self._serve_control()
+        if self._handler is not None:
+            self._handler.tick()
         if gate_ready and not looping:
             on_frame = inputs.on_frame
             for frame in gate.recv_frames(64):

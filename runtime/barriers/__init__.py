@@ -9,6 +9,10 @@ handler, which decides; the task acts through `CheckpointActions`.
   from every live input: snapshot, forward barrier(n), unblock all.
 * `BarrierTracker` (``at_least_once``): the same bookkeeping without blocking;
   records after a barrier may enter the snapshot, so replay can duplicate them.
+* `UnalignedHandler` (``unaligned``, and ``aligned_timeout``): Chandy-Lamport. On the
+  first barrier(n): snapshot, forward barrier(n), block nothing; records arriving on
+  inputs without barrier(n) yet are logged as channel state until it arrives. With
+  a timeout, a checkpoint aligns first and turns unaligned when alignment is slow.
 * `BackEdgeLogger` (both modes, tasks with back-edge inputs; Carbone et al. 2015,
   algorithm 2): the handlers above align on the *regular* inputs only; once
   checkpoint n is triggered the logger is `LoggingBackEdges`: every record that
@@ -28,7 +32,7 @@ Contracts the handlers rely on (a violation raises `BarrierProtocolError`):
 * after ``block(c)`` the task delivers nothing from ``c`` until ``unblock_all()``.
 
 Modules: ``protocol`` (the task's side, the handler interface), ``aligner``,
-``tracker``, ``backedges``; everything is importable from ``runtime.barriers``.
+``tracker``, ``unaligned``, ``backedges``; everything is importable from ``runtime.barriers``.
 
 Threading: task-loop thread only; the handlers call back into the task
 synchronously, from inside the ``on_*`` / ``abort`` call that caused the action.
@@ -43,20 +47,32 @@ from runtime.barriers.protocol import (
     CheckpointActions,
 )
 from runtime.barriers.tracker import BarrierTracker, PendingBarriers
+from runtime.barriers.unaligned import (
+    AligningWithTimeout,
+    Idle,
+    Recording,
+    UnalignedHandler,
+    UnalignedState,
+)
 
 __all__ = [
     "NO_CHECKPOINT",
     "AlignerState",
     "Aligning",
+    "AligningWithTimeout",
     "BackEdgeLogger",
     "BarrierAligner",
     "BarrierHandler",
     "BarrierProtocolError",
     "BarrierTracker",
     "CheckpointActions",
+    "Idle",
     "LoggerState",
     "LoggingBackEdges",
     "NotLogging",
     "PendingBarriers",
+    "Recording",
+    "UnalignedHandler",
+    "UnalignedState",
     "WaitingForBarrier",
 ]

@@ -188,6 +188,9 @@ class BarrierAligner(BackEdgeInputs):
         if not self._inputs.live:
             self._inputs.actions.end_of_all_inputs()
 
+    def tick(self) -> None:
+        """Nothing happens with time here."""
+
     def abort(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None:
         """Control-plane abort (e.g. the job manager expired the checkpoint).
 

@@ -60,6 +60,12 @@ class CheckpointActions(Protocol):
         this task forwarded its own); the handler's ``back_edges_live`` tells when.
         """
 
+    def channel_state_logged(self, checkpoint_id: int) -> None:
+        """Unaligned checkpoints: barrier(checkpoint_id) arrived on every input (or it
+        ended) after the snapshot: the records logged meanwhile on inputs without it
+        (the channel state) complete the snapshot; the task may write and ack it.
+        Called only after ``trigger_checkpoint`` of that checkpoint."""
+
     def back_edges_logged(self, checkpoint_id: int) -> None:
         """Barrier(checkpoint_id) came back on every back-edge channel: the back-edge log
         of the checkpoint is complete (part of the snapshot); the task may ack it.
@@ -73,6 +79,8 @@ class BarrierHandler(Protocol):
     def on_cancel(self, channel: int, cancel: CancelBarrier) -> None: ...
     def on_end_of_input(self, channel: int) -> None: ...
     def abort(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None: ...
+    def tick(self) -> None:
+        """Between batches: act on time (an aligned checkpoint's timeout)."""
 
     @property
     def blocked_channels(self) -> frozenset[int]: ...

@@ -98,6 +98,9 @@ class BarrierTracker(BackEdgeInputs):
         if not self._inputs.live:
             self._inputs.actions.end_of_all_inputs()
 
+    def tick(self) -> None:
+        """Nothing happens with time here."""
+
     def abort(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None:
         """Abort a pending or not yet seen checkpoint, or one whose back-edges are still
         logged; ignore finished or skipped ones."""

@@ -83,7 +83,7 @@ def test_the_back_edge_log_matters() -> None:
     chk = next(c for c in kept.checkpoints if c["checkpoint_id"] == restored)
     assert chk["backedge_records"] > 0, kept.checkpoints
     assert out(kept) == collatz_expected(N)
-    dropped = collatz(N, rate=RATE, debug_drop_backedge_log=True, **CHK).run(faults=[fault])
+    dropped = collatz(N, rate=RATE, debug_drop_in_flight_log=True, **CHK).run(faults=[fault])
     assert len(dropped.restarts) == 1
     missing = collatz_expected(N) - out(dropped)
     assert missing, "restoring without the back-edge log should lose the records in flight"

@@ -65,7 +65,14 @@ class BackEdgesLogged:
     checkpoint_id: int
 
 
-Action = Block | UnblockAll | Trigger | Abort | EndOfAllInputs | BackEdgesLogged
+@dataclass(frozen=True)
+class ChannelStateLogged:
+    checkpoint_id: int
+
+
+Action = (
+    Block | UnblockAll | Trigger | Abort | EndOfAllInputs | BackEdgesLogged | ChannelStateLogged
+)
 
 
 @dataclass
@@ -91,6 +98,9 @@ class RecordingActions:
 
     def back_edges_logged(self, checkpoint_id: int) -> None:
         self.calls.append(BackEdgesLogged(checkpoint_id))
+
+    def channel_state_logged(self, checkpoint_id: int) -> None:
+        self.calls.append(ChannelStateLogged(checkpoint_id))
 
 
 _: type[CheckpointActions] = RecordingActions  # the fake satisfies the protocol (mypy)
