@@ -101,12 +101,13 @@ def _open_root(directory: str) -> CheckpointStorage:
 def _row(info: CheckpointInfo) -> list[Any]:
     meta = info.metadata
     if meta is None:
-        return [info.checkpoint_id, info.status.value, *([None] * 9)]
+        return [info.checkpoint_id, info.status.value, *([None] * 11)]
     metrics = meta.metrics
     return [
         info.checkpoint_id,
         info.status.value,
         meta.final,
+        metrics.get("mode"),
         meta.attempt,
         _time(meta.trigger_time),
         meta.duration_ms,
@@ -115,6 +116,7 @@ def _row(info: CheckpointInfo) -> list[Any]:
         metrics.get("max_alignment_ms"),
         metrics.get("spilled_bytes"),
         metrics.get("backedge_bytes"),
+        metrics.get("channel_state_bytes"),
     ]
 
 
@@ -131,6 +133,7 @@ def list_checkpoints(directory: str, out: TextIO) -> int:
                 "id",
                 "status",
                 "final",
+                "mode",
                 "attempt",
                 "triggered",
                 "duration_ms",
@@ -139,6 +142,7 @@ def list_checkpoints(directory: str, out: TextIO) -> int:
                 "max_align_ms",
                 "spilled_bytes",
                 "backedge_bytes",
+                "channel_state_bytes",
             ],
             [_row(info) for info in listed],
         )

@@ -15,7 +15,7 @@ from typing import Any
 
 from channels import control as P
 from channels.control import CheckpointFailureReason
-from runtime.config import JobConfig
+from runtime.config import JobConfig, SnapshotMode
 from runtime.plan import JobPlan, step_state
 from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
 from statebackend.storage import CheckpointStorage
@@ -170,6 +170,7 @@ class CheckpointCoordinator:
             if ack.state is not None:
                 tasks[task_id] = TaskStateHandle.decode(ack.state)
         metrics = summarize(per_task)
+        metrics["mode"] = mode_label(self.config)
         metrics["duration_ms"] = round(duration_ms, 3)
         path = None
         if self.storage is not None:
@@ -260,6 +261,13 @@ class CheckpointCoordinator:
     @property
     def too_many_failures(self) -> bool:
         return self.consecutive_failures > self.config.tolerable_checkpoint_failures
+
+
+def mode_label(config: JobConfig) -> str:
+    """How checkpoints are taken, as the CLI shows it."""
+    if config.aligned_timeout is not None and config.snapshot_mode is SnapshotMode.EXACTLY_ONCE:
+        return f"aligned_timeout={config.aligned_timeout:g}s"
+    return config.snapshot_mode.value if isinstance(config.snapshot_mode, SnapshotMode) else "?"
 
 
 def summarize(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -87,6 +87,7 @@ def check_compatible(
         problem = _unfit(recorded, new, metadata.max_parallelism, max_parallelism)
         if problem is not None:
             unfit.append(problem)
+    unfit += _logged_records_unfit(metadata, by_name)
     where = f"checkpoint {metadata.checkpoint_id} of job '{metadata.job}'"
     if unfit or (unmatched and not allow_non_restored_state):
         problems = list(unfit)
@@ -98,6 +99,28 @@ def check_compatible(
     for why in unmatched:
         log.warning("restoring %s: %s; dropped (allow_non_restored_state=True)", where, why)
     return dropped
+
+
+def _logged_records_unfit(
+    metadata: CheckpointMetadata, steps: Mapping[str, StepState]
+) -> list[str]:
+    """Records logged in flight (an unaligned checkpoint's channel state, a loop's
+    back-edge log) were partitioned for their task: they restore only at the parallelism
+    they were logged at."""
+    problems: dict[str, str] = {}
+    for handle in metadata.tasks.values():
+        for name, layout in handle.operators.items():
+            step, sep, what = name.partition("#")
+            new = steps.get(step)
+            if not sep or new is None or new.parallelism == layout.parallelism:
+                continue
+            problems[step] = (
+                f"step '{step}' has parallelism {new.parallelism}, the checkpoint logged its "
+                f"in-flight records ({what}) at parallelism {layout.parallelism}; they cannot "
+                f"be redistributed: run '{step}' with parallelism {layout.parallelism}, or "
+                "rescale from a checkpoint taken with snapshot_mode='exactly_once'"
+            )
+    return list(problems.values())
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,8 @@ def write_checkpoint(storage: CheckpointStorage, n: int, final: bool = False) ->
                 "state_bytes": 240 + n,
                 "spilled_bytes": 128,
                 "keys": 6,
+                "mode": "unaligned" if n == 3 else "exactly_once",
+                "channel_state_bytes": 4096 if n == 3 else 0,
             },
             steps=(StepState("src", "source", 1, False),),
         )
@@ -90,6 +92,7 @@ def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "id",
         "status",
         "final",
+        "mode",
         "attempt",
         "triggered",
         "duration_ms",
@@ -98,6 +101,7 @@ def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "max_align_ms",
         "spilled_bytes",
         "backedge_bytes",
+        "channel_state_bytes",
     ]
     rows = lines[3:]
     assert [r.split()[:3] for r in rows] == [
@@ -107,6 +111,8 @@ def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ]  # newest last
     assert "37.5" in rows[0] and "243" in rows[0] and "7.2" in rows[0] and "128" in rows[0]
     assert "150.0" in rows[1] and "252" in rows[1]
+    assert rows[0].split()[3] == "unaligned" and rows[0].split()[-1] == "4096"
+    assert rows[1].split()[3] == "exactly_once" and rows[1].split()[-1] == "0"
     # Aligned: every column starts at the same offset on every line.
     starts = {line.index(part) for line in lines[3:5] for part in [line.split()[1]]}
     assert len(starts) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -62,6 +63,20 @@ def test_the_same_job_is_compatible() -> None:
 def test_keyed_steps_may_change_their_parallelism() -> None:
     rescaled = StepState("count", "aggregate", 5, True)
     assert check_compatible(wordcount_checkpoint(), [LINES, rescaled, OUT], "wordcount", 128) == []
+
+
+def test_channel_state_restores_only_at_the_parallelism_it_was_logged_at() -> None:
+    meta = wordcount_checkpoint()
+    tasks = dict(meta.tasks)
+    for i in range(2):
+        ops = dict(tasks[f"count[{i}]"].operators)
+        ops["count#channel-state"] = OperatorLayout(i, 2)
+        tasks[f"count[{i}]"] = handle(f"count[{i}]", **ops)
+    unaligned = dataclasses.replace(meta, tasks=tasks)
+    assert check_compatible(unaligned, [LINES, COUNT, OUT], "wordcount", 128) == []
+    rescaled = StepState("count", "aggregate", 3, True)
+    with pytest.raises(IncompatibleCheckpointError, match=r"in-flight records \(channel-state\)"):
+        check_compatible(unaligned, [LINES, rescaled, OUT], "wordcount", 128)
 
 
 def test_state_without_a_step_of_that_name_is_refused() -> None:

@@ -1,0 +1,119 @@
+"""Snapshot modes on local Spark with real SIGKILLs: unaligned checkpoints and aligned
+ones with a timeout give output equal to a failure-free run, record for record; the
+channel state they log is what makes that so (the companion drops it on restore)."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobmanager.faults import Kill
+from runtime import TaskFailedError
+from statebackend.errors import IncompatibleCheckpointError
+from tests.integration.topologies import diamond, diamond_expected, pipeline, pipeline_expected
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
+
+MODES: dict[str, dict[str, Any]] = {
+    "unaligned": {"snapshot_mode": "unaligned"},
+    # A timeout this short switches nearly every checkpoint to unaligned half way.
+    "aligned_timeout": {"aligned_timeout": 0.002},
+}
+
+
+def channel_state(result: Any) -> int:
+    return sum(c.get("channel_state_records", 0) for c in result.checkpoints)
+
+
+def exact(result: Any, n: int) -> bool:
+    expected = diamond_expected(n)
+    return collections.Counter(result.output("totals")) == expected["totals"] and (
+        collections.Counter(result.output("by5")) == expected["by5"]
+    )
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_killed_join_task_recovers_exactly(mode: str) -> None:
+    n = 30_000
+    flow = diamond(n, rate=10_000, checkpoint_interval=0.1, **MODES[mode])
+    result = flow.run(faults=[Kill("per_key[1]", after_checkpoint=3)])
+    assert len(result.restarts) == 1, result.summary()
+    assert result.restarts[0].restored_checkpoint is not None
+    assert channel_state(result) > 0, "no checkpoint logged channel state: nothing was tested"
+    assert exact(result, n)
+
+
+def test_unaligned_kills_of_every_kind_of_task() -> None:
+    n = 16_000
+    faults = [
+        Kill("count[0]", after_checkpoint=2),
+        Kill("square[1]", after_checkpoint=4, attempt=1),
+        Kill("out[0]", after_checkpoint=6, attempt=2),
+    ]
+    result = pipeline(n, checkpoint_interval=0.1, snapshot_mode="unaligned").run(faults=faults)
+    assert len(result.restarts) == 3, result.summary()
+    assert collections.Counter(result.output("out")) == pipeline_expected(n)
+
+
+def test_the_channel_state_matters() -> None:
+    """Restoring unaligned checkpoints without their channel state loses records: the
+    exactly-once result above is the replayed channel state's doing."""
+    n = 30_000
+    for after in (3, 4, 5):
+        flow = diamond(n, rate=10_000, checkpoint_interval=0.1, snapshot_mode="unaligned")
+        result = flow.run(
+            faults=[Kill("per_key[1]", after_checkpoint=after)], debug_drop_in_flight_log=True
+        )
+        restored = result.restarts[0].restored_checkpoint if result.restarts else None
+        logged = next(
+            (
+                c.get("channel_state_records", 0)
+                for c in result.checkpoints
+                if c["checkpoint_id"] == restored
+            ),
+            0,
+        )
+        if logged:
+            assert not exact(result, n), "dropping the channel state changed nothing"
+            return
+    pytest.fail("no restored checkpoint had channel state in three tries")
+
+
+def test_an_unaligned_checkpoint_refuses_another_parallelism(tmp_path: Path) -> None:
+    n = 20_000
+    chk = str(tmp_path / "chk")
+    flow = diamond(n, rate=10_000, checkpoint_interval=0.1, snapshot_mode="unaligned")
+    result = flow.run(checkpoint_dir=chk, retained_checkpoints=50)
+    assert exact(result, n)
+    # Some retained checkpoint logged channel state for 'per_key' at parallelism 2.
+    with_state = [c["checkpoint_id"] for c in result.checkpoints if c["channel_state_records"]]
+    assert with_state, result.summary()
+    rescaled = diamond(n, checkpoint_interval=0.1, snapshot_mode="unaligned")
+    for step in rescaled.graph.steps:
+        if step.name in ("per_key", "totals"):
+            step.parallelism = 3
+    with pytest.raises((IncompatibleCheckpointError, TaskFailedError), match="in-flight records"):
+        rescaled.run(restore_from=f"{chk}/chk-{with_state[-1]}")
+
+
+def test_the_cli_shows_each_checkpoints_mode_and_channel_state(tmp_path: Path) -> None:
+    chk = str(tmp_path / "chk")
+    diamond(10_000, rate=10_000, checkpoint_interval=0.1, snapshot_mode="unaligned").run(
+        checkpoint_dir=chk
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "jobmanager", "checkpoints", chk],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    header, *rows = [line.split() for line in done.stdout.splitlines()[1:] if line.strip()]
+    assert "mode" in header and header[-1] == "channel_state_bytes"
+    completed = [r for r in rows if "completed" in r]
+    assert completed and all(r[header.index("mode")] == "unaligned" for r in completed)
