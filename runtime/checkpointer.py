@@ -149,6 +149,7 @@ class TaskCheckpointer:
         writer: Executor | None = None,
         counts: Callable[[], tuple[int, int]] = lambda: (0, 0),
         in_flight: InFlightLog | None = None,
+        synchronous: bool = False,
     ) -> None:
         """``counts()``: the task's (records in, records out) so far; ``in_flight``: set
         for a task that logs in-flight records (back-edges, or unaligned channel state)."""
@@ -164,6 +165,10 @@ class TaskCheckpointer:
         self.final_checkpoint: int | None = None
         self.completed_final = False
         self._aborted: set[int] = set()  # checkpoints whose pending writes are moot
+        # Synchronous snapshots (the paper's baseline): state is written before the task
+        # goes on, and a source emits nothing from its snapshot until the checkpoint ends.
+        self.synchronous = synchronous
+        self._halted_for: int | None = None
 
     def start(self) -> None:
         self._executor()
@@ -265,6 +270,13 @@ class TaskCheckpointer:
         self.checkpoint(barrier, metrics)
         if trigger.final:
             self.end_of_all_inputs()
+        elif self.synchronous:
+            self._halted_for = trigger.checkpoint_id
+
+    @property
+    def halted(self) -> bool:
+        """A source under synchronous snapshots: the checkpoint it halted for is running."""
+        return self._halted_for is not None
 
     # -- the steps -----------------------------------------------------------------------
     def checkpoint(self, barrier: Barrier, metrics: dict[str, Any]) -> None:
@@ -309,6 +321,8 @@ class TaskCheckpointer:
         die = self._faults.kill_during_snapshot(checkpoint_id)
         future = self._executor().submit(self._write, checkpoint_id, captured, die)
         self._pending.append(_PendingWrite(checkpoint_id, future, metrics))
+        if self.synchronous:  # the task does nothing else meanwhile
+            self.collect_writes(wait=True)
 
     def _write(
         self, checkpoint_id: int, captured: Capture, die: bool
@@ -369,12 +383,16 @@ class TaskCheckpointer:
     def aborted(self, checkpoint_id: int) -> None:
         """The job manager aborted ``checkpoint_id`` and removes its files: a write of it
         still in flight is neither acked nor declined (nor its failure reported)."""
+        if self._halted_for is not None and checkpoint_id >= self._halted_for:
+            self._halted_for = None
         if any(p.checkpoint_id == checkpoint_id for p in self._pending):
             self._aborted.add(checkpoint_id)
 
     def complete(self, checkpoint_id: int) -> None:
         """The job manager completed ``checkpoint_id``: operators commit what it covers."""
         self.chain.notify_complete(checkpoint_id)
+        if self._halted_for is not None and checkpoint_id >= self._halted_for:
+            self._halted_for = None
         if self.final_checkpoint is not None and checkpoint_id >= self.final_checkpoint:
             self.completed_final = True
 

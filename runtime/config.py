@@ -15,6 +15,7 @@ class SnapshotMode(enum.Enum):
     EXACTLY_ONCE = "exactly_once"  # aligned ABS: block channels until all barriers arrived
     AT_LEAST_ONCE = "at_least_once"  # barriers counted, nothing blocked (replay may duplicate)
     UNALIGNED = "unaligned"  # Chandy-Lamport: snapshot at the first barrier, log channel state
+    SYNCHRONOUS = "synchronous"  # the paper's baseline: sources halt, drain, snapshot, resume
 
 
 @dataclass(frozen=True)

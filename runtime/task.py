@@ -57,7 +57,7 @@ from runtime.checkpointer import (
     handler_for,
     in_flight_log_for,
 )
-from runtime.config import TaskEnvironment
+from runtime.config import SnapshotMode, TaskEnvironment
 from runtime.control_client import ControlClient, rss_bytes
 from runtime.errors import GraphError, OperatorFailure, RecordSerializationError, TaskCancelled
 from runtime.feedback import FeedbackQueue
@@ -130,6 +130,7 @@ class Task:
             self.faults,
             counts=lambda: (self.records_in, self.chain.records_out),
             in_flight=self.in_flight,
+            synchronous=cfg.snapshot_mode is SnapshotMode.SYNCHRONOUS,
         )
         if spec.inputs:
             self._handler = handler_for(spec, self.checkpointer, cfg)
@@ -348,7 +349,11 @@ class Task:
             if control.has_messages():
                 self._serve_control()
             now = time.monotonic()
-            if not source_ended:
+            if checkpointer.halted:  # synchronous snapshots: wait for the checkpoint's end
+                self._flush_all()
+                if control.wait(int(timeout * 1000) or 1):
+                    self._serve_control()
+            elif not source_ended:
                 batch = reader.read_batch(batch_size)
                 if batch is None:
                     source_ended = True

@@ -112,3 +112,14 @@ def test_a_multiplying_loop_with_a_slow_sink_does_not_deadlock() -> None:
         n, channel_hwm=1, batch_size=50, spill_threshold=4096, timeout=240, **CHK
     ).run()
     assert collections.Counter(result.output("out")) == multiplying_expected(n)
+
+
+@pytest.mark.slow
+def test_synchronous_snapshots_on_a_loop() -> None:
+    """Halting the sources for each checkpoint does not drain a loop: its back-edges are
+    still logged, and a kill in the body restores exactly."""
+    config = {**CHK, "snapshot_mode": "synchronous"}
+    result = collatz(N, rate=RATE, **config).run(faults=[Kill("again[1]", after_checkpoint=2)])
+    assert len(result.restarts) == 1, result.summary()
+    assert logged(result) > 0, result.checkpoints
+    assert out(result) == collatz_expected(N)

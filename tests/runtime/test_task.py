@@ -366,7 +366,9 @@ class FakeStorage:
         return TaskStateHandle(f"{task_id}.state", 42, 7, dict(layout))
 
 
-def checkpointer(log: Log, storage: Any, inputs: BlockedChannels | None = None) -> TaskCheckpointer:
+def checkpointer(
+    log: Log, storage: Any, inputs: BlockedChannels | None = None, synchronous: bool = False
+) -> TaskCheckpointer:
     def send(msg: P.Message) -> None:
         log.append((type(msg).__name__.lower(), msg))
 
@@ -379,6 +381,7 @@ def checkpointer(log: Log, storage: Any, inputs: BlockedChannels | None = None) 
         inputs,
         TaskFaults((), 2, 0),
         writer=Synchronous(),
+        synchronous=synchronous,
     )
 
 
@@ -430,6 +433,24 @@ def test_a_write_of_an_aborted_checkpoint_is_neither_acked_nor_declined() -> Non
     sent = [(kind, m.checkpoint_id) for kind, m in log if kind in ("ack", "decline")]
     assert sent == [("decline", 5)]
     assert not cp.writes_pending
+
+
+def test_synchronous_snapshots_write_before_going_on_and_halt_a_source() -> None:
+    log: Log = []
+    cp = checkpointer(log, FakeStorage(log), synchronous=True)
+    cp.trigger_source(P.Trigger(3, 0.0, False))
+    # Acked without collect_writes: the task did nothing else while writing.
+    assert [kind for kind, _ in log] == ["capture", "forward", "write", "ack"]
+    assert cp.halted and not cp.writes_pending
+    cp.complete(2)
+    assert cp.halted  # an older checkpoint's end does not release it
+    cp.complete(3)
+    assert not cp.halted
+    cp.trigger_source(P.Trigger(4, 0.0, False))
+    cp.aborted(4)
+    assert not cp.halted  # an aborted checkpoint releases the source too
+    cp.trigger_source(P.Trigger(5, 0.0, True))
+    assert not cp.halted  # the final checkpoint ends the source's output anyway
 
 
 def test_without_storage_the_ack_follows_the_forward_at_once() -> None:
