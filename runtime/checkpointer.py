@@ -358,7 +358,16 @@ class TaskCheckpointer:
             try:
                 handle, async_ms = pending.future.result()
             except Exception as err:  # e.g. disk full: decline, the job goes on
-                log.warning("task %s: writing checkpoint %d failed: %s", self.task.task_id, n, err)
+                # A checkpoint whose directory is gone was aborted (or subsumed) and removed
+                # by the job manager while this write ran: nothing went wrong here.
+                removed = isinstance(err, FileNotFoundError) and self._removed(n)
+                log.log(
+                    logging.DEBUG if removed else logging.WARNING,
+                    "task %s: writing checkpoint %d failed: %s",
+                    self.task.task_id,
+                    n,
+                    err,
+                )
                 self.decline(
                     n, CheckpointFailureReason.STATE_WRITE_FAILED, f"{type(err).__name__}: {err}"
                 )
@@ -367,6 +376,12 @@ class TaskCheckpointer:
             metrics["state_bytes"] = handle.size
             self.ack(n, handle, metrics)
         self._pending = still
+
+    def _removed(self, checkpoint_id: int) -> bool:
+        try:
+            return self.storage is not None and checkpoint_id not in self.storage.checkpoint_ids()
+        except OSError:
+            return False
 
     def ack(
         self, checkpoint_id: int, handle: TaskStateHandle | None, metrics: dict[str, Any]

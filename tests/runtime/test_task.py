@@ -7,6 +7,7 @@ checkpoint it is acked, and says Alive to heartbeats).
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -354,13 +355,18 @@ class FakeChain:
 
 
 class FakeStorage:
-    def __init__(self, log: Log, fail: bool = False) -> None:
-        self.log, self.fail = log, fail
+    def __init__(self, log: Log, fail: bool = False, removed: bool = False) -> None:
+        self.log, self.fail, self.removed = log, fail, removed
+
+    def checkpoint_ids(self) -> list[int]:
+        return [] if self.removed else [4]
 
     def write_task_state(
         self, checkpoint_id: int, task_id: str, snapshots: Any, layout: Any
     ) -> TaskStateHandle:
         self.log.append(("write", checkpoint_id))
+        if self.removed:
+            raise FileNotFoundError(2, "No such file or directory", f"chk-{checkpoint_id}")
         if self.fail:
             raise OSError(28, "No space left on device")
         return TaskStateHandle(f"{task_id}.state", 42, 7, dict(layout))
@@ -451,6 +457,20 @@ def test_synchronous_snapshots_write_before_going_on_and_halt_a_source() -> None
     assert not cp.halted  # an aborted checkpoint releases the source too
     cp.trigger_source(P.Trigger(5, 0.0, True))
     assert not cp.halted  # the final checkpoint ends the source's output anyway
+
+
+def test_a_write_into_a_checkpoint_the_job_manager_removed_is_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log: Log = []
+    cp = checkpointer(log, FakeStorage(log, removed=True))
+    with caplog.at_level(logging.DEBUG, logger="absflow.task"):
+        cp.trigger_source(P.Trigger(4, 0.0, False))
+        cp.collect_writes(wait=True)
+    assert [kind for kind, _ in log][-1] == "decline"  # harmless: the job manager dropped it
+    assert [r.levelno for r in caplog.records if "writing checkpoint" in r.message] == [
+        logging.DEBUG
+    ]
 
 
 def test_without_storage_the_ack_follows_the_forward_at_once() -> None:
