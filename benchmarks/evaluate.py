@@ -290,6 +290,13 @@ def report(
                 bp_rows,
             ),
             "",
+            "Barriers travel in band, behind the records already queued in ZeroMQ "
+            "(`channel_hwm` batches on each side of every channel, plus the kernel's "
+            "buffers) at every hop up to the slow task. Unaligned checkpoints remove the "
+            "blocking (alignment time), not that queueing: a checkpoint still completes "
+            "only once its barrier has passed the queues, so under sustained backpressure "
+            "every mode's checkpoint takes about as long as the backlog takes to drain.",
+            "",
         ]
     )
 
