@@ -31,8 +31,13 @@ def test_six_tasks_per_parallelism() -> None:
 )
 def test_each_mode_gives_the_checked_result(config: dict[str, object]) -> None:
     n = 20_000
-    result = build(
-        n, 1, hot_share=4, slow_key=0, slow_seconds=0.00002, checkpoint_interval=0.05, **config
-    ).run()
+    result = build(n, 1, rate=10_000, checkpoint_interval=0.1, **config).run()
     assert check(result, n), result.outputs
     assert result.checkpoints_completed > 0, result.summary()
+
+
+def test_the_hot_slow_key_variant_gives_the_checked_result() -> None:
+    n = 20_000
+    flow = build(n, 2, hot_share=4, slow_key=0, slow_seconds=0.00002, checkpoint_interval=0.1)
+    result = flow.run()
+    assert check(result, n), result.outputs
