@@ -10,7 +10,11 @@ A checkpoint is taken in four steps, each its own method so that later work
 3. **write** — the asynchronous part: the state file is written by the storage in
    one background thread while the task goes on (skipped without storage);
 4. **ack** — once written, ``Ack`` with the state handle and the metrics (or
-   ``Decline`` with STATE_WRITE_FAILED when the write failed: the job goes on).
+   ``Decline`` with STATE_WRITE_FAILED when the write failed: the job goes on). The
+   task's first write is different: if it fails, this executor cannot write the
+   checkpoint storage at all (unreachable endpoint, no such bucket, no credentials),
+   which no restart fixes, so `collect_writes` raises CheckpointStorageError naming
+   the storage URL and the host, and the task reports it as fatal.
 
 A task with back-edge inputs (a loop head, cyclic ABS) slots one step in between
 forward and write: it **logs** the records arriving on its back-edges until the
@@ -43,6 +47,7 @@ from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier, EndOfInput, Event
 from runtime.barriers import BarrierProtocolError
 from runtime.chain import Capture, pack, unpack
+from runtime.errors import CheckpointStorageError
 from runtime.inputs import BlockedChannels
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output
@@ -68,6 +73,7 @@ class TaskIdentity:
     index: int
     attempt: int
     task_id: str
+    host: str = "?"  # the executor's address (named in storage errors)
 
 
 @dataclass(slots=True)
@@ -148,6 +154,7 @@ class TaskCheckpointer:
         self._log: _BackEdgeLog | None = None
         self._owns_writer = writer is None
         self._pending: list[_PendingWrite] = []
+        self._wrote_state = False  # a state file was written: the storage is reachable
         self.final_checkpoint: int | None = None
         self.completed_final = False
 
@@ -309,7 +316,8 @@ class TaskCheckpointer:
         return bool(self._pending)
 
     def collect_writes(self, wait: bool = False) -> None:
-        """Ack (or decline) every finished write, oldest first; with ``wait``, all of them."""
+        """Ack (or decline) every finished write, oldest first; with ``wait``, all of them.
+        Raises CheckpointStorageError when no write of this task has succeeded yet."""
         still = []
         for pending in self._pending:
             if not wait and not pending.future.done():
@@ -319,15 +327,28 @@ class TaskCheckpointer:
             try:
                 handle, async_ms = pending.future.result()
             except Exception as err:  # e.g. disk full: decline, the job goes on
+                if not self._wrote_state:
+                    raise self._unusable_storage(n, err) from err
                 log.warning("task %s: writing checkpoint %d failed: %s", self.task.task_id, n, err)
                 self.decline(
                     n, CheckpointFailureReason.STATE_WRITE_FAILED, f"{type(err).__name__}: {err}"
                 )
                 continue
+            self._wrote_state = True
             metrics["async_ms"] = async_ms
             metrics["state_bytes"] = handle.size
             self.ack(n, handle, metrics)
         self._pending = still
+
+    def _unusable_storage(self, checkpoint_id: int, err: Exception) -> CheckpointStorageError:
+        t, root = self.task, self.storage.root if self.storage else None
+        return CheckpointStorageError(
+            f"task {t.task_id} on host {t.host} cannot write its state file of checkpoint "
+            f"{checkpoint_id} to checkpoint storage {root!r}: {type(err).__name__}: {err}. "
+            f"It is this task's first state write, so the storage is not usable from this "
+            f"executor (a restart cannot fix that): make it reachable and writable from every "
+            f"executor (network, the bucket, endpoint and credentials in storage_options)"
+        )
 
     def ack(
         self, checkpoint_id: int, handle: TaskStateHandle | None, metrics: dict[str, Any]

@@ -13,7 +13,10 @@ directory without one is in progress or was aborted. Writers: each task writes i
 own state file (`write_task_state`); the coordinator writes ``_metadata``
 (`write_metadata`) after every task acknowledged, and alone calls `retain`/`discard`.
 All I/O goes through a `statebackend.fs.FileSystem`; a `CheckpointStorage` is
-described by its ``root`` string (what the driver hands the tasks).
+described by its ``root`` string and the job's ``storage_options`` (what the driver
+hands the tasks). On an object store (``s3://bucket/prefix``) the "directories" are
+key prefixes: nothing is renamed, ``_metadata`` is one PUT, and `discard` removes
+the prefix with everything under it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from statebackend.errors import (
     CheckpointNotFoundError,
@@ -67,12 +71,18 @@ class CheckpointInfo:
 
 class CheckpointStorage:
     """The checkpoints of one job under ``root``: a local or shared-filesystem directory
-    (a path or ``file://`` URL). The constructor does no I/O; writes create what they
-    need, reads of a missing root find no checkpoints."""
+    (a path or ``file://`` URL), or an fsspec URL (``s3://bucket/prefix``,
+    ``hdfs://namenode/path``) opened with ``storage_options``. The constructor does no
+    I/O; writes create what they need, reads of a missing root find no checkpoints."""
 
-    def __init__(self, root: str, fs: FileSystem | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        fs: FileSystem | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         if fs is None:
-            fs, root = filesystem_for(root)
+            fs, root = filesystem_for(root, storage_options)
         self.fs: FileSystem = fs
         self.root: str = root
 
@@ -264,14 +274,16 @@ class CheckpointStorage:
 
     # -- restore_from ------------------------------------------------------------------------
     @staticmethod
-    def resolve(path: str) -> tuple[CheckpointStorage, int]:
-        """Resolve ``run(restore_from=PATH)``.
+    def resolve(
+        path: str, storage_options: Mapping[str, Any] | None = None
+    ) -> tuple[CheckpointStorage, int]:
+        """Resolve ``run(restore_from=PATH)`` (a path or URL, as for the constructor).
 
         PATH may be a ``chk-<n>`` directory (or its ``_metadata`` file): that checkpoint,
         which must be complete and intact; or a checkpoint root: its latest valid
         checkpoint. Raises CheckpointNotFoundError / CorruptCheckpointError.
         """
-        fs, path = filesystem_for(path)
+        fs, path = filesystem_for(path, storage_options)
         parent, name = _split(path)
         if name == METADATA and fs.exists(path) and not fs.is_dir(path):
             path = parent

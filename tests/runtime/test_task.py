@@ -30,7 +30,7 @@ from runtime.chain import Capture
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import JobConfig, TaskEnvironment
 from runtime.dataflow import Dataflow
-from runtime.errors import RecordSerializationError, TaskCancelled
+from runtime.errors import CheckpointStorageError, RecordSerializationError, TaskCancelled
 from runtime.inputs import BlockedChannels
 from runtime.plan import JobPlan
 from runtime.sources import CollectionSource
@@ -354,6 +354,8 @@ class FakeChain:
 
 
 class FakeStorage:
+    root = "s3://bucket/chk"
+
     def __init__(self, log: Log, fail: bool = False) -> None:
         self.log, self.fail = log, fail
 
@@ -371,7 +373,7 @@ def checkpointer(log: Log, storage: Any, inputs: BlockedChannels | None = None) 
         log.append((type(msg).__name__.lower(), msg))
 
     return TaskCheckpointer(
-        TaskIdentity(2, 0, "merge[0]"),
+        TaskIdentity(2, 0, "merge[0]", "10.0.0.7"),
         FakeChain(log),
         [FakeOutput("out", log)],
         storage,
@@ -405,16 +407,32 @@ def test_a_barrier_sequence_captures_forwards_writes_and_acks_in_order(tmp_path:
     assert {"sync_ms", "async_ms", "alignment_ms", "start_delay_ms"} <= set(ack.metrics)
 
 
-def test_a_failed_state_write_declines_the_checkpoint() -> None:
+def test_a_failed_state_write_after_a_good_one_declines_the_checkpoint() -> None:
     log: Log = []
-    cp = checkpointer(log, FakeStorage(log, fail=True))
+    storage = FakeStorage(log)
+    cp = checkpointer(log, storage)
+    cp.trigger_source(P.Trigger(3, 0.0, False))
+    cp.collect_writes(wait=True)
+    storage.fail = True  # e.g. the disk filled up: tolerable, the job goes on
     cp.trigger_source(P.Trigger(4, 0.0, False))
     cp.collect_writes(wait=True)
-    assert [kind for kind, _ in log] == ["capture", "forward", "write", "decline"]
+    assert [kind for kind, _ in log][-4:] == ["capture", "forward", "write", "decline"]
     decline = log[-1][1]
     assert decline.checkpoint_id == 4
     assert decline.reason == CheckpointFailureReason.STATE_WRITE_FAILED.name
     assert "No space left" in decline.detail
+
+
+def test_a_failed_first_state_write_is_an_error_naming_the_storage_and_the_host() -> None:
+    log: Log = []
+    cp = checkpointer(log, FakeStorage(log, fail=True))
+    cp.trigger_source(P.Trigger(1, 0.0, False))
+    with pytest.raises(CheckpointStorageError) as info:
+        cp.collect_writes(wait=True)
+    message = str(info.value)
+    assert "merge[0] on host 10.0.0.7" in message and "'s3://bucket/chk'" in message
+    assert "No space left" in message and "a restart cannot fix" in message
+    assert "decline" not in [kind for kind, _ in log]  # the task fails instead
 
 
 def test_without_storage_the_ack_follows_the_forward_at_once() -> None:
