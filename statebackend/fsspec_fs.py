@@ -8,9 +8,9 @@ Object stores have no rename, so nothing here renames:
   opened ``"wb"``: it buffers, uploads parts as they fill, and the object appears
   when the file is closed (one PUT for a small file, a multipart upload completed at
   close for a big one). An error inside the ``with`` block discards the writer
-  (aborting its multipart upload) and marks it closed, so that nothing — not even
-  the garbage collector, whose ``__del__`` would close and so *commit* it — makes
-  the object appear;
+  (aborting its multipart upload, dropping its buffer) and marks it closed, so that
+  nothing — not even the garbage collector, whose ``__del__`` closes an abandoned
+  writer and so would *commit* it — makes the object appear;
 * on other filesystems a writer may publish the file while it is written (memory://
   publishes it when opened, HDFS creates it): a streaming write goes to a local
   spool (in memory up to ``SPOOL_IN_MEMORY``, then an anonymous temp file, which a
