@@ -408,8 +408,8 @@ def test_a_failed_deletion_is_logged_not_an_error(
     def unreachable(*_args: Any) -> Any:
         raise StorageAccessError("cannot remove 's3://b/chk/chk-1': EndpointConnectionError")
 
-    h.storage.discard = unreachable  # type: ignore[method-assign]
-    h.storage.retain = unreachable  # type: ignore[method-assign]
+    h.storage.discard = unreachable  # type: ignore[method-assign,assignment]
+    h.storage.retain = unreachable  # type: ignore[method-assign,assignment]
     h.tick(10)
     h.coord.on_decline(P.Decline(2, 0, 1, "STATE_WRITE_FAILED", "disk full"))
     assert [f.checkpoint_id for f in h.coord.failed] == [1]  # aborted all the same
