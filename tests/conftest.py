@@ -4,6 +4,7 @@ local fake S3 (moto's server on loopback) for the checkpoint-storage tests."""
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import tempfile
 import time
@@ -108,6 +109,7 @@ def s3() -> Iterator[FakeS3]:
     stopped at the end of the session."""
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
