@@ -103,7 +103,7 @@ def test_storage_a_task_cannot_write_fails_the_job_naming_the_url_and_host(
     started = time.monotonic()
     with pytest.raises(TaskFailedError) as info:
         pipeline(N, **on_s3(s3, url), timeout=90).run()
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 30  # ~6 s here: one attempt, no restarts
     message = str(info.value)
     assert f"checkpoint storage {url!r}" in message and " on host " in message
     assert "not retried" in message and "restart(s)" not in message
