@@ -51,6 +51,11 @@ class FileSystem(Protocol):
         """Names of the entries of directory ``path``; FileNotFoundError if it does not exist."""
         ...
 
+    def list_dirs(self, path: str) -> list[str]:
+        """Names of the directories in directory ``path`` (on an object store: the key
+        prefixes one level down, in one listing); FileNotFoundError if it does not exist."""
+        ...
+
     def is_dir(self, path: str) -> bool: ...
 
     def exists(self, path: str) -> bool: ...
@@ -124,6 +129,10 @@ class LocalFileSystem:
 
     def list_dir(self, path: str) -> list[str]:
         return os.listdir(path)
+
+    def list_dirs(self, path: str) -> list[str]:
+        with os.scandir(path) as entries:
+            return [e.name for e in entries if e.is_dir()]
 
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(path)

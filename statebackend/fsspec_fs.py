@@ -150,16 +150,23 @@ class FsspecFileSystem:
             return bytes(self.fs.cat_file(path))
 
     def list_dir(self, path: str) -> list[str]:
+        return [name for name, _is_dir in self._entries(path)]
+
+    def list_dirs(self, path: str) -> list[str]:
+        return [name for name, is_dir in self._entries(path) if is_dir]
+
+    def _entries(self, path: str) -> list[tuple[str, bool]]:
+        """(name, is a directory) of each entry of ``path``: one listing request."""
         self.fs.invalidate_cache(path)
         with _errors("list", path):
-            entries = self.fs.ls(path, detail=False)
+            entries = self.fs.ls(path, detail=True)
         own = self.fs._strip_protocol(path).rstrip("/")
-        names = []
+        found = []
         for entry in entries:
-            stripped = str(entry).rstrip("/")
-            if stripped != own:
-                names.append(stripped.rsplit("/", 1)[-1])
-        return names
+            name = str(entry["name"]).rstrip("/")
+            if name != own:
+                found.append((name.rsplit("/", 1)[-1], entry.get("type") == "directory"))
+        return found
 
     def is_dir(self, path: str) -> bool:
         self.fs.invalidate_cache(path)

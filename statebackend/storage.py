@@ -163,14 +163,10 @@ class CheckpointStorage:
     def checkpoint_ids(self) -> list[int]:
         """Ids of the ``chk-<n>`` directories, ascending (complete or not)."""
         try:
-            names = self.fs.list_dir(self.root)
+            names = self.fs.list_dirs(self.root)  # one request on an object store
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(
-            int(m.group(1))
-            for name in names
-            if (m := _CHK.fullmatch(name)) and self.fs.is_dir(self.fs.join(self.root, name))
-        )
+        return sorted(int(m.group(1)) for name in names if (m := _CHK.fullmatch(name)))
 
     def completed_checkpoints(self) -> list[int]:
         """Ids of checkpoints with a ``_metadata`` file, ascending (not verified)."""

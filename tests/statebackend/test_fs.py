@@ -21,6 +21,7 @@ def test_streaming_write_appears_only_when_closed(tmp_path: Path) -> None:
         assert not os.path.exists(path)
     assert fs.read_bytes(path) == b"part" and fs.size(path) == 4
     assert fs.list_dir(str(tmp_path / "a")) == ["b.bin"]
+    assert fs.list_dirs(str(tmp_path)) == ["a"] and fs.list_dirs(str(tmp_path / "a")) == []
 
 
 def test_a_failed_write_leaves_the_old_file(tmp_path: Path) -> None:

@@ -98,6 +98,7 @@ def test_listing_and_recursive_removal(remote: Remote) -> None:
         fs.write_whole(fs.join(root, name), b"1")
     assert sorted(fs.list_dir(root)) == ["chk-1", "chk-2"]
     assert sorted(fs.list_dir(fs.join(root, "chk-1"))) == ["_metadata", "a.state", "deep"]
+    assert fs.list_dirs(fs.join(root, "chk-1")) == ["deep"]
     assert fs.is_dir(fs.join(root, "chk-1")) and not fs.is_dir(fs.join(root, "chk-1/a.state"))
     fs.remove_tree(fs.join(root, "chk-1"))
     assert fs.list_dir(root) == ["chk-2"] and not fs.exists(fs.join(root, "chk-1/deep/x"))
