@@ -4,24 +4,25 @@
 
 The keyed running count of the throughput benchmark (N records, 10,000 keys,
 parallelism 2), checkpointed every --interval seconds, once with checkpoint_dir on
-local disk and once on s3:// (moto's S3 server in this process, on 127.0.0.1, a free
-port), interleaved, --repeat rounds. Prints per storage, over every regular (not
+local disk and once on s3:// (moto's S3 server on 127.0.0.1, a free port), interleaved, --repeat rounds. Prints per storage, over every regular (not
 final) checkpoint of all rounds: checkpoint duration p50 / p99 (trigger -> _metadata
 written), the slowest task's state write (max_async_ms) p50 / p99, the state size,
-and the median processing time. moto is a Python server on loopback: no network
-latency, but a slower server per request than S3; compare the two side by side, not
-with a real bucket.
+and the median processing time. moto runs in a process of its own; it is a Python
+server on loopback: no network latency, but slower per request than S3, and on the
+same cores as the job. Compare the two side by side, not with a real bucket.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import os
 import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,15 +35,28 @@ BUCKET = "absflow-bench"
 CREDENTIALS = {"key": "bench", "secret": "bench"}
 
 
-def start_s3() -> tuple[Any, dict[str, Any]]:
-    """moto's server on a free loopback port with one bucket, and its storage_options."""
-    import boto3
+def _serve_s3(conn: Any) -> None:
+    """In a child process: moto's server on a free loopback port (the OS picks it),
+    its port sent back through ``conn``, until ``conn`` says stop."""
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
-    host, port = server.get_host_and_port()
+    conn.send(server.get_host_and_port())
+    conn.recv()
+    server.stop()
+
+
+def start_s3() -> tuple[Callable[[], None], dict[str, Any]]:
+    """moto's S3 in its own process (like S3, not sharing the driver's interpreter) with
+    one bucket; returns a function that stops it, and the storage_options."""
+    import boto3
+
+    parent, child = multiprocessing.Pipe()
+    process = multiprocessing.get_context("spawn").Process(target=_serve_s3, args=(child,))
+    process.start()
+    host, port = parent.recv()
     endpoint = f"http://{host}:{port}"
     boto3.client(
         "s3",
@@ -56,7 +70,12 @@ def start_s3() -> tuple[Any, dict[str, Any]]:
         "endpoint_url": endpoint,
         "client_kwargs": {"region_name": "us-east-1"},
     }
-    return server, options
+
+    def stop() -> None:
+        parent.send("stop")
+        process.join(10)
+
+    return stop, options
 
 
 def run(n: int, interval: float, checkpoint_dir: str, options: dict[str, Any]) -> Any:
@@ -84,7 +103,7 @@ def main() -> None:
     args = ap.parse_args()
     n, interval = args.n, args.interval
 
-    server, s3_options = start_s3()
+    stop_s3, s3_options = start_s3()
     local_root = tempfile.mkdtemp(prefix="storage-bench-")
     storages: dict[str, tuple[str, dict[str, Any]]] = {
         "local disk": (local_root, {}),
@@ -112,7 +131,7 @@ def main() -> None:
                 flush=True,
             )
     finally:
-        server.stop()
+        stop_s3()
         shutil.rmtree(local_root, ignore_errors=True)
 
     print(

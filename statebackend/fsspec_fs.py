@@ -37,7 +37,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO, cast
 
 import fsspec
-from fsspec.spec import AbstractBufferedFile
 
 from statebackend.errors import StateError, StorageAccessError
 
@@ -58,10 +57,10 @@ class FsspecFileSystem:
     from any thread (fsspec's async filesystems run every request on their own loop).
     """
 
-    def __init__(self, fs: Any, protocol: str, streaming: bool | None = None) -> None:
+    def __init__(self, fs: Any, protocol: str) -> None:
         self.fs = fs
         self.protocol = protocol
-        self.streaming = protocol in STREAMING_PROTOCOLS if streaming is None else streaming
+        self.streaming = protocol in STREAMING_PROTOCOLS
 
     @classmethod
     def for_url(cls, url: str, storage_options: Mapping[str, Any]) -> FsspecFileSystem:
@@ -111,14 +110,7 @@ class FsspecFileSystem:
     @contextlib.contextmanager
     def _streamed(self, path: str) -> Iterator[BinaryIO]:
         with _errors("write", path, missing_is_error=True):
-            out = self.fs.open(path, "wb")
-        if not isinstance(out, AbstractBufferedFile):  # would publish while written
-            out.close()
-            self.remove(path)
-            raise StorageAccessError(
-                f"cannot stream to {path!r}: the {self.protocol}:// writer "
-                f"{type(out).__name__} does not upload on close"
-            )
+            out = self.fs.open(path, "wb")  # an AbstractBufferedFile: uploads, commits on close
         try:
             yield cast(BinaryIO, out)
             with _errors("write", path, missing_is_error=True):
