@@ -159,7 +159,9 @@ class TaskCheckpointer:
         self.completed_final = False
 
     def start(self) -> None:
-        self._executor()
+        writer = self._executor()
+        if self.storage is not None:  # an object store's client, built before the first write
+            writer.submit(self.storage.warm_up)
 
     def _executor(self) -> Executor:
         if self._writer is None:

@@ -21,6 +21,7 @@ the prefix with everything under it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import re
@@ -92,6 +93,13 @@ class CheckpointStorage:
     def exists(self) -> bool:
         """Whether the root directory exists."""
         return self.fs.is_dir(self.root)
+
+    def warm_up(self) -> None:
+        """Make one request now, so that the first state write does not pay for building
+        the client (for S3 that is about half a second of CPU). Errors are left to that
+        write to report: it names the URL and the host."""
+        with contextlib.suppress(Exception):
+            self.fs.is_dir(self.root)
 
     def location(self, checkpoint_id: int) -> str:
         """The ``chk-<n>`` directory of a checkpoint (for messages and display)."""

@@ -229,3 +229,16 @@ def test_missing_and_corrupt_metadata_errors_name_the_url(remote: Remote) -> Non
     assert f"{remote.root}/chk-1/{METADATA}" in str(corrupt.value)
     with pytest.raises(CheckpointNotFoundError, match=remote.root):
         CheckpointStorage.resolve(remote.root, remote.options)
+
+
+def test_warm_up_builds_the_client_and_leaves_errors_to_the_first_write(s3: FakeS3) -> None:
+    options = {**s3.options, "skip_instance_cache": True}  # a client of its own
+    storage = CheckpointStorage("s3://absflow-no-such-bucket/chk", storage_options=options)
+    fsspec_fs = storage.fs
+    assert isinstance(fsspec_fs, FsspecFileSystem) and fsspec_fs.fs._s3 is None
+    storage.warm_up()  # no error here: the first state write reports it, naming the host
+    assert fsspec_fs.fs._s3 is not None
+    with pytest.raises(StorageAccessError, match="no-such-bucket"):
+        storage.write_metadata(
+            CheckpointMetadata(1, "job", 0, False, 1.0, 2.0, 1.0, 128, {}, {}, {})
+        )
