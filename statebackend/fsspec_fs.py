@@ -33,10 +33,12 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO, cast
 
 import fsspec
+from fsspec.registry import known_implementations, registry
 
 from statebackend.errors import StateError, StorageAccessError
 
@@ -53,37 +55,55 @@ _PACKAGES = {"s3": "s3fs (pip install 'absflow[s3]')", "hdfs": "pyarrow (pip ins
 class FsspecFileSystem:
     """`statebackend.fs.FileSystem` over an fsspec filesystem; paths are full URLs.
 
-    Built by `for_url` (no I/O: s3fs connects on the first request). Safe to call
-    from any thread (fsspec's async filesystems run every request on their own loop).
+    Built by `for_url` without I/O and without importing the implementation: `fs`
+    builds it on first use (importing s3fs and building its client take about a second
+    of CPU, which a task spends on its writer thread, not before it registers). Safe to
+    call from any thread (fsspec's async filesystems run every request on their own
+    loop).
     """
 
-    def __init__(self, fs: Any, protocol: str) -> None:
-        self.fs = fs
+    def __init__(self, protocol: str, storage_options: Mapping[str, Any], url: str) -> None:
         self.protocol = protocol
         self.streaming = protocol in STREAMING_PROTOCOLS
+        self._options = dict(storage_options)
+        self._url = url  # names the storage in a configuration error
+        self._fs: Any = None
+        self._lock = threading.Lock()
 
     @classmethod
     def for_url(cls, url: str, storage_options: Mapping[str, Any]) -> FsspecFileSystem:
-        """The filesystem of ``url``'s scheme with ``storage_options`` (fsspec caches
-        instances per options). Raises StateError naming the package to install, or
-        saying the scheme is unknown."""
+        """The filesystem of ``url``'s scheme with ``storage_options``. Raises StateError
+        at once for a scheme fsspec does not know."""
         protocol = url.split("://", 1)[0].lower()
+        if protocol not in known_implementations and protocol not in registry:
+            raise StateError(
+                f"checkpoint storage {url!r}: fsspec does not know the {protocol}:// scheme; "
+                f"use a local path, file://, s3:// or hdfs://"
+            )
+        return cls(protocol, storage_options, url)
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (fsspec caches instances per options). Raises StateError
+        naming the package to install, or options that do not fit."""
+        if self._fs is None:
+            with self._lock:
+                if self._fs is None:
+                    self._fs = self._build()
+        return self._fs
+
+    def _build(self) -> Any:
+        url, protocol, options = self._url, self.protocol, self._options
         try:
-            fs = fsspec.filesystem(protocol, **dict(storage_options))
+            return fsspec.filesystem(protocol, **options)
         except ImportError as err:
             package = _PACKAGES.get(protocol, "the fsspec implementation of this scheme")
             raise StateError(f"checkpoint storage {url!r} needs {package}: {err}") from err
-        except ValueError as err:
+        except (TypeError, ValueError) as err:
             raise StateError(
-                f"checkpoint storage {url!r}: fsspec does not know the {protocol}:// scheme "
-                f"({err}); use a local path, file://, s3:// or hdfs://"
+                f"checkpoint storage {url!r}: storage_options {sorted(options)} do not fit "
+                f"the {protocol}:// filesystem ({err}); see its fsspec documentation"
             ) from err
-        except TypeError as err:
-            raise StateError(
-                f"checkpoint storage {url!r}: storage_options {sorted(storage_options)} do not "
-                f"fit the {protocol}:// filesystem ({err}); see its fsspec documentation"
-            ) from err
-        return cls(fs, protocol)
 
     def __repr__(self) -> str:
         return f"FsspecFileSystem({self.protocol}://)"

@@ -48,4 +48,7 @@ def test_storage_urls(tmp_path: Path) -> None:
     fs, root = filesystem_for("memory://bucket/chk/", {"skip_instance_cache": True})
     assert isinstance(fs, FsspecFileSystem) and root == "memory://bucket/chk"
     with pytest.raises(StateError, match="does not know the nosuch:// scheme"):
-        filesystem_for("nosuch://bucket/chk")
+        filesystem_for("nosuch://bucket/chk")  # at once
+    gcs, root = filesystem_for("gcs://bucket/chk")  # gcsfs is not installed: on first use
+    with pytest.raises(StateError, match="'gcs://bucket/chk' needs the fsspec implementation"):
+        gcs.exists(root)
