@@ -349,9 +349,7 @@ def open_checkpoint_storage(
     try:
         storage = CheckpointStorage(root, storage_options=storage_options)
         existed = storage.exists()
-        probe = storage.fs.join(storage.root, f".absflow-probe-{uuid.uuid4().hex[:8]}")
-        storage.fs.write_whole(probe, b"")  # creates the root (and missing parents)
-        storage.fs.remove(probe)
+        storage.probe()  # creates the root (and missing parents)
     except StorageAccessError as err:  # remote storage: the message names the URL
         raise CheckpointStorageError(
             f"checkpoint_dir {root!r} is not writable from the driver: {err}. Check the "

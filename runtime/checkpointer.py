@@ -11,10 +11,12 @@ A checkpoint is taken in four steps, each its own method so that later work
    one background thread while the task goes on (skipped without storage);
 4. **ack** — once written, ``Ack`` with the state handle and the metrics (or
    ``Decline`` with STATE_WRITE_FAILED when the write failed: the job goes on). The
-   task's first write is different: if it fails, this executor cannot write the
-   checkpoint storage at all (unreachable endpoint, no such bucket, no credentials),
-   which no restart fixes, so `collect_writes` raises CheckpointStorageError naming
-   the storage URL and the host, and the task reports it as fatal.
+   task's first write is different: if it fails and a probe file cannot be written
+   either, this executor cannot write the checkpoint storage at all (unreachable
+   endpoint, no such bucket, no credentials), which no restart fixes, so
+   `collect_writes` raises CheckpointStorageError naming the storage URL and the
+   host, and the task reports it as fatal. (A probe that succeeds means the write
+   met something passing, e.g. its checkpoint removed while it ran: a decline.)
 
 A task with back-edge inputs (a loop head, cyclic ABS) slots one step in between
 forward and write: it **logs** the records arriving on its back-edges until the
@@ -329,7 +331,7 @@ class TaskCheckpointer:
             try:
                 handle, async_ms = pending.future.result()
             except Exception as err:  # e.g. disk full: decline, the job goes on
-                if not self._wrote_state:
+                if not self._wrote_state and not self._storage_writable():
                     raise self._unusable_storage(n, err) from err
                 log.warning("task %s: writing checkpoint %d failed: %s", self.task.task_id, n, err)
                 self.decline(
@@ -342,14 +344,24 @@ class TaskCheckpointer:
             self.ack(n, handle, metrics)
         self._pending = still
 
+    def _storage_writable(self) -> bool:
+        try:
+            if self.storage is not None:
+                self.storage.probe()
+                return True
+        except Exception as err:
+            log.debug("task %s: probing checkpoint storage failed: %s", self.task.task_id, err)
+        return False
+
     def _unusable_storage(self, checkpoint_id: int, err: Exception) -> CheckpointStorageError:
         t, root = self.task, self.storage.root if self.storage else None
         return CheckpointStorageError(
             f"task {t.task_id} on host {t.host} cannot write its state file of checkpoint "
             f"{checkpoint_id} to checkpoint storage {root!r}: {type(err).__name__}: {err}. "
-            f"It is this task's first state write, so the storage is not usable from this "
-            f"executor (a restart cannot fix that): make it reachable and writable from every "
-            f"executor (network, the bucket, endpoint and credentials in storage_options)"
+            f"It is this task's first state write and a probe file cannot be written either: "
+            f"the storage is not usable from this executor (a restart cannot fix that). Make "
+            f"it reachable and writable from every executor (network, the bucket, endpoint "
+            f"and credentials in storage_options)"
         )
 
     def ack(

@@ -25,6 +25,7 @@ import contextlib
 import enum
 import logging
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,13 @@ class CheckpointStorage:
     def exists(self) -> bool:
         """Whether the root directory exists."""
         return self.fs.is_dir(self.root)
+
+    def probe(self) -> None:
+        """Write and remove a small file under the root (creating the root): proves the
+        storage writable from here. Raises what the write raised (an OSError)."""
+        path = self.fs.join(self.root, f".absflow-probe-{uuid.uuid4().hex[:8]}")
+        self.fs.write_whole(path, b"")
+        self.fs.remove(path)
 
     def warm_up(self) -> None:
         """Make one request now, so that the first state write does not pay for building

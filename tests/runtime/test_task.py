@@ -356,8 +356,8 @@ class FakeChain:
 class FakeStorage:
     root = "s3://bucket/chk"
 
-    def __init__(self, log: Log, fail: bool = False) -> None:
-        self.log, self.fail = log, fail
+    def __init__(self, log: Log, fail: bool = False, probe_fails: bool = False) -> None:
+        self.log, self.fail, self.probe_fails = log, fail, probe_fails
 
     def write_task_state(
         self, checkpoint_id: int, task_id: str, snapshots: Any, layout: Any
@@ -366,6 +366,11 @@ class FakeStorage:
         if self.fail:
             raise OSError(28, "No space left on device")
         return TaskStateHandle(f"{task_id}.state", 42, 7, dict(layout))
+
+    def probe(self) -> None:
+        self.log.append(("probe", None))
+        if self.probe_fails:
+            raise OSError(28, "No space left on device")
 
 
 def checkpointer(log: Log, storage: Any, inputs: BlockedChannels | None = None) -> TaskCheckpointer:
@@ -425,14 +430,23 @@ def test_a_failed_state_write_after_a_good_one_declines_the_checkpoint() -> None
 
 def test_a_failed_first_state_write_is_an_error_naming_the_storage_and_the_host() -> None:
     log: Log = []
-    cp = checkpointer(log, FakeStorage(log, fail=True))
+    cp = checkpointer(log, FakeStorage(log, fail=True, probe_fails=True))
     cp.trigger_source(P.Trigger(1, 0.0, False))
     with pytest.raises(CheckpointStorageError) as info:
         cp.collect_writes(wait=True)
     message = str(info.value)
     assert "merge[0] on host 10.0.0.7" in message and "'s3://bucket/chk'" in message
     assert "No space left" in message and "a restart cannot fix" in message
-    assert "decline" not in [kind for kind, _ in log]  # the task fails instead
+    assert [kind for kind, _ in log][-2:] == ["write", "probe"]  # no decline: the task fails
+
+
+def test_a_failed_first_write_is_declined_when_the_storage_takes_a_probe() -> None:
+    """E.g. its checkpoint was aborted and removed while the write ran: the storage is fine."""
+    log: Log = []
+    cp = checkpointer(log, FakeStorage(log, fail=True))
+    cp.trigger_source(P.Trigger(1, 0.0, False))
+    cp.collect_writes(wait=True)
+    assert [kind for kind, _ in log][-3:] == ["write", "probe", "decline"]
 
 
 def test_without_storage_the_ack_follows_the_forward_at_once() -> None:
