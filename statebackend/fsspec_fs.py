@@ -94,8 +94,9 @@ class FsspecFileSystem:
 
     def _build(self) -> Any:
         url, protocol, options = self._url, self.protocol, self._options
-        try:
-            return fsspec.filesystem(protocol, **options)
+        try:  # from the URL too: hdfs://namenode:8020/... names its namenode
+            fs, _path = fsspec.core.url_to_fs(url, **options)
+            return fs
         except ImportError as err:
             package = _PACKAGES.get(protocol, "the fsspec implementation of this scheme")
             raise StateError(f"checkpoint storage {url!r} needs {package}: {err}") from err
