@@ -41,10 +41,14 @@ def on_s3(s3: FakeS3, root: str) -> dict[str, Any]:
 def test_a_killed_task_recovers_from_s3_then_a_new_run_restores_and_the_cli_lists(
     s3: FakeS3, s3_root: str
 ) -> None:
-    reference = pipeline(N, **on_s3(s3, f"{s3_root}-reference")).run()
+    reference = pipeline(N, rate=None, **on_s3(s3, f"{s3_root}-reference")).run()
     assert collections.Counter(reference.output("out")) == pipeline_expected(N)
 
-    result = pipeline(N, **on_s3(s3, s3_root)).run(faults=[Kill("count[1]", after_checkpoint=2)])
+    # ~5 s of input: the first checkpoint of fresh task processes also builds their S3
+    # client, which can take seconds on a busy machine; the kill needs a second one.
+    result = pipeline(N, rate=3_000, **on_s3(s3, s3_root)).run(
+        faults=[Kill("count[1]", after_checkpoint=2)]
+    )
     assert len(result.restarts) == 1, result.summary()
     assert result.restarts[0].restored_checkpoint is not None
     assert collections.Counter(result.output("out")) == collections.Counter(reference.output("out"))
@@ -55,7 +59,9 @@ def test_a_killed_task_recovers_from_s3_then_a_new_run_restores_and_the_cli_list
     # A new run (twice the input) continues from the final S3 checkpoint of that one:
     # the counts go on from the restored ones, over exactly the N new records. (The
     # checkpoint's pre-committed sink output is committed again into the new run.)
-    resumed = pipeline(2 * N, **on_s3(s3, f"{s3_root}-resumed")).run(restore_from=s3_root)
+    resumed = pipeline(2 * N, rate=None, **on_s3(s3, f"{s3_root}-resumed")).run(
+        restore_from=s3_root
+    )
     assert resumed.restarts == []
     restored_counts = final_counts(result.output("out"))
     new = [(k, c) for k, c in resumed.output("out") if c > restored_counts[k]]
