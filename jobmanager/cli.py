@@ -2,20 +2,26 @@
 
 Reads a checkpoint root through ``statebackend.storage.CheckpointStorage`` without
 changing it: lists its checkpoints, or prints one checkpoint's metadata and verifies
-its state files. Exit codes: 0 fine, 1 the shown checkpoint is corrupt, 2 usage error (no
-such directory, no such checkpoint).
+its state files. DIR is a path or a URL (``s3://bucket/prefix``); the storage options a
+URL needs (endpoint, credentials) come from ``--storage-option KEY=VALUE`` (repeated),
+or from fsspec's environment variables (``FSSPEC_S3_ENDPOINT_URL=...``, or
+``FSSPEC_S3='{"endpoint_url": ...}'``) and the cloud SDK's own (``AWS_ACCESS_KEY_ID``,
+...). Exit codes: 0 fine, 1 the shown checkpoint is corrupt, 2 usage error (no such
+directory, no such checkpoint, storage that cannot be read).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from statebackend.errors import StateError
 from statebackend.metadata import CheckpointMetadata, TaskStateHandle
 from statebackend.storage import METADATA, CheckpointInfo, CheckpointStatus, CheckpointStorage
 
@@ -89,12 +95,26 @@ def _time(ts: Any) -> str:
 
 
 # -- reading -------------------------------------------------------------------------------
-def _open_root(directory: str) -> CheckpointStorage:
-    storage = CheckpointStorage(directory)  # no I/O: inspecting must not create the root
+def _open_root(directory: str, options: dict[str, Any]) -> CheckpointStorage:
+    # no I/O: inspecting must not create the root
+    storage = CheckpointStorage(directory, storage_options=options)
     if not storage.exists():
+        if "://" in directory and not directory.startswith("file://"):
+            raise UsageError(f"checkpoint root {directory!r} does not exist or holds nothing")
         what = "is not a directory" if os.path.exists(directory) else "does not exist"
         raise UsageError(f"checkpoint root {directory!r} {what}")
     return storage
+
+
+def storage_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``: VALUE as JSON when it parses (numbers, true, objects), else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -120,8 +140,8 @@ def _row(info: CheckpointInfo) -> list[Any]:
     ]
 
 
-def list_checkpoints(directory: str, out: TextIO) -> int:
-    storage = _open_root(directory)
+def list_checkpoints(directory: str, out: TextIO, options: dict[str, Any] | None = None) -> int:
+    storage = _open_root(directory, options or {})
     listed = storage.list()
     if not listed:
         out.write(f"no checkpoints in {storage.root}\n")
@@ -183,8 +203,10 @@ def _print_metadata(meta: CheckpointMetadata, path: str, out: TextIO) -> None:
     out.write(table(["task", "file", "size", "crc32", "operators"], files) + "\n\n")
 
 
-def show_checkpoint(directory: str, n: int, out: TextIO, err: TextIO) -> int:
-    storage = _open_root(directory)
+def show_checkpoint(
+    directory: str, n: int, out: TextIO, err: TextIO, options: dict[str, Any] | None = None
+) -> int:
+    storage = _open_root(directory, options or {})
     ids = storage.checkpoint_ids()
     if n not in ids:
         known = ", ".join(map(str, ids)) or "none"
@@ -218,7 +240,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="list or inspect the checkpoints in a root",
         description="List the checkpoints in a checkpoint root, or show one.",
     )
-    chk.add_argument("directory", metavar="DIR", help="checkpoint root (holds chk-<n> directories)")
+    chk.add_argument(
+        "directory",
+        metavar="DIR",
+        help="checkpoint root (holds chk-<n> directories): a path or a URL (s3://bucket/prefix)",
+    )
+    chk.add_argument(
+        "--storage-option",
+        metavar="KEY=VALUE",
+        type=storage_option,
+        action="append",
+        default=[],
+        help="fsspec storage option for a URL, repeated (e.g. endpoint_url=http://host:9000, "
+        "key=..., secret=...); VALUE is parsed as JSON when it can be",
+    )
     chk.add_argument(
         "--show", metavar="N", type=int, help="print checkpoint N in detail and verify it"
     )
@@ -232,11 +267,12 @@ def main(
     out = out or sys.stdout
     err = err or sys.stderr
     args = build_parser().parse_args(argv)
+    options = dict(args.storage_option)
     try:
         if args.show is not None:
-            return show_checkpoint(args.directory, args.show, out, err)
-        return list_checkpoints(args.directory, out)
-    except UsageError as error:
+            return show_checkpoint(args.directory, args.show, out, err, options)
+        return list_checkpoints(args.directory, out, options)
+    except (UsageError, StateError) as error:
         err.write(f"error: {error}\n")
         return 2
     except OSError as error:  # e.g. permission denied: still no traceback

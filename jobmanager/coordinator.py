@@ -214,7 +214,7 @@ class CheckpointCoordinator:
         for index in sorted(self.all_tasks):
             self.send(index, P.Complete(cp.checkpoint_id))
         if self.storage is not None:
-            self.storage.retain(self.config.retained_checkpoints)
+            self._clean_up(lambda st: st.retain(self.config.retained_checkpoints), "old ones")
         if self.on_complete is not None:
             self.on_complete(completed)
         return completed
@@ -248,11 +248,21 @@ class CheckpointCoordinator:
             for index in sorted(self.all_tasks):
                 self.send(index, P.Abort(checkpoint_id, reason.name))
         if self.storage is not None:
-            self.storage.discard(checkpoint_id)
+            self._clean_up(lambda st: st.discard(checkpoint_id), f"checkpoint {checkpoint_id}")
         if cp.final and reason is not CheckpointFailureReason.TASK_FAILURE:
             # The sources have sent end-of-input after the final barrier: it cannot be
             # repeated in this attempt. The job manager restarts from the last checkpoint.
             self.final_failed = self.failed[-1]
+
+    def _clean_up(self, delete: Callable[[CheckpointStorage], object], what: str) -> None:
+        """Delete checkpoints; a failure (e.g. S3 briefly unreachable) is logged, not fatal:
+        a leftover is an incomplete or older checkpoint, which nothing restores."""
+        if self.storage is None:
+            return
+        try:
+            delete(self.storage)
+        except OSError as err:
+            log.warning("could not delete %s in %s: %s", what, self.storage.root, err)
 
     def abort_all(self, reason: CheckpointFailureReason, detail: str = "") -> None:
         for n in sorted(self.pending):

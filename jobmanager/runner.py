@@ -16,7 +16,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from runtime.errors import (
 )
 from runtime.plan import JobPlan
 from runtime.scratch import remove_run
-from statebackend.errors import StateError
+from statebackend.errors import StateError, StorageAccessError
 from statebackend.metadata import CheckpointMetadata
 from statebackend.restore import check_compatible
 from statebackend.storage import CheckpointStorage
@@ -83,7 +83,7 @@ class JobManager:
         )
         self.initial_restore: RestorePoint | None = None
         if restore_from is not None:  # first: a bad path must not leave anything behind
-            st, n = CheckpointStorage.resolve(restore_from)
+            st, n = CheckpointStorage.resolve(restore_from, config.storage_options)
             self.initial_restore = RestorePoint(st, n, st.check(n))
             check_compatible(  # before the first attempt: refuse another job's state
                 self.initial_restore.metadata,
@@ -99,7 +99,7 @@ class JobManager:
             if root is None:
                 root = tempfile.mkdtemp(prefix="absflow-chk-")
                 self.owned_dirs.append(root)
-            self.storage = open_checkpoint_storage(root)
+            self.storage = open_checkpoint_storage(root, config.storage_options)
         existing = self.storage.completed_checkpoints() if self.storage else []
         restored = self.initial_restore.checkpoint_id if self.initial_restore else 0
         self.next_checkpoint_id = max([0, restored, *existing]) + 1
@@ -337,20 +337,32 @@ class RouterLink:
             yield P.decode(frame)
 
 
-def open_checkpoint_storage(root: str) -> CheckpointStorage:
-    """The checkpoint storage at ``root`` (created if missing), proven writable by creating
-    and removing a probe file in it. Raises CheckpointStorageError naming the path, the
-    OS error and the fix: a restart cannot fix storage the job cannot write."""
-    storage = CheckpointStorage(root)
-    existed = storage.exists()
-    probe = storage.fs.join(storage.root, f".absflow-probe-{uuid.uuid4().hex[:8]}")
+def open_checkpoint_storage(
+    root: str, storage_options: Mapping[str, Any] | None = None
+) -> CheckpointStorage:
+    """The checkpoint storage at ``root`` (a path or a URL; created if missing), proven
+    writable by creating and removing a probe file in it. Raises CheckpointStorageError
+    naming the path or URL, the error and the fix: a restart cannot fix storage the job
+    cannot write. (This proves the driver can write it; each task's first state write
+    proves it for its executor, see ``runtime.checkpointer``.)"""
+    existed, storage = False, None
     try:
-        storage.fs.write_whole(probe, b"")  # creates the root (and missing parents)
-        storage.fs.remove(probe)
+        storage = CheckpointStorage(root, storage_options=storage_options)
+        existed = storage.exists()
+        storage.probe()  # creates the root (and missing parents)
+    except StorageAccessError as err:  # remote storage: the message names the URL
+        raise CheckpointStorageError(
+            f"checkpoint_dir {root!r} is not writable from the driver: {err}. Check the "
+            "URL (the bucket must exist), and the endpoint and credentials in "
+            "storage_options."
+        ) from err
+    except StateError as err:  # e.g. the package of the URL's scheme is missing
+        raise CheckpointStorageError(f"checkpoint_dir {root!r}: {err}") from err
     except OSError as err:
         what = "is not writable" if existed else "cannot be created"
         raise CheckpointStorageError(
-            f"checkpoint_dir {storage.root!r} {what}: {_os_error(err)}. {_storage_fix(err)}"
+            f"checkpoint_dir {storage.root if storage else root!r} {what}: {_os_error(err)}. "
+            f"{_storage_fix(err)}"
         ) from err
     return storage
 

@@ -10,7 +10,13 @@ A checkpoint is taken in four steps, each its own method so that later work
 3. **write** — the asynchronous part: the state file is written by the storage in
    one background thread while the task goes on (skipped without storage);
 4. **ack** — once written, ``Ack`` with the state handle and the metrics (or
-   ``Decline`` with STATE_WRITE_FAILED when the write failed: the job goes on).
+   ``Decline`` with STATE_WRITE_FAILED when the write failed: the job goes on). The
+   task's first write is different: if it fails and a probe file cannot be written
+   either, this executor cannot write the checkpoint storage at all (unreachable
+   endpoint, no such bucket, no credentials), which no restart fixes, so
+   `collect_writes` raises CheckpointStorageError naming the storage URL and the
+   host, and the task reports it as fatal. (A probe that succeeds means the write
+   met something passing, e.g. its checkpoint removed while it ran: a decline.)
 
 A task with back-edge inputs (a loop head, cyclic ABS) slots one step in between
 forward and write: it **logs** the records arriving on its back-edges until the
@@ -43,20 +49,15 @@ from channels import control as P
 from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier, EndOfInput, Event
 from runtime.barriers import (
-    BarrierAligner,
-    BarrierHandler,
     BarrierProtocolError,
-    BarrierTracker,
-    UnalignedHandler,
 )
-from runtime.chain import Capture, pack, unpack
-from runtime.config import JobConfig, SnapshotMode
+from runtime.chain import Capture, pack
+from runtime.errors import CheckpointStorageError
 from runtime.inputs import BlockedChannels
-from runtime.plan import TaskSpec
+from runtime.snapshot_modes import InFlightLog
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output
-from statebackend.metadata import OperatorLayout, StepState, TaskStateHandle
-from statebackend.restore import RestorePlan, RestoreTarget
+from statebackend.metadata import TaskStateHandle
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.spill import SpillBuffer
 from statebackend.storage import CheckpointStorage
@@ -77,6 +78,7 @@ class TaskIdentity:
     index: int
     attempt: int
     task_id: str
+    host: str = "?"  # the executor's address (named in storage errors)
 
 
 @dataclass(slots=True)
@@ -84,32 +86,6 @@ class _PendingWrite:
     checkpoint_id: int
     future: Future[tuple[TaskStateHandle, float]]
     metrics: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class InFlightLog:
-    """Where a task keeps the records in flight at its snapshot (a loop head's back-edge
-    log, or an unaligned checkpoint's channel state): the operator state of ``step``.
-    ``metric`` names its figures in the ack (``<metric>_records``, ``<metric>_bytes``)."""
-
-    step: str
-    layout: OperatorLayout
-    spill_dir: Callable[[], str]
-    spill_threshold: int
-    metric: str = "backedge"
-
-    def restore_target(self) -> RestoreTarget:
-        """What a restore must find for the log: a non-keyed state of ``step``."""
-        kind = f"{self.metric}-log"
-        return RestoreTarget(StepState(self.step, kind, self.layout.parallelism, False))
-
-    def read_log(self, plan: RestorePlan, storage: CheckpointStorage) -> list[bytes]:
-        """The frames a restored checkpoint logged for this task, in arrival order."""
-        part = plan.operators.get(self.step)
-        if part is None or part.operator_state is None:
-            return []
-        blob = storage.read_operator_state(plan.checkpoint_id, part.operator_state, part.operator)
-        return [] if blob is None else list(unpack(blob))
 
 
 @dataclass(slots=True)
@@ -162,6 +138,7 @@ class TaskCheckpointer:
         self._log: _OpenLog | None = None
         self._owns_writer = writer is None
         self._pending: list[_PendingWrite] = []
+        self._wrote_state = False  # a state file was written: the storage is reachable
         self.final_checkpoint: int | None = None
         self.completed_final = False
         self._aborted: set[int] = set()  # checkpoints whose pending writes are moot
@@ -171,7 +148,9 @@ class TaskCheckpointer:
         self._halted_for: int | None = None
 
     def start(self) -> None:
-        self._executor()
+        writer = self._executor()
+        if self.storage is not None:  # an object store's client, built before the first write
+            writer.submit(self.storage.warm_up)
 
     def _executor(self) -> Executor:
         if self._writer is None:
@@ -343,7 +322,8 @@ class TaskCheckpointer:
         return bool(self._pending)
 
     def collect_writes(self, wait: bool = False) -> None:
-        """Ack (or decline) every finished write, oldest first; with ``wait``, all of them."""
+        """Ack (or decline) every finished write, oldest first; with ``wait``, all of them.
+        Raises CheckpointStorageError when no write of this task has succeeded yet."""
         still = []
         for pending in self._pending:
             if not wait and not pending.future.done():
@@ -358,6 +338,8 @@ class TaskCheckpointer:
             try:
                 handle, async_ms = pending.future.result()
             except Exception as err:  # e.g. disk full: decline, the job goes on
+                if not self._wrote_state and not self._storage_writable():
+                    raise self._unusable_storage(n, err) from err
                 # A checkpoint whose directory is gone was aborted (or subsumed) and removed
                 # by the job manager while this write ran: nothing went wrong here.
                 removed = isinstance(err, FileNotFoundError) and self._removed(n)
@@ -372,6 +354,7 @@ class TaskCheckpointer:
                     n, CheckpointFailureReason.STATE_WRITE_FAILED, f"{type(err).__name__}: {err}"
                 )
                 continue
+            self._wrote_state = True
             metrics["async_ms"] = async_ms
             metrics["state_bytes"] = handle.size
             self.ack(n, handle, metrics)
@@ -382,6 +365,26 @@ class TaskCheckpointer:
             return self.storage is not None and checkpoint_id not in self.storage.checkpoint_ids()
         except OSError:
             return False
+
+    def _storage_writable(self) -> bool:
+        try:
+            if self.storage is not None:
+                self.storage.probe()
+                return True
+        except Exception as err:
+            log.debug("task %s: probing checkpoint storage failed: %s", self.task.task_id, err)
+        return False
+
+    def _unusable_storage(self, checkpoint_id: int, err: Exception) -> CheckpointStorageError:
+        t, root = self.task, self.storage.root if self.storage else None
+        return CheckpointStorageError(
+            f"task {t.task_id} on host {t.host} cannot write its state file of checkpoint "
+            f"{checkpoint_id} to checkpoint storage {root!r}: {type(err).__name__}: {err}. "
+            f"It is this task's first state write and a probe file cannot be written either: "
+            f"the storage is not usable from this executor (a restart cannot fix that). Make "
+            f"it reachable and writable from every executor (network, the bucket, endpoint "
+            f"and credentials in storage_options)"
+        )
 
     def ack(
         self, checkpoint_id: int, handle: TaskStateHandle | None, metrics: dict[str, Any]
@@ -417,27 +420,3 @@ class TaskCheckpointer:
         if self._writer is not None and self._owns_writer:
             self._writer.shutdown(wait=True)
         self._writer = None
-
-
-def handler_for(spec: TaskSpec, actions: TaskCheckpointer, cfg: JobConfig) -> BarrierHandler:
-    """The barrier handler of ``cfg.snapshot_mode`` for a task with inputs."""
-    mode = cfg.snapshot_mode
-    if cfg.records_channel_state:
-        return UnalignedHandler(spec.regular_inputs, actions, aligned_timeout=cfg.aligned_timeout)
-    cls = BarrierTracker if mode is SnapshotMode.AT_LEAST_ONCE else BarrierAligner
-    return cls(spec.regular_inputs, actions, back_edges=spec.back_edge_inputs)
-
-
-def in_flight_log_for(
-    spec: TaskSpec, head: str, parallelism: int, cfg: JobConfig, spill_dir: Callable[[], str]
-) -> InFlightLog | None:
-    """Where the task logs records in flight at a snapshot, if it does: a loop head its
-    back-edges, a task with inputs under unaligned checkpoints its channel state."""
-    layout = OperatorLayout(spec.subtask, parallelism)
-    if spec.back_edge_inputs:
-        return InFlightLog(f"{head}#backedge-log", layout, spill_dir, cfg.spill_threshold)
-    if spec.inputs and cfg.records_channel_state:
-        return InFlightLog(
-            f"{head}#channel-state", layout, spill_dir, cfg.spill_threshold, "channel_state"
-        )
-    return None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import GraphError
 from statebackend.metadata import CheckpointMetadata
+from statebackend.storage import CheckpointStorage
 
 
 class SnapshotMode(enum.Enum):
@@ -24,6 +25,10 @@ class JobConfig:
 
     Checkpointing is on when ``checkpoint_interval`` (seconds) is set. Without a
     ``checkpoint_dir`` a temporary directory is used and removed after the run.
+    ``checkpoint_dir`` (and ``run(restore_from=...)``) is a path, a ``file://`` URL, or
+    an fsspec URL (``s3://bucket/prefix``, ``hdfs://namenode:8020/path``) opened with
+    ``storage_options`` (endpoint, credentials, ...: passed to fsspec as keywords, on the
+    driver and in every task; kept out of ``repr``, since they may hold secrets).
     ``allow_non_restored_state``: ``run(restore_from=...)`` drops (with a warning) the
     state of checkpointed steps the job no longer has, instead of refusing the checkpoint.
     """
@@ -53,6 +58,7 @@ class JobConfig:
     timeout: float | None = None  # give up (cancel) after this many seconds
     allow_non_restored_state: bool = False  # restore_from may drop state of removed steps
     debug_drop_in_flight_log: bool = False  # tests only: restore loops without their back-edge log
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.snapshot_mode, str):
@@ -76,6 +82,12 @@ class JobConfig:
         if self.checkpoint_interval is not None and not self.checkpoint_interval > 0:
             raise GraphError(
                 f"checkpoint_interval must be > 0 seconds (or None for off), got {self.checkpoint_interval!r}."
+            )
+        options = self.storage_options
+        if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+            raise GraphError(
+                f"storage_options must be a dict of fsspec keyword arguments with str keys "
+                f"(e.g. {{'endpoint_url': 'http://host:9000'}}), got {type(options).__name__}."
             )
         for name in (
             "batch_size",
@@ -118,7 +130,10 @@ class TaskFault:
 
 @dataclass(frozen=True)
 class TaskEnvironment:
-    """What the job manager hands every task of one attempt (pickled to the executors)."""
+    """What the job manager hands every task of one attempt (pickled to the executors).
+
+    The roots are paths or URLs; ``config.storage_options`` (endpoint, credentials) go
+    with them, so that every task opens the same storage the driver opened."""
 
     jm_endpoint: str
     attempt: int
@@ -128,3 +143,8 @@ class TaskEnvironment:
     restore_metadata: CheckpointMetadata | None  # that checkpoint's (verified) metadata
     run_id: str = "run"  # names the tasks' temp dirs (stale ones of a run are removed)
     faults: tuple[TaskFault, ...] = ()
+
+    def open_storage(self, root: str) -> CheckpointStorage:
+        """The checkpoint storage at ``root`` (one of the roots above), opened with the
+        driver's ``storage_options`` (no I/O)."""
+        return CheckpointStorage(root, storage_options=self.config.storage_options)

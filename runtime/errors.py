@@ -46,7 +46,8 @@ class JobCancelledError(AbsflowError, RuntimeError):
 
 
 class CheckpointStorageError(AbsflowError, OSError):
-    """The checkpoint directory cannot be created or written (checked before the job starts)."""
+    """Checkpoint storage cannot be created or written: found by the driver before the job
+    starts, or by a task whose first state write failed (the storage is out of its reach)."""
 
 
 # -- inside a task process (never reach the user as such) -------------------------------

@@ -51,24 +51,25 @@ from runtime.barriers import (
     BarrierProtocolError,
 )
 from runtime.chain import OperatorChain
-from runtime.checkpointer import (
-    TaskCheckpointer,
-    TaskIdentity,
-    handler_for,
-    in_flight_log_for,
-)
+from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import SnapshotMode, TaskEnvironment
 from runtime.control_client import ControlClient, rss_bytes
-from runtime.errors import GraphError, OperatorFailure, RecordSerializationError, TaskCancelled
+from runtime.errors import (
+    CheckpointStorageError,
+    GraphError,
+    OperatorFailure,
+    RecordSerializationError,
+    TaskCancelled,
+)
 from runtime.feedback import FeedbackQueue
 from runtime.inputs import BlockedChannels
 from runtime.plan import JobPlan, TaskSpec
 from runtime.scratch import ScratchDir
+from runtime.snapshot_modes import handler_for, in_flight_log_for
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output, TaskIO
 from statebackend.restore import plan_restore
-from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.task")
 
@@ -83,14 +84,14 @@ class Task:
     ) -> None:
         self.plan, self.spec, self.env, self.io, self.host = plan, spec, env, io, host
         self.config = cfg = env.config
-        self.identity = TaskIdentity(spec.index, env.attempt, spec.task_id)
+        self.identity = TaskIdentity(spec.index, env.attempt, spec.task_id, host)
         self.faults = TaskFaults(env.faults, spec.index, env.attempt)
         self.scratch = ScratchDir(env.run_id, env.attempt, spec.index)
         self.control = ControlClient(
             io.control_socket, cfg.heartbeat_interval, cfg.heartbeat_timeout
         )
         self.chain = OperatorChain(plan, spec, env.attempt, self._send_sink_output, self.faults)
-        self.storage = CheckpointStorage(env.checkpoint_root) if env.checkpoint_root else None
+        self.storage = env.open_storage(env.checkpoint_root) if env.checkpoint_root else None
         self.outputs: list[tuple[Partitioner, list[Output]]] = []
         self.channels: list[Output] = []  # every output channel, filled by open()
 
@@ -182,7 +183,7 @@ class Task:
                 if head is not None:
                     targets.append(head.restore_target())
                 plan = plan_restore(env.restore_metadata, spec.subtask, targets)
-                storage = CheckpointStorage(env.restore_root)
+                storage = env.open_storage(env.restore_root)
                 states = self.chain.restore_state(plan, storage)
                 if head is not None and not self.config.debug_drop_in_flight_log:
                     self._replay = head.read_log(plan, storage)
@@ -308,8 +309,8 @@ class Task:
         except OperatorFailure as failure:
             self._report_failure(failure.operator, failure.cause)
             raise TaskCancelled(f"operator '{failure.operator}' failed") from failure
-        except Exception as err:
-            self._report_failure(self.spec.task_id, err)
+        except Exception as err:  # storage this executor cannot write: restarts cannot help
+            self._report_failure(self.spec.task_id, err, isinstance(err, CheckpointStorageError))
             raise
 
     def _report_failure(self, operator: str, err: BaseException, fatal: bool = False) -> None:

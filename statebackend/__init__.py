@@ -10,6 +10,7 @@ from statebackend.errors import (
     CorruptStateError,
     IncompatibleCheckpointError,
     StateError,
+    StorageAccessError,
     StorageUsageError,
 )
 from statebackend.fs import FileSystem, LocalFileSystem
@@ -55,6 +56,7 @@ __all__ = [
     "StateFileInfo",
     "StateKind",
     "StepState",
+    "StorageAccessError",
     "StorageUsageError",
     "TaskStateHandle",
     "check_compatible",

@@ -46,3 +46,8 @@ class IncompatibleCheckpointError(StateError, ValueError):
     """A checkpoint's state does not fit the job asked to restore it: a step whose state
     it holds is missing (or of another kind), or cannot be redistributed to the job's
     parallelism. Raised on the driver before any task starts."""
+
+
+class StorageAccessError(StateError, OSError):
+    """Checkpoint storage refused or failed an operation (no such bucket, access denied,
+    endpoint unreachable); the message names the URL and the underlying error."""

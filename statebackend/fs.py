@@ -5,7 +5,8 @@ what it promises, so that a store without rename (S3 and friends, through fsspec
 can implement it: a whole-file write is "create in one PUT", a streaming write is a
 multipart upload that becomes visible when it is closed.
 
-Paths are the filesystem's own strings (a local path here; a bucket key elsewhere).
+Paths are the filesystem's own strings (a local path here; a full URL such as
+``s3://bucket/prefix/chk-3/_metadata`` for `statebackend.fsspec_fs.FsspecFileSystem`).
 `filesystem_for` turns a storage URL into a filesystem and a root path.
 """
 
@@ -14,10 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
-from typing import BinaryIO, Protocol
-
-from statebackend.errors import StateError
+from collections.abc import Iterator, Mapping
+from typing import Any, BinaryIO, Protocol
 
 FILE_SCHEME = "file://"
 
@@ -50,6 +49,11 @@ class FileSystem(Protocol):
 
     def list_dir(self, path: str) -> list[str]:
         """Names of the entries of directory ``path``; FileNotFoundError if it does not exist."""
+        ...
+
+    def list_dirs(self, path: str) -> list[str]:
+        """Names of the directories in directory ``path`` (on an object store: the key
+        prefixes one level down, in one listing); FileNotFoundError if it does not exist."""
         ...
 
     def is_dir(self, path: str) -> bool: ...
@@ -126,6 +130,10 @@ class LocalFileSystem:
     def list_dir(self, path: str) -> list[str]:
         return os.listdir(path)
 
+    def list_dirs(self, path: str) -> list[str]:
+        with os.scandir(path) as entries:
+            return [e.name for e in entries if e.is_dir()]
+
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(path)
 
@@ -145,19 +153,24 @@ class LocalFileSystem:
         return "LocalFileSystem()"
 
 
-def filesystem_for(url: str) -> tuple[FileSystem, str]:
+def filesystem_for(
+    url: str, storage_options: Mapping[str, Any] | None = None
+) -> tuple[FileSystem, str]:
     """The filesystem of a storage URL and the root path in it.
 
     A plain path or a ``file://`` URL is a local directory (made absolute against the
-    current directory of the caller: resolve on the driver, hand the result to tasks).
-    Raises StateError for other schemes.
+    current directory of the caller: resolve on the driver, hand the result to tasks);
+    ``storage_options`` do not apply to it. Any other ``scheme://`` (``s3://``,
+    ``hdfs://``, ``memory://``, ...) goes through fsspec (`statebackend.fsspec_fs`),
+    which gets ``storage_options`` (endpoint, credentials, ...); the root keeps its
+    scheme, so every path and every message is a full URL. Raises StateError for a
+    scheme fsspec does not know or whose package is not installed.
     """
     if url.startswith(FILE_SCHEME):
         url = url[len(FILE_SCHEME) :]
     elif "://" in url:
-        scheme = url.split("://", 1)[0]
-        raise StateError(
-            f"checkpoint storage {url!r}: the {scheme}:// scheme is not supported yet; use a "
-            f"local or shared-filesystem directory (a path or a file:// URL)"
-        )
+        from statebackend.fsspec_fs import FsspecFileSystem  # fsspec only when needed
+
+        fs = FsspecFileSystem.for_url(url, storage_options or {})
+        return fs, url.rstrip("/")
     return LocalFileSystem(), os.path.abspath(url)

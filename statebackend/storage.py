@@ -13,16 +13,22 @@ directory without one is in progress or was aborted. Writers: each task writes i
 own state file (`write_task_state`); the coordinator writes ``_metadata``
 (`write_metadata`) after every task acknowledged, and alone calls `retain`/`discard`.
 All I/O goes through a `statebackend.fs.FileSystem`; a `CheckpointStorage` is
-described by its ``root`` string (what the driver hands the tasks).
+described by its ``root`` string and the job's ``storage_options`` (what the driver
+hands the tasks). On an object store (``s3://bucket/prefix``) the "directories" are
+key prefixes: nothing is renamed, ``_metadata`` is one PUT, and `discard` removes
+the prefix with everything under it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from statebackend.errors import (
     CheckpointNotFoundError,
@@ -67,12 +73,18 @@ class CheckpointInfo:
 
 class CheckpointStorage:
     """The checkpoints of one job under ``root``: a local or shared-filesystem directory
-    (a path or ``file://`` URL). The constructor does no I/O; writes create what they
-    need, reads of a missing root find no checkpoints."""
+    (a path or ``file://`` URL), or an fsspec URL (``s3://bucket/prefix``,
+    ``hdfs://namenode/path``) opened with ``storage_options``. The constructor does no
+    I/O; writes create what they need, reads of a missing root find no checkpoints."""
 
-    def __init__(self, root: str, fs: FileSystem | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        fs: FileSystem | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         if fs is None:
-            fs, root = filesystem_for(root)
+            fs, root = filesystem_for(root, storage_options)
         self.fs: FileSystem = fs
         self.root: str = root
 
@@ -82,6 +94,20 @@ class CheckpointStorage:
     def exists(self) -> bool:
         """Whether the root directory exists."""
         return self.fs.is_dir(self.root)
+
+    def probe(self) -> None:
+        """Write and remove a small file under the root (creating the root): proves the
+        storage writable from here. Raises what the write raised (an OSError)."""
+        path = self.fs.join(self.root, f".absflow-probe-{uuid.uuid4().hex[:8]}")
+        self.fs.write_whole(path, b"")
+        self.fs.remove(path)
+
+    def warm_up(self) -> None:
+        """Make one request now, so that the first state write does not pay for building
+        the client (for S3 that is about half a second of CPU). Errors are left to that
+        write to report: it names the URL and the host."""
+        with contextlib.suppress(Exception):
+            self.fs.is_dir(self.root)
 
     def location(self, checkpoint_id: int) -> str:
         """The ``chk-<n>`` directory of a checkpoint (for messages and display)."""
@@ -153,14 +179,10 @@ class CheckpointStorage:
     def checkpoint_ids(self) -> list[int]:
         """Ids of the ``chk-<n>`` directories, ascending (complete or not)."""
         try:
-            names = self.fs.list_dir(self.root)
+            names = self.fs.list_dirs(self.root)  # one request on an object store
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(
-            int(m.group(1))
-            for name in names
-            if (m := _CHK.fullmatch(name)) and self.fs.is_dir(self.fs.join(self.root, name))
-        )
+        return sorted(int(m.group(1)) for name in names if (m := _CHK.fullmatch(name)))
 
     def completed_checkpoints(self) -> list[int]:
         """Ids of checkpoints with a ``_metadata`` file, ascending (not verified)."""
@@ -264,14 +286,16 @@ class CheckpointStorage:
 
     # -- restore_from ------------------------------------------------------------------------
     @staticmethod
-    def resolve(path: str) -> tuple[CheckpointStorage, int]:
-        """Resolve ``run(restore_from=PATH)``.
+    def resolve(
+        path: str, storage_options: Mapping[str, Any] | None = None
+    ) -> tuple[CheckpointStorage, int]:
+        """Resolve ``run(restore_from=PATH)`` (a path or URL, as for the constructor).
 
         PATH may be a ``chk-<n>`` directory (or its ``_metadata`` file): that checkpoint,
         which must be complete and intact; or a checkpoint root: its latest valid
         checkpoint. Raises CheckpointNotFoundError / CorruptCheckpointError.
         """
-        fs, path = filesystem_for(path)
+        fs, path = filesystem_for(path, storage_options)
         parent, name = _split(path)
         if name == METADATA and fs.exists(path) and not fs.is_dir(path):
             path = parent

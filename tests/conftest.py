@@ -1,12 +1,16 @@
-"""Shared fixtures: one SparkSession per test session, and a leak check per test."""
+"""Shared fixtures: one SparkSession per test session, a leak check per test, and a
+local fake S3 (moto's server on loopback) for the checkpoint-storage tests."""
 
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -58,3 +62,67 @@ def no_leaks(spark: Any) -> Iterator[None]:
         time.sleep(0.1)
     assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
     assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
+
+
+# -- S3 (moto) -----------------------------------------------------------------------------
+S3_BUCKET = "absflow-test"
+
+
+@dataclass(frozen=True)
+class FakeS3:
+    """moto's S3 server on 127.0.0.1. ``options`` are the storage_options that reach it,
+    with dummy credentials: they exist only in these options (nothing goes into the
+    environment, so no other test sees them)."""
+
+    endpoint: str
+    bucket: str
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {
+            "key": "absflow-test-key",
+            "secret": "absflow-test-secret",
+            "endpoint_url": self.endpoint,
+            "client_kwargs": {"region_name": "us-east-1"},
+            "config_kwargs": {"retries": {"max_attempts": 2}},
+        }
+
+    def url(self, *parts: str) -> str:
+        return "/".join([f"s3://{self.bucket}", *parts])
+
+    def client(self) -> Any:
+        """A boto3 client of the server (to look behind s3fs: uploads, raw objects)."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="absflow-test-key",
+            aws_secret_access_key="absflow-test-secret",
+            region_name="us-east-1",
+        )
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[FakeS3]:
+    """moto's server on a free loopback port (the OS picks it: port 0), with one bucket;
+    stopped at the end of the session."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        fake = FakeS3(f"http://{host}:{port}", S3_BUCKET)
+        fake.client().create_bucket(Bucket=S3_BUCKET)
+        yield fake
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_root(s3: FakeS3, request: pytest.FixtureRequest) -> str:
+    """A fresh checkpoint root in the fake bucket, named after the test."""
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+    return s3.url(f"{name}-{uuid.uuid4().hex[:6]}")

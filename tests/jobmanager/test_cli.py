@@ -1,7 +1,9 @@
-"""``python -m jobmanager checkpoints DIR [--show N]`` on a real checkpoint root."""
+"""``python -m jobmanager checkpoints DIR [--show N]`` on a real checkpoint root, local
+and on S3 (moto)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from jobmanager.cli import main
 from statebackend.metadata import CheckpointMetadata, OperatorLayout, StepState
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
+from tests.conftest import FakeS3
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -242,3 +245,41 @@ def test_as_module(root: Path) -> None:
     )
     assert bad.returncode == 2
     assert "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def cli_options(s3: FakeS3) -> list[str]:
+    """The fake S3's storage options as ``--storage-option KEY=VALUE`` arguments."""
+    args = []
+    for key, value in s3.options.items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        args += ["--storage-option", f"{key}={text}"]
+    return args
+
+
+def test_list_and_show_on_s3(s3: FakeS3, s3_root: str, capsys: pytest.CaptureFixture[str]) -> None:
+    storage = CheckpointStorage(s3_root, storage_options=s3.options)
+    write_checkpoint(storage, 3)
+    write_checkpoint(storage, 12, final=True)
+    snap = OperatorSnapshot(msgpack.packb(0), None, None)
+    storage.write_task_state(13, "src[0]", {"src": snap}, {"src": OperatorLayout(0, 1)})
+    code, out, err = run(["checkpoints", s3_root, *cli_options(s3)], capsys)
+    assert code == 0 and err == "", err
+    lines = out.splitlines()
+    assert lines[0] == f"checkpoints in {s3_root}"
+    assert [r.split()[:2] for r in lines[3:]] == [
+        ["3", "completed"],
+        ["12", "completed"],
+        ["13", "incomplete"],
+    ]
+    code, out, _ = run(["checkpoints", s3_root, "--show", "12", *cli_options(s3)], capsys)
+    assert code == 0 and f"in {s3_root}/chk-12" in out and "verification: OK" in out
+
+
+def test_s3_errors_exit_2(s3: FakeS3, s3_root: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["checkpoints", s3_root, *cli_options(s3)], capsys)
+    assert code == 2 and out == "" and f"{s3_root!r} does not exist" in err
+    code, _, err = run(["checkpoints", "nosuch://x"], capsys)
+    assert code == 2 and "does not know the nosuch:// scheme" in err
+    with pytest.raises(SystemExit) as info:
+        main(["checkpoints", s3_root, "--storage-option", "endpoint_url"])
+    assert info.value.code == 2 and "KEY=VALUE" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from runtime.config import JobConfig
 from runtime.dataflow import Dataflow
 from runtime.plan import JobPlan
 from runtime.sources import GeneratorSource
+from statebackend.errors import StorageAccessError
 from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
 from statebackend.storage import CheckpointStorage
 
@@ -397,3 +398,23 @@ def test_a_failed_metadata_write_is_a_failed_checkpoint_not_an_error(tmp_path: P
     assert "No space left" in failed.detail
     assert h.coord.consecutive_failures == 1 and h.completed == []
     assert of_type(h.sent.new(), P.Abort) == [(i, P.Abort(1, "METADATA_WRITE_FAILED")) for i in ALL]
+
+
+def test_a_failed_deletion_is_logged_not_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(tmp_path, retained_checkpoints=1)
+
+    def unreachable(*_args: Any) -> Any:
+        raise StorageAccessError("cannot remove 's3://b/chk/chk-1': EndpointConnectionError")
+
+    h.storage.discard = unreachable  # type: ignore[method-assign,assignment]
+    h.storage.retain = unreachable  # type: ignore[method-assign,assignment]
+    h.tick(10)
+    h.coord.on_decline(P.Decline(2, 0, 1, "STATE_WRITE_FAILED", "disk full"))
+    assert [f.checkpoint_id for f in h.coord.failed] == [1]  # aborted all the same
+    h.tick(10)
+    assert h.ack(2) is not None and h.coord.completed[-1].checkpoint_id == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("could not delete checkpoint 1" in w and "s3://b/chk/chk-1" in w for w in warnings)
+    assert any("could not delete old ones" in w for w in warnings)

@@ -1,5 +1,5 @@
-"""The job manager without Spark: checkpoint storage checked before anything starts,
-restart decisions (permanent, deterministic, strategy), the restart log line, Ctrl-C."""
+"""The job manager without Spark: checkpoint storage (local and S3) checked before anything
+starts, restart decisions (permanent, deterministic, strategy), the restart log line, Ctrl-C."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from jobmanager.failures import Failure, FailureCause
 from jobmanager.restart import FixedDelay
 from jobmanager.runner import JobManager, RestorePoint, open_checkpoint_storage
 from runtime.config import JobConfig
-from runtime.errors import CheckpointStorageError, JobCancelledError, TaskFailedError
+from runtime.errors import CheckpointStorageError, GraphError, JobCancelledError, TaskFailedError
+from tests.conftest import FakeS3
 from tests.jobmanager.fakes import small_plan
 
 RAISED = Failure(
@@ -75,6 +76,45 @@ def test_a_checkpoint_dir_under_a_missing_parent_is_a_clear_error(
 def test_a_writable_checkpoint_dir_keeps_no_probe(tmp_path: Path) -> None:
     storage = open_checkpoint_storage(str(tmp_path / "chk"))
     assert os.listdir(storage.root) == []
+
+
+def test_s3_storage_is_probed_on_the_driver_and_keeps_no_probe(s3: FakeS3, s3_root: str) -> None:
+    storage = open_checkpoint_storage(s3_root, s3.options)
+    assert storage.root == s3_root and storage.checkpoint_ids() == []
+    listed = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=s3_root.split("/", 3)[3])
+    assert listed.get("KeyCount", 0) == 0
+
+
+def test_a_missing_bucket_fails_on_the_driver_naming_the_url(s3: FakeS3) -> None:
+    config = JobConfig(
+        checkpoint_interval=0.1,
+        checkpoint_dir="s3://absflow-no-such-bucket/chk",
+        storage_options=s3.options,
+    )
+    with pytest.raises(CheckpointStorageError) as info:
+        JobManager(small_plan(), config, None, [])
+    message = str(info.value)
+    assert "s3://absflow-no-such-bucket/chk" in message and "bucket" in message
+    assert "storage_options" in message  # the fix
+
+
+def test_a_refusing_endpoint_fails_on_the_driver_at_once(s3: FakeS3) -> None:
+    options = {
+        **s3.options,
+        "endpoint_url": "http://127.0.0.1:9",  # nothing listens on the discard port
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2},
+    }
+    started = time.monotonic()
+    with pytest.raises(CheckpointStorageError, match=r"s3://b/chk.*EndpointConnectionError"):
+        open_checkpoint_storage("s3://b/chk", options)
+    assert time.monotonic() - started < 10.0
+
+
+def test_storage_options_are_a_dict_and_stay_out_of_the_repr() -> None:
+    config = JobConfig(storage_options={"secret": "hunter2"})
+    assert "hunter2" not in repr(config)
+    with pytest.raises(GraphError, match="storage_options must be a dict"):
+        JobConfig(storage_options=[("key", "x")])  # type: ignore[arg-type]
 
 
 def manager(tmp_path: Path, **config: Any) -> JobManager:

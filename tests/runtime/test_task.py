@@ -31,7 +31,7 @@ from runtime.chain import Capture
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import JobConfig, TaskEnvironment
 from runtime.dataflow import Dataflow
-from runtime.errors import RecordSerializationError, TaskCancelled
+from runtime.errors import CheckpointStorageError, RecordSerializationError, TaskCancelled
 from runtime.inputs import BlockedChannels
 from runtime.plan import JobPlan
 from runtime.sources import CollectionSource
@@ -355,8 +355,12 @@ class FakeChain:
 
 
 class FakeStorage:
-    def __init__(self, log: Log, fail: bool = False, removed: bool = False) -> None:
-        self.log, self.fail, self.removed = log, fail, removed
+    root = "s3://bucket/chk"
+
+    def __init__(
+        self, log: Log, fail: bool = False, probe_fails: bool = False, removed: bool = False
+    ) -> None:
+        self.log, self.fail, self.probe_fails, self.removed = log, fail, probe_fails, removed
 
     def checkpoint_ids(self) -> list[int]:
         return [] if self.removed else [4]
@@ -371,6 +375,11 @@ class FakeStorage:
             raise OSError(28, "No space left on device")
         return TaskStateHandle(f"{task_id}.state", 42, 7, dict(layout))
 
+    def probe(self) -> None:
+        self.log.append(("probe", None))
+        if self.probe_fails:
+            raise OSError(28, "No space left on device")
+
 
 def checkpointer(
     log: Log, storage: Any, inputs: BlockedChannels | None = None, synchronous: bool = False
@@ -379,7 +388,7 @@ def checkpointer(
         log.append((type(msg).__name__.lower(), msg))
 
     return TaskCheckpointer(
-        TaskIdentity(2, 0, "merge[0]"),
+        TaskIdentity(2, 0, "merge[0]", "10.0.0.7"),
         FakeChain(log),
         [FakeOutput("out", log)],
         storage,
@@ -414,12 +423,16 @@ def test_a_barrier_sequence_captures_forwards_writes_and_acks_in_order(tmp_path:
     assert {"sync_ms", "async_ms", "alignment_ms", "start_delay_ms"} <= set(ack.metrics)
 
 
-def test_a_failed_state_write_declines_the_checkpoint() -> None:
+def test_a_failed_state_write_after_a_good_one_declines_the_checkpoint() -> None:
     log: Log = []
-    cp = checkpointer(log, FakeStorage(log, fail=True))
+    storage = FakeStorage(log)
+    cp = checkpointer(log, storage)
+    cp.trigger_source(P.Trigger(3, 0.0, False))
+    cp.collect_writes(wait=True)
+    storage.fail = True  # e.g. the disk filled up: tolerable, the job goes on
     cp.trigger_source(P.Trigger(4, 0.0, False))
     cp.collect_writes(wait=True)
-    assert [kind for kind, _ in log] == ["capture", "forward", "write", "decline"]
+    assert [kind for kind, _ in log][-4:] == ["capture", "forward", "write", "decline"]
     decline = log[-1][1]
     assert decline.checkpoint_id == 4
     assert decline.reason == CheckpointFailureReason.STATE_WRITE_FAILED.name
@@ -471,6 +484,27 @@ def test_a_write_into_a_checkpoint_the_job_manager_removed_is_no_warning(
     assert [r.levelno for r in caplog.records if "writing checkpoint" in r.message] == [
         logging.DEBUG
     ]
+
+
+def test_a_failed_first_state_write_is_an_error_naming_the_storage_and_the_host() -> None:
+    log: Log = []
+    cp = checkpointer(log, FakeStorage(log, fail=True, probe_fails=True))
+    cp.trigger_source(P.Trigger(1, 0.0, False))
+    with pytest.raises(CheckpointStorageError) as info:
+        cp.collect_writes(wait=True)
+    message = str(info.value)
+    assert "merge[0] on host 10.0.0.7" in message and "'s3://bucket/chk'" in message
+    assert "No space left" in message and "a restart cannot fix" in message
+    assert [kind for kind, _ in log][-2:] == ["write", "probe"]  # no decline: the task fails
+
+
+def test_a_failed_first_write_is_declined_when_the_storage_takes_a_probe() -> None:
+    """E.g. its checkpoint was aborted and removed while the write ran: the storage is fine."""
+    log: Log = []
+    cp = checkpointer(log, FakeStorage(log, fail=True))
+    cp.trigger_source(P.Trigger(1, 0.0, False))
+    cp.collect_writes(wait=True)
+    assert [kind for kind, _ in log][-3:] == ["write", "probe", "decline"]
 
 
 def test_without_storage_the_ack_follows_the_forward_at_once() -> None:

@@ -1,4 +1,5 @@
-"""LocalFileSystem: whole and streaming writes are all or nothing; storage URLs."""
+"""LocalFileSystem: whole and streaming writes are all or nothing; storage URLs choose
+the filesystem (fsspec for any scheme but file://)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from statebackend.errors import StateError
 from statebackend.fs import LocalFileSystem, filesystem_for
+from statebackend.fsspec_fs import FsspecFileSystem
 
 
 def test_streaming_write_appears_only_when_closed(tmp_path: Path) -> None:
@@ -19,6 +21,7 @@ def test_streaming_write_appears_only_when_closed(tmp_path: Path) -> None:
         assert not os.path.exists(path)
     assert fs.read_bytes(path) == b"part" and fs.size(path) == 4
     assert fs.list_dir(str(tmp_path / "a")) == ["b.bin"]
+    assert fs.list_dirs(str(tmp_path)) == ["a"] and fs.list_dirs(str(tmp_path / "a")) == []
 
 
 def test_a_failed_write_leaves_the_old_file(tmp_path: Path) -> None:
@@ -42,5 +45,10 @@ def test_storage_urls(tmp_path: Path) -> None:
     fs, root = filesystem_for(f"file://{tmp_path}")
     assert isinstance(fs, LocalFileSystem) and root == str(tmp_path)
     assert filesystem_for("relative/dir")[1] == os.path.abspath("relative/dir")
-    with pytest.raises(StateError, match="s3:// scheme is not supported"):
-        filesystem_for("s3://bucket/chk")
+    fs, root = filesystem_for("memory://bucket/chk/", {"skip_instance_cache": True})
+    assert isinstance(fs, FsspecFileSystem) and root == "memory://bucket/chk"
+    with pytest.raises(StateError, match="does not know the nosuch:// scheme"):
+        filesystem_for("nosuch://bucket/chk")  # at once
+    gcs, root = filesystem_for("gcs://bucket/chk")  # gcsfs is not installed: on first use
+    with pytest.raises(StateError, match="'gcs://bucket/chk' needs the fsspec implementation"):
+        gcs.exists(root)
