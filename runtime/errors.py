@@ -37,6 +37,11 @@ class InsufficientSlotsError(AbsflowError, RuntimeError):
     """The SparkSession has fewer task slots than the job has tasks."""
 
 
+class UnsupportedSessionError(AbsflowError, RuntimeError):
+    """The SparkSession cannot run barrier stages (a Spark Connect session, dynamic
+    allocation on): checked before anything is submitted."""
+
+
 class WorkerStartError(AbsflowError, RuntimeError):
     """Spark could not start the Python workers that run the tasks."""
 
@@ -78,5 +83,6 @@ __all__ = [
     "RecordSerializationError",
     "TaskFailedError",
     "UnpicklableFunctionError",
+    "UnsupportedSessionError",
     "WorkerStartError",
 ]
