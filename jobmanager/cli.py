@@ -1,9 +1,14 @@
-"""Command line of the job manager: ``python -m jobmanager checkpoints DIR [--show N]``.
+"""Command line of the job manager:
 
-Reads a checkpoint root through ``statebackend.storage.CheckpointStorage`` without
-changing it: lists its checkpoints, or prints one checkpoint's metadata and verifies
-its state files. Exit codes: 0 fine, 1 the shown checkpoint is corrupt, 2 usage error (no
-such directory, no such checkpoint).
+    python -m jobmanager checkpoints DIR [--show N]
+    python -m jobmanager package [--out DIR] [--env]
+    python -m jobmanager submit --master URL [--deploy-mode M] [--env E] [--conf K=V] script.py ...
+
+``package`` and ``submit`` live in ``jobmanager.submit``. ``checkpoints`` reads a
+checkpoint root through ``statebackend.storage.CheckpointStorage`` without changing it:
+lists its checkpoints, or prints one checkpoint's metadata and verifies its state files.
+Exit codes: 0 fine, 1 the shown checkpoint is corrupt, 2 usage error (no such directory,
+no such checkpoint; a packaging or submit error).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from jobmanager import submit
 from statebackend.metadata import CheckpointMetadata, TaskStateHandle
 from statebackend.storage import METADATA, CheckpointInfo, CheckpointStatus, CheckpointStorage
 
@@ -218,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument(
         "--show", metavar="N", type=int, help="print checkpoint N in detail and verify it"
     )
+    submit.add_parsers(commands)
     return parser
 
 
@@ -228,6 +235,8 @@ def main(
     out = out or sys.stdout
     err = err or sys.stderr
     args = build_parser().parse_args(argv)
+    if args.command != "checkpoints":
+        return submit.run(args, out, err)
     try:
         if args.show is not None:
             return show_checkpoint(args.directory, args.show, out, err)

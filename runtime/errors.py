@@ -54,6 +54,10 @@ class CheckpointStorageError(AbsflowError, OSError):
     """The checkpoint directory cannot be created or written (checked before the job starts)."""
 
 
+class PackagingError(AbsflowError, RuntimeError):
+    """The code or the environment cannot be packaged or submitted to a cluster."""
+
+
 class FaultInjectionError(AbsflowError, RuntimeError):
     """A fault injection cannot be carried out (e.g. a kill of a task on another host)."""
 
@@ -80,6 +84,7 @@ __all__ = [
     "IncompatibleCheckpointError",
     "InsufficientSlotsError",
     "JobCancelledError",
+    "PackagingError",
     "RecordSerializationError",
     "TaskFailedError",
     "UnpicklableFunctionError",

@@ -47,9 +47,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(
-    condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.2
-) -> None:
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.2) -> None:
     """Poll ``condition`` until it holds; ClusterError naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while not condition():
@@ -108,9 +106,7 @@ class StandaloneCluster:
     Nothing is started before ``start()``.
     """
 
-    def __init__(
-        self, root: Path, workers: int = 2, cores: int = 2, memory: str = "1g"
-    ) -> None:
+    def __init__(self, root: Path, workers: int = 2, cores: int = 2, memory: str = "1g") -> None:
         self.root = root
         self.initial_workers = workers
         self.cores = cores
@@ -173,14 +169,21 @@ class StandaloneCluster:
             )
         return Daemon(name, proc, log)
 
+    @staticmethod
+    def _args(main: str, **options: object) -> list[str]:
+        """``main --host 127.0.0.1 --option value ...`` (underscores become dashes)."""
+        argv = [main, "--host", "127.0.0.1"]
+        for name, value in options.items():
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+        return argv
+
     def start(self) -> StandaloneCluster:
         """Start the master and the workers; returns when all workers are ALIVE."""
         (self.root / "local").mkdir(parents=True, exist_ok=True)
         self.port, self.webui_port = free_port(), free_port()
         self.master = self._spawn(
             "master",
-            [MASTER, "--host", "127.0.0.1", "--port", str(self.port)]
-            + ["--webui-port", str(self.webui_port)],
+            self._args(MASTER, port=self.port, webui_port=self.webui_port),
         )
         try:
             wait_for(lambda: "workers" in self.state(), START_TIMEOUT, "the master's web UI")
@@ -201,9 +204,16 @@ class StandaloneCluster:
         expected = self.alive_workers() + 1
         worker = self._spawn(
             f"worker-{self._count}",
-            [WORKER, "--host", "127.0.0.1", "--webui-port", str(free_port())]
-            + ["--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(work)]
-            + [self.url],
+            [
+                *self._args(
+                    WORKER,
+                    webui_port=free_port(),
+                    cores=self.cores,
+                    memory=self.memory,
+                    work_dir=work,
+                ),
+                self.url,
+            ],
         )
         self.workers.append(worker)
         if wait:

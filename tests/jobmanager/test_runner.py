@@ -16,7 +16,12 @@ from jobmanager.failures import Failure, FailureCause
 from jobmanager.restart import FixedDelay
 from jobmanager.runner import JobManager, RestorePoint, open_checkpoint_storage
 from runtime.config import JobConfig
-from runtime.errors import CheckpointStorageError, JobCancelledError, TaskFailedError
+from runtime.errors import (
+    CheckpointStorageError,
+    InsufficientSlotsError,
+    JobCancelledError,
+    TaskFailedError,
+)
 from tests.jobmanager.fakes import small_plan
 
 RAISED = Failure(
@@ -186,13 +191,13 @@ def test_a_restart_waits_for_slots_and_fails_clearly_when_they_do_not_come(
 
     def no_slots(_sc: Any, needed: int, wait: float, **_kw: Any) -> int:
         waits.append((needed, wait))
-        raise launcher.InsufficientSlotsError(f"the job has {needed} tasks but only 2 slots")
+        raise InsufficientSlotsError(f"the job has {needed} tasks but only 2 slots")
 
     monkeypatch.setattr(launcher, "check_slots", no_slots)
     jm = manager(tmp_path, executor_wait=3.0, restart_strategy=FixedDelay(attempts=2, delay=0.0))
     attempts = ScriptedAttempts(failures=1)
     monkeypatch.setattr(jm, "_run_attempt", attempts)
-    with pytest.raises(launcher.InsufficientSlotsError, match="only 2 slots"):
+    with pytest.raises(InsufficientSlotsError, match="only 2 slots"):
         jm._attempts(FakeSession(), time.monotonic())
     assert attempts.run == [0]  # the restart was never submitted
     assert waits == [(len(jm.plan.tasks), 3.0)]
@@ -200,7 +205,12 @@ def test_a_restart_waits_for_slots_and_fails_clearly_when_they_do_not_come(
 
 def test_a_restart_goes_ahead_once_the_slots_are_back(tmp_path: Path, monkeypatch: Any) -> None:
     waits: list[int] = []
-    monkeypatch.setattr(launcher, "check_slots", lambda _sc, n, **_kw: waits.append(n) or n)
+
+    def slots_back(_sc: Any, needed: int, **_kw: Any) -> int:
+        waits.append(needed)
+        return needed
+
+    monkeypatch.setattr(launcher, "check_slots", slots_back)
     jm = manager(tmp_path, restart_strategy=FixedDelay(attempts=3, delay=0.0))
     attempts = ScriptedAttempts(failures=2)
     monkeypatch.setattr(jm, "_run_attempt", attempts)
