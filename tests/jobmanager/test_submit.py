@@ -168,7 +168,7 @@ def test_package_env_packs_the_virtualenv_and_wraps_venv_pack_errors(tmp_path: P
     target = packaging.build_env(tmp_path, prefix="/venv", pack=pack)
     assert target == tmp_path / "env.tar.gz"
     assert calls == [{"prefix": "/venv", "output": str(target), "force": True}]
-    with pytest.raises(PackagingError, match="editable packages.*not pip install -e"):
+    with pytest.raises(PackagingError, match=r"editable packages.*not pip install -e"):
         packaging.build_env(tmp_path, prefix="/editable", pack=pack)
 
 
