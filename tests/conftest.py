@@ -1,4 +1,5 @@
-"""Shared fixtures: one SparkSession per test session, and a leak check per test."""
+"""Shared fixtures: one SparkSession per test session, a leak check per test, and a
+Spark standalone cluster on 127.0.0.1 for the tests that need a real one."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.integration.standalone import StandaloneCluster
 
 SLOTS_NEEDED = 18  # the biggest test job (diamond) has 16 tasks, +2 spare slots for restarts
 
@@ -58,3 +61,18 @@ def no_leaks(spark: Any) -> Iterator[None]:
         time.sleep(0.1)
     assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
     assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
+
+
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """A master and two workers of 2 slots each (Spark cores are slots, not CPUs), started
+    on first use; at the end every process it started is gone, or the teardown fails."""
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("standalone"), workers=2, cores=2)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        assert not cluster.leftovers(), (
+            f"processes left by the standalone cluster: {cluster.leftovers()}"
+        )

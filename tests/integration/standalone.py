@@ -126,8 +126,9 @@ class StandaloneCluster:
         """The environment of every daemon (and of a driver that wants the same dirs)."""
         conf = self.root / "conf"
         conf.mkdir(parents=True, exist_ok=True)  # empty: no host-wide spark-defaults
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # code comes by zip
         return dict(
-            os.environ,
+            env,
             SPARK_HOME=spark_home(),
             SPARK_CONF_DIR=str(conf),
             SPARK_LOCAL_IP="127.0.0.1",
