@@ -91,7 +91,7 @@ def test_wordcount_submitted_with_a_kill_gives_the_failure_free_output(
         "--after",
         "chk2",
     )
-    out, err = finish(proc, standalone)
+    out, _err = finish(proc, standalone)
     line = out.splitlines()[0].split()
     assert line[line.index("--master") + 1] == standalone.url
     assert line[line.index("--py-files") + 1] == str(tmp_path / "dist" / "absflow.zip")
