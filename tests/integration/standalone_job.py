@@ -83,9 +83,10 @@ def slots() -> None:
     try:
         flow.run()
     except InsufficientSlotsError as err:
-        print(f"RESULT seconds={time.monotonic() - started:.1f} error={err}", flush=True)
+        print(f"RESULT seconds={time.monotonic() - started:.1f} error=InsufficientSlotsError")
+        print(f"ERROR {err}", flush=True)
     else:
-        print("RESULT the job ran: no InsufficientSlotsError", flush=True)
+        print("RESULT error=none", flush=True)
 
 
 def main(argv: list[str]) -> None:

@@ -102,7 +102,7 @@ def test_wordcount_submitted_with_a_kill_gives_the_failure_free_output(
     # The same job failure-free, in this process on the local session: the same records.
     sys.path.insert(0, str(ROOT / "examples"))
     try:
-        import wordcount  # type: ignore[import-not-found]
+        import wordcount
     finally:
         sys.path.pop(0)
     assert wordcount.main([*common, "--output", str(tmp_path / "clean.json")]) == 0
@@ -147,12 +147,11 @@ def test_more_tasks_than_slots_fail_within_seconds_naming_both(
 ) -> None:
     assert standalone.slots() == 4
     out, _err = finish(submit(standalone, tmp_path, JOB, "slots"), standalone)
-    fields = result(out)
-    assert "error" in fields, out
-    error = out[out.index("error=") + len("error=") :]
+    assert result(out)["error"] == "InsufficientSlotsError", out
+    error = next(line for line in out.splitlines() if line.startswith("ERROR "))
     assert "the job has 6 tasks but the SparkSession has only 4 task slots" in error
     assert "after waiting 2 s for executors" in error
-    assert float(fields["seconds"]) < 15.0
+    assert float(result(out)["seconds"]) < 15.0
 
 
 def test_the_cluster_runs_on_free_ports_and_its_dirs(standalone: StandaloneCluster) -> None:
