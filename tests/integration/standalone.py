@@ -86,16 +86,17 @@ class Daemon:
         self.proc.wait(timeout=STOP_TIMEOUT)
 
     def stop(self) -> None:
-        """SIGTERM the group, SIGKILL it if it is still there after STOP_TIMEOUT."""
+        """SIGTERM the group, SIGKILL it if anything of it is still there after
+        STOP_TIMEOUT; returns when no process of the group is left."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=STOP_TIMEOUT)  # reaps the leader: no zombie counts
         with contextlib.suppress(ClusterError):
             wait_for(lambda: not group_alive(self.pgid), STOP_TIMEOUT, f"{self.name} to stop")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=STOP_TIMEOUT)
-        # Reap the rest of the group (orphans are re-parented, only the check is left).
+        self.proc.wait(timeout=STOP_TIMEOUT)
         wait_for(lambda: not group_alive(self.pgid), STOP_TIMEOUT, f"{self.name}'s group to end")
 
 
@@ -134,6 +135,8 @@ class StandaloneCluster:
             SPARK_LOCAL_IP="127.0.0.1",
             SPARK_LOCAL_DIRS=str(self.root / "local"),
             SPARK_DAEMON_MEMORY="256m",
+            # The daemons are small and short-lived: C1 only and a serial GC start faster.
+            SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         )
 
     # -- state ------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def test_wordcount_submitted_with_a_kill_gives_the_failure_free_output(
     standalone: StandaloneCluster, tmp_path: Path, spark: Any
 ) -> None:
     data = tmp_path / "data"
-    common = ["--words", "200000", "--data", str(data), "--checkpoint-interval", "0.2"]
+    common = ["--words", "1000000", "--data", str(data), "--checkpoint-interval", "0.2"]
     proc = submit(
         standalone,
         tmp_path,
@@ -89,13 +89,13 @@ def test_wordcount_submitted_with_a_kill_gives_the_failure_free_output(
         "--kill-task",
         "count[1]",
         "--after",
-        "chk2",
+        "chk1",
     )
     out, _err = finish(proc, standalone)
     line = out.splitlines()[0].split()
     assert line[line.index("--master") + 1] == standalone.url
     assert line[line.index("--py-files") + 1] == str(tmp_path / "dist" / "absflow.zip")
-    assert "check against collections.Counter: OK" in out and "200,000 words counted" in out
+    assert "check against collections.Counter: OK" in out and "1,000,000 words counted" in out
     restarts = [x for x in out.splitlines() if x.strip().startswith("restart after attempt")]
     assert len(restarts) == 1 and "restored checkpoint" in restarts[0], out[-3000:]
 
@@ -107,7 +107,7 @@ def test_wordcount_submitted_with_a_kill_gives_the_failure_free_output(
         sys.path.pop(0)
     assert wordcount.main([*common, "--output", str(tmp_path / "clean.json")]) == 0
     killed = json.loads((tmp_path / "killed.json").read_text())
-    assert len(killed) == 200_000
+    assert len(killed) == 1_000_000
     assert killed == json.loads((tmp_path / "clean.json").read_text())
 
 
