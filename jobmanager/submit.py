@@ -1,8 +1,9 @@
 """``python -m jobmanager package`` and ``python -m jobmanager submit``: the spark-submit
 line a cluster needs for an absflow script, built from the master and deploy mode.
 
-* every cluster master: ``--py-files absflow.zip`` and
-  ``spark.dynamicAllocation.enabled=false`` (barrier stages need fixed executors);
+* every cluster master: ``--py-files absflow.zip``,
+  ``spark.dynamicAllocation.enabled=false`` (barrier stages need fixed executors) and a
+  barrier-stage slot re-check every second (Spark's default is every 15 s);
 * ``--env env.tar.gz`` (a packed virtualenv): ``--archives env.tar.gz#env`` and the
   Python inside it, ``./env/bin/python``, for the executors, and for the driver where it
   runs on the cluster (YARN cluster mode: ``spark.yarn.appMasterEnv.*``). In client mode
@@ -100,6 +101,10 @@ def submit_line(req: SubmitRequest) -> list[str]:
     confs: list[tuple[str, str]] = []
     if not _local(req.master):
         confs.append(("spark.dynamicAllocation.enabled", "false"))
+        # After a lost executor Spark may see the slots before it sees the loss; its own
+        # re-check of a barrier stage's slots then runs every second, not every 15 s.
+        confs.append(("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s"))
+        confs.append(("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "120"))
     if req.deploy_mode == "client":
         # The driver runs here: under the interpreter that has absflow's dependencies.
         confs.append(("spark.pyspark.driver.python", req.driver_python))

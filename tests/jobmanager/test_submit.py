@@ -17,6 +17,11 @@ from jobmanager.submit import SubmitRequest, submit_line
 from runtime.errors import PackagingError
 
 SUBMIT = "/opt/spark/bin/spark-submit"
+CLUSTER = {  # every cluster master: fixed executors, barrier slots re-checked every second
+    "spark.dynamicAllocation.enabled": "false",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "120",
+}
 
 
 def request(master: str, **kw: Any) -> SubmitRequest:
@@ -46,6 +51,10 @@ def test_standalone_client_line() -> None:
         "--conf",
         "spark.dynamicAllocation.enabled=false",
         "--conf",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval=1s",
+        "--conf",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures=120",
+        "--conf",
         "spark.pyspark.driver.python=/venv/bin/python",
         "--py-files",
         "/b/absflow.zip",
@@ -59,7 +68,7 @@ def test_standalone_with_a_packed_env_ships_it_and_runs_executors_in_it() -> Non
     argv = submit_line(request("spark://h:7077", env_archive="/b/env.tar.gz"))
     assert argv[argv.index("--archives") + 1] == "/b/env.tar.gz#env"
     assert confs(argv) == {
-        "spark.dynamicAllocation.enabled": "false",
+        **CLUSTER,
         "spark.pyspark.driver.python": "/venv/bin/python",
         "spark.executorEnv.PYSPARK_PYTHON": "./env/bin/python",
         "spark.pyspark.python": "./env/bin/python",
@@ -71,7 +80,7 @@ def test_yarn_client_mode_driver_here_executors_in_the_archive() -> None:
     assert argv[argv.index("--deploy-mode") + 1] == "client"
     assert argv[argv.index("--archives") + 1] == "/b/env.tar.gz#env"
     assert confs(argv) == {
-        "spark.dynamicAllocation.enabled": "false",
+        **CLUSTER,
         "spark.pyspark.driver.python": "/venv/bin/python",
         "spark.executorEnv.PYSPARK_PYTHON": "./env/bin/python",
         "spark.yarn.appMasterEnv.PYSPARK_PYTHON": "./env/bin/python",
@@ -83,7 +92,7 @@ def test_yarn_client_mode_driver_here_executors_in_the_archive() -> None:
 def test_yarn_cluster_mode_runs_driver_and_executors_in_the_archive() -> None:
     argv = submit_line(request("yarn", deploy_mode="cluster", env_archive="/b/env.tar.gz"))
     assert confs(argv) == {
-        "spark.dynamicAllocation.enabled": "false",
+        **CLUSTER,
         "spark.executorEnv.PYSPARK_PYTHON": "./env/bin/python",
         "spark.yarn.appMasterEnv.PYSPARK_PYTHON": "./env/bin/python",
         "spark.yarn.appMasterEnv.PYSPARK_DRIVER_PYTHON": "./env/bin/python",
