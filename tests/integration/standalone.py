@@ -248,3 +248,11 @@ class StandaloneCluster:
     def logs(self, tail: int = 3000) -> str:
         """The end of every daemon's log, for an assertion message."""
         return "\n".join(f"--- {d.name} ---\n{d.log.read_text()[-tail:]}" for d in self.daemons())
+
+
+def result_fields(out: str) -> dict[str, str]:
+    """The ``key=value`` fields of the last ``RESULT`` line a submitted test job printed."""
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        raise AssertionError(f"no RESULT line in the job's output:\n{out[-3000:]}")
+    return dict(item.split("=", 1) for item in lines[-1].split()[1:])

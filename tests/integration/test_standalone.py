@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.standalone import StandaloneCluster, wait_for
+from tests.integration.standalone import StandaloneCluster, result_fields, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -65,12 +65,6 @@ def finish(proc: subprocess.Popen[str], cluster: StandaloneCluster) -> tuple[str
     cluster.root.joinpath("last-driver.log").write_text(f"{out}\n{err}")
     assert proc.returncode == 0, f"{out[-3000:]}\n{err[-6000:]}\n{cluster.logs()}"
     return out, err
-
-
-def result(out: str) -> dict[str, str]:
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert lines, out[-3000:]
-    return dict(item.split("=", 1) for item in lines[-1].split()[1:])
 
 
 def test_wordcount_submitted_with_a_kill_gives_the_failure_free_output(
@@ -134,7 +128,7 @@ def test_a_lost_worker_is_replaced_and_the_job_recovers_exactly_once(
         standalone.add_worker()  # the replacement the restart waits for
     finally:
         out, err = finish(proc, standalone)
-    fields = result(out)
+    fields = result_fields(out)
     assert fields["records"] == fields["distinct"] == fields["total"] == "60000", out
     assert fields["restarts"] == "1" and int(fields["restored"]) >= 2, out
     # The restart waited for the replacement's slots: the job manager's own bounded wait,
@@ -151,11 +145,11 @@ def test_more_tasks_than_slots_fail_within_seconds_naming_both(
 ) -> None:
     assert standalone.slots() == 4
     out, _err = finish(submit(standalone, tmp_path, JOB, "slots"), standalone)
-    assert result(out)["error"] == "InsufficientSlotsError", out
+    assert result_fields(out)["error"] == "InsufficientSlotsError", out
     error = next(line for line in out.splitlines() if line.startswith("ERROR "))
     assert "the job has 6 tasks but the SparkSession has only 4 task slots" in error
     assert "after waiting 2 s for executors" in error
-    assert float(result(out)["seconds"]) < 15.0
+    assert float(result_fields(out)["seconds"]) < 15.0
 
 
 def test_the_cluster_runs_on_free_ports_and_its_dirs(standalone: StandaloneCluster) -> None:
