@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=200_000.0, help="records/s of the source")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument(
-        "--driver", nargs=4, metavar=("OUT", "CHK", "N", "RATE"), help=argparse.SUPPRESS
+        "--driver", nargs=5, metavar=("OUT", "CHK", "N", "RATE", "T0"), help=argparse.SUPPRESS
     )
     args = ap.parse_args()
     if args.driver:
