@@ -31,9 +31,8 @@ def source_root() -> Path:
     if missing:
         raise PackagingError(
             f"cannot package absflow from {root}: {', '.join(missing)} not found there as "
-            "source directories (absflow is imported from a zip or an installed wheel?). "
-            "Run python -m jobmanager package from a checkout or an editable install "
-            "(pip install -e .)."
+            "directories (is absflow imported from a zip?). Run python -m jobmanager package "
+            "with a Python where absflow is installed (pip install .) or from a checkout."
         )
     return root
 
