@@ -62,7 +62,9 @@ def finish(proc: subprocess.Popen[str], cluster: StandaloneCluster) -> tuple[str
         proc.kill()
         out, err = proc.communicate()
         pytest.fail(f"the submitted job did not end\n{out[-3000:]}\n{err[-5000:]}")
-    cluster.root.joinpath("last-driver.log").write_text(f"{out}\n{err}")
+    log = cluster.root / "drivers" / f"{os.getpid()}-{proc.pid}.log"  # kept for a post-mortem
+    log.parent.mkdir(exist_ok=True)
+    log.write_text(f"{out}\n{err}")
     assert proc.returncode == 0, f"{out[-3000:]}\n{err[-6000:]}\n{cluster.logs()}"
     return out, err
 
@@ -153,9 +155,12 @@ def test_more_tasks_than_slots_fail_within_seconds_naming_both(
     assert float(result_fields(out)["seconds"]) < 15.0
 
 
-def test_the_cluster_runs_on_free_ports_and_its_dirs(standalone: StandaloneCluster) -> None:
+def test_the_cluster_is_two_workers_on_loopback_with_its_files_under_its_root(
+    standalone: StandaloneCluster,
+) -> None:
     state = standalone.state()
     assert state["url"] == standalone.url and state["aliveworkers"] == 2
     workers = [w for w in state["workers"] if w["state"] == "ALIVE"]
     assert all(w["host"] == "127.0.0.1" and w["cores"] == 2 for w in workers)
-    assert os.environ.get("SPARK_LOCAL_DIRS") != standalone.env()["SPARK_LOCAL_DIRS"]
+    for worker in standalone.workers:
+        assert str(standalone.root) in " ".join(worker.proc.args)  # its --work-dir
