@@ -73,6 +73,7 @@ class Daemon:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    argv: list[str]
 
     @property
     def pgid(self) -> int:
@@ -161,17 +162,18 @@ class StandaloneCluster:
     def _spawn(self, name: str, args: list[str]) -> Daemon:
         log = self.root / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        argv = [os.path.join(spark_home(), "bin", "spark-class"), *args]
         out: IO[bytes]
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [os.path.join(spark_home(), "bin", "spark-class"), *args],
+                argv,
                 env=self.env(),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return Daemon(name, proc, log)
+        return Daemon(name, proc, log, argv)
 
     @staticmethod
     def _args(main: str, **options: object) -> list[str]:

@@ -163,4 +163,4 @@ def test_the_cluster_is_two_workers_on_loopback_with_its_files_under_its_root(
     workers = [w for w in state["workers"] if w["state"] == "ALIVE"]
     assert all(w["host"] == "127.0.0.1" and w["cores"] == 2 for w in workers)
     for worker in standalone.workers:
-        assert f"--work-dir {standalone.root}/" in " ".join(map(str, worker.proc.args))
+        assert f"--work-dir {standalone.root}/" in " ".join(worker.argv)
