@@ -38,6 +38,7 @@ from runtime.config import JobConfig, TaskEnvironment, TaskFault
 from runtime.errors import (
     AbsflowError,
     CheckpointStorageError,
+    InsufficientSlotsError,
     JobCancelledError,
     TaskFailedError,
 )
@@ -192,12 +193,18 @@ class JobManager:
             # A lost executor (a worker gone with its machine) takes its slots along:
             # wait, bounded, for the cluster to replace them rather than submitting a
             # barrier stage Spark would hold silently for minutes.
-            launcher.check_slots(
-                spark.sparkContext,
-                len(self.plan.tasks),
-                wait=self.config.executor_wait,
-                say=self.progress.say,
-            )
+            try:
+                launcher.check_slots(
+                    spark.sparkContext,
+                    len(self.plan.tasks),
+                    wait=self.config.executor_wait,
+                    say=self.progress.say,
+                )
+            except InsufficientSlotsError as err:
+                raise InsufficientSlotsError(
+                    f"job '{self.plan.name}' cannot restart after attempt {number - 1} failed "
+                    f"({failure.describe()}): {err}"
+                ) from err
         now = time.monotonic()
         unfired = self.faults.unfired(now, self.metrics.checkpoints_completed)
         for note in unfired:

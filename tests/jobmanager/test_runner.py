@@ -197,8 +197,13 @@ def test_a_restart_waits_for_slots_and_fails_clearly_when_they_do_not_come(
     jm = manager(tmp_path, executor_wait=3.0, restart_strategy=FixedDelay(attempts=2, delay=0.0))
     attempts = ScriptedAttempts(failures=1)
     monkeypatch.setattr(jm, "_run_attempt", attempts)
-    with pytest.raises(InsufficientSlotsError, match="only 2 slots"):
+    with pytest.raises(InsufficientSlotsError) as info:
         jm._attempts(FakeSession(), time.monotonic())
+    assert str(info.value).startswith(
+        "job 'job' cannot restart after attempt 0 failed (a task process died (killed or "
+        "crashed) in operator 'count' (subtask 0): task count[0] is gone): the job has"
+    )
+    assert str(info.value).endswith("but only 2 slots")
     assert attempts.run == [0]  # the restart was never submitted
     assert waits == [(len(jm.plan.tasks), 3.0)]
 
