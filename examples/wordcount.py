@@ -4,6 +4,7 @@
     python examples/wordcount.py --kill-task count[1] --after 1s
     python examples/wordcount.py --kill-task count[0] --after chk3
     python examples/wordcount.py --chaos 3             # 3 random kills, compared with a clean run
+    python examples/wordcount.py --output counts.json  # also write the records, sorted
 
 The corpus is created by the example itself (deterministic, Zipf-like word
 frequencies) under --data (default ./data/wordcount). The counts are checked
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import random
 import sys
@@ -29,7 +31,9 @@ SYLLABLES = ["ka", "lo", "mi", "ra", "te", "su", "no", "vi", "de", "po", "ul", "
 
 
 def make_corpus(directory: str, words: int, files: int = 4, seed: int = 42) -> list[str]:
-    """Write ``words`` words (deterministic) into ``files`` text files; reuse them if present."""
+    """Write ``words`` words (deterministic) into ``files`` text files; reuse them if present.
+    The paths are absolute: on a cluster the tasks do not run in this directory."""
+    directory = os.path.abspath(directory)
     os.makedirs(directory, exist_ok=True)
     paths = [os.path.join(directory, f"corpus-{words}-{i}.txt") for i in range(files)]
     if all(os.path.exists(p) for p in paths):
@@ -80,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--data", default=os.path.join("data", "wordcount"))
     ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--output", default=None, help="write the (word, count) records here, sorted")
     faultargs.add_checkpoint_arguments(ap)
     return faultargs.run_example(ap, run, argv)
 
@@ -101,6 +106,9 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     result = flow.run(faults=faults)
     elapsed = time.perf_counter() - t0
     counts = final_counts(result.output("counts"))
+    if args.output:
+        with open(args.output, "w") as fh:
+            json.dump(sorted(result.output("counts")), fh)
 
     print(f"\ntop {args.top} words:")
     for word, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: args.top]:

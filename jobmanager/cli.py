@@ -1,13 +1,18 @@
-"""Command line of the job manager: ``python -m jobmanager checkpoints DIR [--show N]``.
+"""Command line of the job manager:
 
-Reads a checkpoint root through ``statebackend.storage.CheckpointStorage`` without
-changing it: lists its checkpoints, or prints one checkpoint's metadata and verifies
-its state files. DIR is a path or a URL (``s3://bucket/prefix``); the storage options a
-URL needs (endpoint, credentials) come from ``--storage-option KEY=VALUE`` (repeated),
-or from fsspec's environment variables (``FSSPEC_S3_ENDPOINT_URL=...``, or
+    python -m jobmanager checkpoints DIR [--show N] [--storage-option KEY=VALUE ...]
+    python -m jobmanager package [--out DIR] [--env]
+    python -m jobmanager submit --master URL [--deploy-mode M] [--env E] [--conf K=V] script.py ...
+
+``package`` and ``submit`` live in ``jobmanager.submit``. ``checkpoints`` reads a
+checkpoint root through ``statebackend.storage.CheckpointStorage`` without changing it:
+lists its checkpoints, or prints one checkpoint's metadata and verifies its state files.
+DIR is a path or a URL (``s3://bucket/prefix``); the storage options a URL needs
+(endpoint, credentials) come from ``--storage-option KEY=VALUE`` (repeated), or from
+fsspec's environment variables (``FSSPEC_S3_ENDPOINT_URL=...``, or
 ``FSSPEC_S3='{"endpoint_url": ...}'``) and the cloud SDK's own (``AWS_ACCESS_KEY_ID``,
 ...). Exit codes: 0 fine, 1 the shown checkpoint is corrupt, 2 usage error (no such
-directory, no such checkpoint, storage that cannot be read).
+directory, no such checkpoint, storage that cannot be read; a packaging or submit error).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from jobmanager import submit
 from statebackend.errors import StateError
 from statebackend.metadata import CheckpointMetadata, TaskStateHandle
 from statebackend.storage import METADATA, CheckpointInfo, CheckpointStatus, CheckpointStorage
@@ -257,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument(
         "--show", metavar="N", type=int, help="print checkpoint N in detail and verify it"
     )
+    submit.add_parsers(commands)
     return parser
 
 
@@ -267,6 +274,8 @@ def main(
     out = out or sys.stdout
     err = err or sys.stderr
     args = build_parser().parse_args(argv)
+    if args.command != "checkpoints":
+        return submit.run(args, out, err)
     options = dict(args.storage_option)
     try:
         if args.show is not None:

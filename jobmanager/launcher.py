@@ -19,7 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.config import JobConfig, TaskEnvironment
-from runtime.errors import CheckpointStorageError, InsufficientSlotsError, WorkerStartError
+from runtime.errors import (
+    CheckpointStorageError,
+    InsufficientSlotsError,
+    UnsupportedSessionError,
+    WorkerStartError,
+)
 from runtime.plan import JobPlan
 
 log = logging.getLogger("absflow.launcher")
@@ -172,6 +177,41 @@ def check_checkpoint_dir(master: str, checkpoint_dir: str | None, checkpointing:
         )
 
 
+def classic_context(spark: Any) -> Any:
+    """The SparkContext of ``spark``. Barrier stages are an RDD API: a Spark Connect
+    session (``.remote(...)``, ``SPARK_REMOTE``, ``spark-submit --remote``) has no
+    SparkContext, and is refused here, naming the way to a classic session."""
+    connect = type(spark).__module__.startswith("pyspark.sql.connect")
+    try:
+        sc = None if connect else spark.sparkContext
+    except Exception:  # PySparkNotImplementedError on a Connect session
+        sc = None
+    if sc is None or not hasattr(sc, "_jsc"):
+        raise UnsupportedSessionError(
+            f"absflow runs each attempt as a Spark barrier stage, an RDD API that a Spark "
+            f"Connect session ({type(spark).__module__}.{type(spark).__name__}) does not "
+            "have. Use a classic session: submit the script with spark-submit --master URL "
+            "(python -m jobmanager submit), or build SparkSession.builder.master(URL) "
+            "without .remote() and with SPARK_REMOTE and SPARK_CONNECT_MODE_ENABLED unset."
+        )
+    return sc
+
+
+def check_dynamic_allocation(sc: Any) -> None:
+    """Barrier stages need a fixed set of executors: Spark refuses them under dynamic
+    allocation (which Spark ignores on ``local[n]``), and an executor it removed for
+    being idle would end the job's task slots."""
+    enabled = str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower()
+    if enabled == "true" and not _fixed_local(sc.master):
+        raise UnsupportedSessionError(
+            f"spark.dynamicAllocation.enabled is true on master {sc.master}: barrier stages "
+            "(every absflow attempt) need a fixed set of executors and Spark refuses them "
+            "with dynamic allocation. Set --conf spark.dynamicAllocation.enabled=false "
+            "(python -m jobmanager submit sets it) and size the executors for the job's tasks "
+            "(spark.executor.instances, spark.executor.cores)."
+        )
+
+
 def check_slots(
     sc: Any,
     needed: int,
@@ -183,8 +223,9 @@ def check_slots(
     """Fail fast where Spark would wait silently for slots a barrier stage cannot get.
 
     On a cluster (``local-cluster``, standalone, YARN) executors register after the
-    context starts: wait up to ``wait`` seconds for enough slots, saying so, then fail
-    naming the slots needed and available. Returns the slots available.
+    context starts, and replace lost ones after a while: wait up to ``wait`` seconds for
+    enough slots, saying so, then fail naming the slots needed and available. Returns
+    the slots available.
     """
     slots = available_slots(sc)
     if slots < needed and not _fixed_local(sc.master):
@@ -199,11 +240,19 @@ def check_slots(
         if slots >= needed:
             say(f"executors ready: {slots} task slots")
     if slots < needed:
-        waited = "" if _fixed_local(sc.master) else f" after waiting {wait:.0f} s for executors"
+        if _fixed_local(sc.master):
+            waited, fix = "", f"Use local[{needed}]"
+        else:
+            waited = f" after waiting {wait:.0f} s for executors"
+            fix = (
+                "Add executors or cores (spark.executor.instances, spark.executor.cores, "
+                "spark.cores.max; on standalone, workers with more --cores), wait longer "
+                "(executor_wait)"
+            )
         raise InsufficientSlotsError(
             f"the job has {needed} tasks but the SparkSession has only {slots} task slots{waited} "
-            f"(master {sc.master}); a barrier stage needs one slot per task. Use "
-            f"local[{needed}] (or more executors/cores), or lower the parallelism or chain more steps."
+            f"(master {sc.master}); a barrier stage needs one slot per task. {fix}, or lower "
+            f"the parallelism or chain more steps."
         )
     return slots
 

@@ -38,6 +38,7 @@ from runtime.config import JobConfig, TaskEnvironment, TaskFault
 from runtime.errors import (
     AbsflowError,
     CheckpointStorageError,
+    InsufficientSlotsError,
     JobCancelledError,
     TaskFailedError,
 )
@@ -127,7 +128,8 @@ class JobManager:
             spark = launcher.ensure_session(
                 len(self.plan.tasks), self.config, say=self.progress.say
             )
-            sc = spark.sparkContext
+            sc = launcher.classic_context(spark)
+            launcher.check_dynamic_allocation(sc)
             launcher.check_checkpoint_dir(
                 sc.master, self.config.checkpoint_dir, self.config.checkpointing
             )
@@ -188,6 +190,21 @@ class JobManager:
             restore, delay = self._recover(failure, number, restore, failed_at)
             time.sleep(delay)
             number += 1
+            # A lost executor (a worker gone with its machine) takes its slots along:
+            # wait, bounded, for the cluster to replace them rather than submitting a
+            # barrier stage Spark would hold silently for minutes.
+            try:
+                launcher.check_slots(
+                    spark.sparkContext,
+                    len(self.plan.tasks),
+                    wait=self.config.executor_wait,
+                    say=self.progress.say,
+                )
+            except InsufficientSlotsError as err:
+                raise InsufficientSlotsError(
+                    f"job '{self.plan.name}' cannot restart after attempt {number - 1} failed "
+                    f"({failure.describe()}): {err}"
+                ) from err
         now = time.monotonic()
         unfired = self.faults.unfired(now, self.metrics.checkpoints_completed)
         for note in unfired:

@@ -12,6 +12,7 @@ from runtime.errors import (
     RecordSerializationError,
     TaskFailedError,
     UnpicklableFunctionError,
+    UnsupportedSessionError,
 )
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "Stream",
     "TaskFailedError",
     "UnpicklableFunctionError",
+    "UnsupportedSessionError",
 ]

@@ -37,6 +37,11 @@ class InsufficientSlotsError(AbsflowError, RuntimeError):
     """The SparkSession has fewer task slots than the job has tasks."""
 
 
+class UnsupportedSessionError(AbsflowError, RuntimeError):
+    """The SparkSession cannot run barrier stages (a Spark Connect session, dynamic
+    allocation on): checked before anything is submitted."""
+
+
 class WorkerStartError(AbsflowError, RuntimeError):
     """Spark could not start the Python workers that run the tasks."""
 
@@ -48,6 +53,10 @@ class JobCancelledError(AbsflowError, RuntimeError):
 class CheckpointStorageError(AbsflowError, OSError):
     """Checkpoint storage cannot be created or written: found by the driver before the job
     starts, or by a task whose first state write failed (the storage is out of its reach)."""
+
+
+class PackagingError(AbsflowError, RuntimeError):
+    """The code or the environment cannot be packaged or submitted to a cluster."""
 
 
 # -- inside a task process (never reach the user as such) -------------------------------
@@ -71,8 +80,10 @@ __all__ = [
     "IncompatibleCheckpointError",
     "InsufficientSlotsError",
     "JobCancelledError",
+    "PackagingError",
     "RecordSerializationError",
     "TaskFailedError",
     "UnpicklableFunctionError",
+    "UnsupportedSessionError",
     "WorkerStartError",
 ]

@@ -1,5 +1,6 @@
-"""Shared fixtures: one SparkSession per test session, a leak check per test, and a
-local fake S3 (moto's server on loopback) for the checkpoint-storage tests."""
+"""Shared fixtures: one SparkSession per test session, a leak check per test, a
+local fake S3 (moto's server on loopback) for the checkpoint-storage tests, and a
+Spark standalone cluster on 127.0.0.1 for the tests that need a real one."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
+from tests.integration.standalone import StandaloneCluster
 
 SLOTS_NEEDED = 18  # the biggest test job (diamond) has 16 tasks, +2 spare slots for restarts
 
@@ -126,3 +129,19 @@ def s3_root(s3: FakeS3, request: pytest.FixtureRequest) -> str:
     """A fresh checkpoint root in the fake bucket, named after the test."""
     name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
     return s3.url(f"{name}-{uuid.uuid4().hex[:6]}")
+
+
+# -- a Spark standalone cluster ----------------------------------------------------------
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """A master and two workers of 2 slots each (Spark cores are slots, not CPUs), started
+    on first use; at the end every process it started is gone, or the teardown fails."""
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("standalone"), workers=2, cores=2)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        assert not cluster.leftovers(), (
+            f"processes left by the standalone cluster: {cluster.leftovers()}"
+        )

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
+
+from jobmanager.packaging import build_zip
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -28,16 +29,6 @@ def test_job_with_a_kill_on_two_executor_jvms() -> None:
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     fields = dict(item.split("=") for item in lines[-1].split()[1:])
     assert fields == {"records": "20000", "distinct": "20000", "total": "20000", "restarts": "1"}
-
-
-def package(target: Path) -> Path:
-    """absflow.zip as the README builds it: the four packages, for --py-files."""
-    zpath = target / "absflow.zip"
-    with zipfile.ZipFile(zpath, "w") as zf:
-        for pkg in ("runtime", "channels", "statebackend", "jobmanager"):
-            for path in sorted(Path(ROOT, pkg).rglob("*.py")):
-                zf.write(path, path.relative_to(ROOT))
-    return zpath
 
 
 def test_spark_submit_runs_on_the_submitted_master_with_tasks_on_two_executor_jvms(
@@ -62,7 +53,7 @@ def test_spark_submit_runs_on_the_submitted_master_with_tasks_on_two_executor_jv
             "--conf",
             f"spark.worker.dir={tmp_path / 'work'}",
             "--py-files",
-            str(package(tmp_path)),
+            str(build_zip(tmp_path)),
             os.path.join(ROOT, "tests", "integration", "submit_job.py"),
         ],
         cwd=tmp_path,

@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from jobmanager import launcher
-from runtime.errors import CheckpointStorageError, InsufficientSlotsError, WorkerStartError
+from runtime.errors import (
+    CheckpointStorageError,
+    InsufficientSlotsError,
+    UnsupportedSessionError,
+    WorkerStartError,
+)
 
 
 class FakeClock:
@@ -155,3 +160,86 @@ def test_a_cluster_needs_a_checkpoint_dir_every_executor_reaches(master: str) ->
 @pytest.mark.parametrize("master", ["local[4]", "local", "local-cluster[2,1,1024]"])
 def test_one_host_can_use_the_default_checkpoint_dir(master: str) -> None:
     launcher.check_checkpoint_dir(master, None, checkpointing=True)
+
+
+class FakeConf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+
+class FakeContext:
+    """A classic SparkContext as the session checks see it."""
+
+    def __init__(self, master: str, conf: dict[str, str] | None = None) -> None:
+        self.master = master
+        self._jsc = object()
+        self.conf = FakeConf(conf or {})
+
+    def getConf(self) -> FakeConf:
+        return self.conf
+
+
+class ClassicSession:
+    def __init__(self, sc: FakeContext) -> None:
+        self.sparkContext = sc
+
+
+class ConnectSession:
+    """Like pyspark.sql.connect.session.SparkSession: no SparkContext behind it."""
+
+    @property
+    def sparkContext(self) -> Any:
+        raise NotImplementedError("[NOT_IMPLEMENTED] sparkContext() is not implemented.")
+
+
+ConnectSession.__module__ = "pyspark.sql.connect.session"
+
+
+def test_a_classic_session_gives_its_context() -> None:
+    sc = FakeContext("spark://h:7077")
+    assert launcher.classic_context(ClassicSession(sc)) is sc
+
+
+def test_a_spark_connect_session_is_refused_naming_the_classic_way() -> None:
+    with pytest.raises(UnsupportedSessionError) as info:
+        launcher.classic_context(ConnectSession())
+    message = str(info.value)
+    assert "Spark Connect session (pyspark.sql.connect.session.ConnectSession)" in message
+    assert "barrier stage" in message and "classic session" in message
+    assert "spark-submit --master URL" in message and "SPARK_REMOTE" in message
+
+
+@pytest.mark.parametrize("master", ["spark://h:7077", "yarn", "local-cluster[2,2,1024]"])
+def test_dynamic_allocation_on_a_cluster_is_refused_with_the_conf_to_set(master: str) -> None:
+    sc = FakeContext(master, {"spark.dynamicAllocation.enabled": "true"})
+    with pytest.raises(UnsupportedSessionError) as info:
+        launcher.check_dynamic_allocation(sc)
+    message = str(info.value)
+    assert f"spark.dynamicAllocation.enabled is true on master {master}" in message
+    assert "--conf spark.dynamicAllocation.enabled=false" in message
+
+
+@pytest.mark.parametrize(
+    ("master", "conf"),
+    [
+        ("spark://h:7077", {}),
+        ("yarn", {"spark.dynamicAllocation.enabled": "false"}),
+        ("local[4]", {"spark.dynamicAllocation.enabled": "true"}),  # Spark ignores it there
+    ],
+)
+def test_fixed_executors_pass_the_dynamic_allocation_check(
+    master: str, conf: dict[str, str]
+) -> None:
+    launcher.check_dynamic_allocation(FakeContext(master, conf))
+
+
+def test_the_slot_error_on_a_cluster_names_the_cluster_fix(cluster: Any) -> None:
+    sc = cluster("spark://127.0.0.1:7077", lambda t: 4)
+    with pytest.raises(InsufficientSlotsError) as info:
+        launcher.check_slots(sc, 6, wait=1.0, say=lambda _t: None, clock=sc.clock)
+    message = str(info.value)
+    assert "6 tasks but the SparkSession has only 4 task slots after waiting 1 s" in message
+    assert "spark.executor.cores" in message and "local[6]" not in message

@@ -16,7 +16,13 @@ from jobmanager.failures import Failure, FailureCause
 from jobmanager.restart import FixedDelay
 from jobmanager.runner import JobManager, RestorePoint, open_checkpoint_storage
 from runtime.config import JobConfig
-from runtime.errors import CheckpointStorageError, GraphError, JobCancelledError, TaskFailedError
+from runtime.errors import (
+    CheckpointStorageError,
+    GraphError,
+    InsufficientSlotsError,
+    JobCancelledError,
+    TaskFailedError,
+)
 from tests.conftest import FakeS3
 from tests.jobmanager.fakes import small_plan
 
@@ -198,3 +204,62 @@ def test_ctrl_c_raises_job_cancelled_without_a_chain_and_leaves_no_dirs(
     assert info.value.__cause__ is None and info.value.__suppress_context__
     assert "cancelled" in str(info.value)
     assert not any(os.path.exists(d) for d in owned)
+
+
+class ScriptedAttempts:
+    """``JobManager._run_attempt`` replaced: attempt n fails while n < failures (a task
+    dying, so that the repeated-failure rule does not stop the restarts)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.run: list[int] = []
+
+    def __call__(self, _spark: Any, number: int, *_args: Any) -> Any:
+        self.run.append(number)
+        died = Failure(FailureCause.TASK_DIED, "count", number, f"task count[{number}] is gone")
+        failure = died if number < self.failures else None
+        return type("FakeAttempt", (), {"failure": failure, "killed_at": None})()
+
+
+class FakeSession:
+    sparkContext = object()
+
+
+def test_a_restart_waits_for_slots_and_fails_clearly_when_they_do_not_come(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    waits: list[tuple[int, float]] = []
+
+    def no_slots(_sc: Any, needed: int, wait: float, **_kw: Any) -> int:
+        waits.append((needed, wait))
+        raise InsufficientSlotsError(f"the job has {needed} tasks but only 2 slots")
+
+    monkeypatch.setattr(launcher, "check_slots", no_slots)
+    jm = manager(tmp_path, executor_wait=3.0, restart_strategy=FixedDelay(attempts=2, delay=0.0))
+    attempts = ScriptedAttempts(failures=1)
+    monkeypatch.setattr(jm, "_run_attempt", attempts)
+    with pytest.raises(InsufficientSlotsError) as info:
+        jm._attempts(FakeSession(), time.monotonic())
+    assert str(info.value).startswith(
+        "job 'job' cannot restart after attempt 0 failed (a task process died (killed or "
+        "crashed) in operator 'count' (subtask 0): task count[0] is gone): the job has"
+    )
+    assert str(info.value).endswith("but only 2 slots")
+    assert attempts.run == [0]  # the restart was never submitted
+    assert waits == [(len(jm.plan.tasks), 3.0)]
+
+
+def test_a_restart_goes_ahead_once_the_slots_are_back(tmp_path: Path, monkeypatch: Any) -> None:
+    waits: list[int] = []
+
+    def slots_back(_sc: Any, needed: int, **_kw: Any) -> int:
+        waits.append(needed)
+        return needed
+
+    monkeypatch.setattr(launcher, "check_slots", slots_back)
+    jm = manager(tmp_path, restart_strategy=FixedDelay(attempts=3, delay=0.0))
+    attempts = ScriptedAttempts(failures=2)
+    monkeypatch.setattr(jm, "_run_attempt", attempts)
+    result = jm._attempts(FakeSession(), time.monotonic())
+    assert attempts.run == [0, 1, 2] and len(waits) == 2
+    assert len(result.restarts) == 2
