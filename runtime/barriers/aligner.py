@@ -144,7 +144,8 @@ class BarrierAligner(BackEdgeInputs):
         (never blocked, logged after each trigger until the barrier comes back)."""
         back = list(back_edges)
         live = channel_set(channels, back)
-        self._inputs = HandlerInputs(actions, clock, live, BackEdgeLogger(back, actions))
+        self._logger = BackEdgeLogger(back, actions)
+        self._inputs = HandlerInputs(actions, clock, live, self._logger)
         self._state: AlignerState = WaitingForBarrier()
 
     @property

@@ -125,6 +125,7 @@ class BackEdgeInputs:
     """What both handlers do with back-edge channels: hand their events to the logger."""
 
     _inputs: HandlerInputs
+    _logger: BackEdgeLogger
 
     @property
     def logging_channels(self) -> frozenset[int]:
@@ -143,7 +144,7 @@ class BackEdgeInputs:
 
     @property
     def back_edges(self) -> BackEdgeLogger:
-        return self._inputs.back_edges
+        return self._logger
 
     def _on_back_edge_event(self, channel: int, event: Barrier | CancelBarrier | None) -> bool:
         """Handle an event of a back-edge channel; False if ``channel`` is regular."""

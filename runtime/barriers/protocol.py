@@ -6,14 +6,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from channels.control import CheckpointFailureReason
 from channels.errors import AbsflowError
 from channels.messages import Barrier, CancelBarrier
-
-if TYPE_CHECKING:
-    from runtime.barriers.backedges import BackEdgeLogger
 
 logger = logging.getLogger("runtime.barriers")
 
@@ -96,6 +93,25 @@ class BarrierHandler(Protocol):
     def logging_checkpoint(self) -> int | None: ...
 
 
+class BackEdges(Protocol):
+    """A handler's back-edge side (`runtime.barriers.backedges.BackEdgeLogger`)."""
+
+    channels: frozenset[int]
+    live: frozenset[int]
+
+    @property
+    def logging_channels(self) -> frozenset[int]: ...
+    @property
+    def logging_checkpoint(self) -> int | None: ...
+    def start(self, checkpoint_id: int) -> None: ...
+    def stop(self, checkpoint_id: int) -> None: ...
+    def abort_older(
+        self, checkpoint_id: int, abort: Callable[[int, CheckpointFailureReason], None]
+    ) -> None: ...
+    def on_barrier(self, channel: int, barrier: Barrier) -> None: ...
+    def on_end_of_input(self, channel: int) -> None: ...
+
+
 @dataclass(slots=True)
 class HandlerInputs:
     """What a handler knows besides its checkpoint state: the input channels and the task."""
@@ -104,7 +120,7 @@ class HandlerInputs:
     clock: Callable[[], float]
     live: frozenset[int]
     """Regular channels that have not ended."""
-    back_edges: BackEdgeLogger
+    back_edges: BackEdges
     latest: int = NO_CHECKPOINT
     """Highest checkpoint id triggered or aborted here; its barriers, and older ones, are stale."""
     all_channels: frozenset[int] = field(init=False)

@@ -45,7 +45,8 @@ class BarrierTracker(BackEdgeInputs):
     ) -> None:
         back = list(back_edges)
         live = channel_set(channels, back)
-        self._inputs = HandlerInputs(actions, clock, live, BackEdgeLogger(back, actions))
+        self._logger = BackEdgeLogger(back, actions)
+        self._inputs = HandlerInputs(actions, clock, live, self._logger)
         # By checkpoint id; every id > latest, inserted in increasing id order.
         self._pending: dict[int, PendingBarriers] = {}
 
