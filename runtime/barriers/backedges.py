@@ -16,7 +16,12 @@ from dataclasses import dataclass, replace
 
 from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier
-from runtime.barriers.protocol import BarrierProtocolError, CheckpointActions, HandlerInputs
+from runtime.barriers.protocol import (
+    BarrierProtocolError,
+    CheckpointActions,
+    HandlerInputs,
+    HandlerViews,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +126,7 @@ class BackEdgeLogger:
         return f"BackEdgeLogger(state={self._state!r}, live={sorted(self.live)})"
 
 
-class BackEdgeInputs:
+class BackEdgeInputs(HandlerViews):
     """What both handlers do with back-edge channels: hand their events to the logger."""
 
     _inputs: HandlerInputs

@@ -161,6 +161,21 @@ class HandlerInputs:
             self.abort(checkpoint_id, reason)
 
 
+class HandlerViews:
+    """What every handler reports from its `HandlerInputs` (the task reads these)."""
+
+    _inputs: HandlerInputs
+
+    @property
+    def live_channels(self) -> frozenset[int]:
+        """Regular input channels that have not ended."""
+        return self._inputs.live
+
+    @property
+    def latest_checkpoint_id(self) -> int:
+        return self._inputs.latest
+
+
 def channel_set(channels: Iterable[int], back_edges: Iterable[int] = ()) -> frozenset[int]:
     listed = list(channels)
     live = frozenset(listed)

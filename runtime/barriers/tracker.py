@@ -58,14 +58,6 @@ class BarrierTracker(BackEdgeInputs):
     def blocked_channels(self) -> frozenset[int]:
         return frozenset()
 
-    @property
-    def live_channels(self) -> frozenset[int]:
-        return self._inputs.live
-
-    @property
-    def latest_checkpoint_id(self) -> int:
-        return self._inputs.latest
-
     def on_barrier(self, channel: int, barrier: Barrier) -> None:
         if self._on_back_edge_event(channel, barrier):
             return

@@ -33,6 +33,7 @@ from runtime.barriers.protocol import (
     BarrierProtocolError,
     CheckpointActions,
     HandlerInputs,
+    HandlerViews,
     channel_set,
 )
 
@@ -64,7 +65,7 @@ class Recording:
 UnalignedState = Idle | AligningWithTimeout | Recording
 
 
-class UnalignedHandler:
+class UnalignedHandler(HandlerViews):
     """``unaligned`` (``aligned_timeout=None``, or 0) and ``aligned_timeout`` barrier
     handling for a task with regular inputs only (loops are rejected at build time).
 
@@ -93,14 +94,6 @@ class UnalignedHandler:
     @property
     def blocked_channels(self) -> frozenset[int]:
         return self._state.blocked if isinstance(self._state, AligningWithTimeout) else frozenset()
-
-    @property
-    def live_channels(self) -> frozenset[int]:
-        return self._inputs.live
-
-    @property
-    def latest_checkpoint_id(self) -> int:
-        return self._inputs.latest
 
     @property
     def logging_channels(self) -> frozenset[int]:
