@@ -32,7 +32,7 @@ class CountingSink(Sink):
     def open(self, ctx: Any) -> None:
         super().open(ctx)
         self.n = 0
-        self.last: dict[str, int] = {}
+        self.last: dict[Any, int] = {}
 
     def write_batch(self, records: list[Any]) -> None:
         self.n += len(records)
@@ -48,7 +48,11 @@ class CountingSink(Sink):
             self.n, self.last = state["n"], dict(state["last"])
 
     def finish(self) -> None:
-        self.summary = {"n": self.n, "keys": len(self.last), "sum_last": sum(self.last.values())}
+        self.summary: dict[str, int] | None = {
+            "n": self.n,
+            "keys": len(self.last),
+            "sum_last": sum(self.last.values()),
+        }
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         summary = getattr(self, "summary", None)

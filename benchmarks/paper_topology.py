@@ -22,9 +22,11 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from keyed_count import CountingSink
 
 from runtime import Dataflow
-from runtime.sinks import Sink
 from runtime.sources import GeneratorSource
 
 KEYS = 1_000
@@ -45,37 +47,6 @@ def count(n: int, _r: tuple[int, int]) -> int:
 
 def first(t: tuple[Any, ...]) -> Any:
     return t[0]
-
-
-class TotalSink(Sink):
-    """Counts records and keeps the last total per key, checkpointed; its summary
-    reaches the driver with the final checkpoint (exactly once)."""
-
-    def open(self, ctx: Any) -> None:
-        super().open(ctx)
-        self.n = 0
-        self.last: dict[int, int] = {}
-
-    def write_batch(self, records: list[Any]) -> None:
-        self.n += len(records)
-        for key, total in records:
-            self.last[key] = total
-
-    def snapshot_state(self, checkpoint_id: int) -> Any:
-        return {"n": self.n, "last": self.last}
-
-    def restore_state(self, state: Any) -> None:
-        if state:
-            self.n, self.last = state["n"], dict(state["last"])
-
-    def finish(self) -> None:
-        self.summary: dict[str, int] | None = {"n": self.n, "sum_last": sum(self.last.values())}
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        summary = getattr(self, "summary", None)
-        if summary is not None:
-            self.ctx.send_to_driver(checkpoint_id, [summary])
-            self.summary = None
 
 
 def build(
@@ -107,7 +78,7 @@ def build(
         .process(regroup, name="regroup")
         .key_by(first)
         .aggregate(0, count, name="total")
-        .sink(TotalSink(), name="sink")
+        .sink(CountingSink(), name="sink")
     )
     return flow
 
