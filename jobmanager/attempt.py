@@ -28,6 +28,9 @@ log = logging.getLogger("absflow.jobmanager")
 
 REGISTRATION_TIMEOUT = 120.0
 STAGE_END_GRACE = 5.0  # the stage ended: the last Finished messages may still be on the way
+# A task that raised reports its error (Failed) and then its process exits: on a loaded
+# machine the exit or the stage failure can be seen before that report is read.
+REPORT_GRACE = 1.0
 
 
 class Attempt:
@@ -123,7 +126,7 @@ class Attempt:
                 return None
             failure = self._check(now, stage)
             if failure is not None:
-                return failure
+                return self._own_report_or(failure)
             faults = self.run_services.faults
             self._fire(faults.due(now, self._can_kill, self._periodic_pending))
             self._show_progress()
@@ -164,6 +167,25 @@ class Attempt:
         else:
             failure = self._check_registration(now)
         return failure or self._check_stage(now, stage) or self._check_timeout(now)
+
+    def _own_report_or(self, failure: Failure) -> Failure:
+        """``failure`` was seen from outside (a process gone, the stage failed): when a
+        task raised, its own report (operator, exception, whether a restart can help) may
+        still be on the way; wait up to REPORT_GRACE for it. Not after an injected kill
+        (a SIGKILLed task reports nothing, and recovery time counts)."""
+        outside = (FailureCause.TASK_DIED, FailureCause.TASK_ERROR, FailureCause.STAGE_FAILED)
+        if failure.cause not in outside or self.killed_at is not None:
+            return failure
+        deadline = self.clock() + REPORT_GRACE
+        while self.clock() < deadline:
+            for msg in self.run_services.link.receive(20):
+                if getattr(msg, "attempt", None) != self.number:
+                    continue
+                if isinstance(msg, P.Failed):
+                    return self._on_failed(msg)
+                if isinstance(msg, P.Closed):
+                    self.tasks[msg.task_index].closed = True
+        return failure
 
     def _check_checkpoints(self) -> Failure | None:
         coordinator = self.coordinator

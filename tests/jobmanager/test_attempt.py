@@ -175,6 +175,23 @@ def test_a_dead_task_ends_the_attempt_and_the_survivors_are_ended() -> None:
     assert h.stage.cancelled
 
 
+def test_a_task_report_that_arrives_after_its_process_is_gone_wins() -> None:
+    """On a loaded machine a task that raised may be seen gone before its Failed report is
+    read: the report (operator, exception, fatal) decides, not the bare death."""
+    h = harness()
+
+    def die() -> list[P.Message]:
+        h.procs.alive.discard(100)
+        h.monitor.disconnect()
+        return []
+
+    h.link.then(*registers()).then(die).then()
+    h.link.then(P.Failed(0, 0, "src[0]", 0, "CheckpointStorageError: no bucket", "tb", True))
+    failure = h.attempt.run(h.stage)
+    assert failure is not None and failure.cause is FailureCause.TASK_ERROR
+    assert failure.permanent is not None and "no bucket" in failure.describe()
+
+
 def test_a_disconnect_without_a_dead_process_is_no_failure() -> None:
     h = harness()
     h.link.then(*registers()).then_do(h.monitor.disconnect)
