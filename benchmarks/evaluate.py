@@ -57,6 +57,10 @@ MODES: dict[str, dict[str, Any]] = {
     "synchronous": {"snapshot_mode": "synchronous"},
 }
 INTERVALS = [0.1, 0.25, 0.5, 1.0, 2.0]
+# The backpressure scenario's sources emit for this long (faster than the hot task can
+# follow), so periodic checkpoints are taken under backpressure, not only after the
+# sources ended and the backlog drains.
+BACKPRESSURE_SOURCE_SECONDS = 6.0
 
 
 @dataclass
@@ -149,6 +153,7 @@ def backpressure(s: Setting, say: Callable[[str], None]) -> dict[str, Runs]:
                 slow_seconds=s.hot_sleep,
                 hot_share=4,
                 checkpoint_interval=0.25,
+                rate=s.backpressure_n / BACKPRESSURE_SOURCE_SECONDS,
                 **cfg,
             )
             runs.setdefault(mode, Runs()).results.append(result)

@@ -10,7 +10,12 @@ Backpressure: a full send queue (SNDHWM frames on the PUSH side, RCVHWM on the
 PULL side, plus kernel buffers) makes ``OutputChannel`` block; while blocked it
 calls ``on_backpressure`` so the task can still serve its control socket.
 
-Threading: each object owns one socket and is used by one thread only (the task
+Priority path (unaligned checkpoints): a task may bind a second PULL socket, its
+*priority gate*, and each channel to it a second PUSH socket; barriers sent there
+overtake the records queued on the data path (``OutputChannel.send_priority``). The
+barrier is also sent in band, where it marks the end of the channel's in-flight records.
+
+Threading: each object owns its sockets and is used by one thread only (the task
 loop); ``close()`` must be called from that thread too.
 """
 
@@ -37,6 +42,20 @@ def _tcp_endpoint(host: str, port: int | None = None) -> str:
 
 def _is_ipv6(endpoint_or_host: str) -> bool:
     return "[" in endpoint_or_host or endpoint_or_host.count(":") > 2
+
+
+def _push(context: zmq.Context[Any], endpoint: str, sndhwm: int) -> zmq.Socket[Any]:
+    socket: zmq.Socket[Any] = context.socket(zmq.PUSH)
+    try:
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, sndhwm)
+        if _is_ipv6(endpoint):
+            socket.setsockopt(zmq.IPV6, 1)
+        socket.connect(endpoint)
+    except BaseException:
+        socket.close(linger=0)
+        raise
+    return socket
 
 
 class InputGate:
@@ -116,6 +135,7 @@ class OutputChannel:
         "_on_backpressure",
         "_pending",
         "_poller",
+        "_priority",
         "_socket",
         "batches_sent",
         "bytes_sent",
@@ -132,20 +152,20 @@ class OutputChannel:
         sndhwm: int = 64,
         compress_min_bytes: int = 65536,
         on_backpressure: Callable[[], None] | None = None,
+        priority_endpoint: str | None = None,
     ) -> None:
+        """``priority_endpoint``: the target's priority gate, for ``send_priority``."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        socket: zmq.Socket[Any] = context.socket(zmq.PUSH)
-        try:
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.setsockopt(zmq.SNDHWM, sndhwm)
-            if _is_ipv6(endpoint):
-                socket.setsockopt(zmq.IPV6, 1)
-            socket.connect(endpoint)
-        except BaseException:
-            socket.close(linger=0)
-            raise
+        socket = _push(context, endpoint, sndhwm)
         self._socket = socket
+        self._priority: zmq.Socket[Any] | None = None
+        if priority_endpoint is not None:
+            try:
+                self._priority = _push(context, priority_endpoint, sndhwm=1000)
+            except BaseException:
+                socket.close(linger=0)
+                raise
         self._poller = zmq.Poller()
         self._poller.register(socket, zmq.POLLOUT)
         self._channel_id = channel_id
@@ -229,8 +249,26 @@ class OutputChannel:
         self.events_sent += 1
         self.bytes_sent += len(frame)
 
+    def send_priority(self, event: Event) -> bool:
+        """Send ``event`` on the priority path, ahead of every queued record (the caller
+        sends it in band too). Returns False without a priority path. Never waits on the
+        data path's backpressure (only on a full priority queue: a receiver that stopped)."""
+        priority = self._priority
+        if priority is None:
+            return False
+        frame = encode_event(self._channel_id, event)
+        try:
+            priority.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            while not priority.poll(BACKPRESSURE_POLL_MS, zmq.POLLOUT):
+                if self._on_backpressure is not None:
+                    self._on_backpressure()
+            priority.send(frame, zmq.NOBLOCK)
+        self.bytes_sent += len(frame)
+        return True
+
     def close(self, linger_ms: int = 0) -> None:
-        """Close the socket without flushing. Idempotent.
+        """Close the sockets without flushing. Idempotent.
 
         With ``linger_ms=0`` frames still queued are dropped; after the last
         ``send_event`` pass a positive linger to let them drain.
@@ -238,6 +276,8 @@ class OutputChannel:
         if not self._socket.closed:
             self._poller.unregister(self._socket)
             self._socket.close(linger=linger_ms)
+        if self._priority is not None and not self._priority.closed:
+            self._priority.close(linger=linger_ms)
 
     def _send_batch(self, batch: list[Any]) -> None:
         frame = encode_data(self._channel_id, batch, self._compress_min_bytes)

@@ -126,9 +126,11 @@ class TaskCheckpointer:
         counts: Callable[[], tuple[int, int]] = lambda: (0, 0),
         in_flight: InFlightLog | None = None,
         synchronous: bool = False,
+        overtake: bool = False,
     ) -> None:
         """``counts()``: the task's (records in, records out) so far; ``in_flight``: set
-        for a task that logs in-flight records (back-edges, or unaligned channel state)."""
+        for a task that logs in-flight records (back-edges, or unaligned channel state);
+        ``overtake``: unaligned barriers also go out on the priority path, first."""
         self.task, self.chain, self.outputs, self.storage = task, chain, outputs, storage
         self._send, self._inputs, self._faults = send, inputs, faults
         self._clock, self._wall_clock = clock, wall_clock
@@ -145,6 +147,10 @@ class TaskCheckpointer:
         # Synchronous snapshots (the paper's baseline): state is written before the task
         # goes on, and a source emits nothing from its snapshot until the checkpoint ends.
         self.synchronous = synchronous
+        self.overtake = overtake
+        self.on_log_opened: Callable[[], None] | None = None
+        """Called when a checkpoint's in-flight log opens (records read but not processed
+        yet are logged then: `runtime.overtaking`)."""
         self._halted_for: int | None = None
 
     def start(self) -> None:
@@ -272,6 +278,8 @@ class TaskCheckpointer:
             self._log = _OpenLog(
                 n, captured, metrics, SpillBuffer(spec.spill_dir(), spec.spill_threshold)
             )
+            if self.on_log_opened is not None:
+                self.on_log_opened()
             return
         self._write_or_ack(n, captured, metrics)
 
@@ -292,6 +300,11 @@ class TaskCheckpointer:
         return captured
 
     def forward(self, event: Event) -> None:
+        """Send ``event`` behind every record sent before it; an unaligned barrier first
+        overtakes them on every channel's priority path (then marks their end in band)."""
+        if self.overtake and isinstance(event, Barrier) and not event.final:
+            for output in self.outputs:
+                output.send_priority(event)
         for output in self.outputs:
             output.send_event(event)
 

@@ -105,6 +105,12 @@ class JobConfig:
         return self.snapshot_mode is SnapshotMode.UNALIGNED or self.aligned_timeout is not None
 
     @property
+    def barriers_overtake(self) -> bool:
+        """Unaligned checkpoints (no alignment at all): barriers also travel a priority
+        path that overtakes queued records, and tasks snapshot when the first arrives."""
+        return self.records_channel_state and not self.aligned_timeout
+
+    @property
     def checkpointing(self) -> bool:
         return self.checkpoint_interval is not None
 

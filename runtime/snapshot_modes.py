@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from runtime.barriers import (
     BarrierAligner,
@@ -17,7 +18,10 @@ from runtime.barriers import (
 )
 from runtime.chain import unpack
 from runtime.config import JobConfig, SnapshotMode
+from runtime.overtaking import OvertakingInput
 from runtime.plan import TaskSpec
+from runtime.scratch import ScratchDir
+from runtime.task_io import TaskIO
 from statebackend.metadata import OperatorLayout, StepState
 from statebackend.restore import RestorePlan, RestoreTarget
 from statebackend.storage import CheckpointStorage
@@ -56,6 +60,42 @@ def handler_for(spec: TaskSpec, actions: CheckpointActions, cfg: JobConfig) -> B
         return UnalignedHandler(spec.regular_inputs, actions, aligned_timeout=cfg.aligned_timeout)
     cls = BarrierTracker if mode is SnapshotMode.AT_LEAST_ONCE else BarrierAligner
     return cls(spec.regular_inputs, actions, back_edges=spec.back_edge_inputs)
+
+
+class _Logs(Protocol):
+    """The checkpointer's part in reading ahead (``runtime.checkpointer``)."""
+
+    on_log_opened: Callable[[], None] | None
+
+    def log(self, frame: bytes, records: int) -> None: ...
+
+
+def overtaking_input_for(
+    handler: BarrierHandler,
+    io: TaskIO,
+    checkpointer: _Logs,
+    deliver: Callable[[bytes], None],
+    scratch: ScratchDir,
+    cfg: JobConfig,
+) -> OvertakingInput | None:
+    """Under unaligned checkpoints, the input side where barriers overtake queued input
+    (wired to the checkpointer: queued frames are logged when a log opens); else None."""
+    gate, priority = io.gate, io.priority_gate
+    if not cfg.barriers_overtake or gate is None or priority is None:
+        return None
+    if not isinstance(handler, UnalignedHandler):
+        raise TypeError(f"unaligned checkpoints need an UnalignedHandler, got {handler!r}")
+    overtaking = OvertakingInput(
+        gate,
+        priority,
+        handler,
+        checkpointer.log,
+        deliver,
+        lambda: scratch.path,
+        cfg.spill_threshold,
+    )
+    checkpointer.on_log_opened = overtaking.log_queued
+    return overtaking
 
 
 def in_flight_log_for(

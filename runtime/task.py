@@ -43,13 +43,8 @@ from channels.messages import (
     decode_event,
     decode_records,
 )
-from channels.partitioners import (
-    Partitioner,
-)
-from runtime.barriers import (
-    BarrierHandler,
-    BarrierProtocolError,
-)
+from channels.partitioners import Partitioner
+from runtime.barriers import BarrierHandler, BarrierProtocolError
 from runtime.chain import OperatorChain
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import SnapshotMode, TaskEnvironment
@@ -63,9 +58,10 @@ from runtime.errors import (
 )
 from runtime.feedback import FeedbackQueue
 from runtime.inputs import BlockedChannels
+from runtime.overtaking import OvertakingInput
 from runtime.plan import JobPlan, TaskSpec
 from runtime.scratch import ScratchDir
-from runtime.snapshot_modes import handler_for, in_flight_log_for
+from runtime.snapshot_modes import handler_for, in_flight_log_for, overtaking_input_for
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output, TaskIO
@@ -132,9 +128,14 @@ class Task:
             counts=lambda: (self.records_in, self.chain.records_out),
             in_flight=self.in_flight,
             synchronous=cfg.snapshot_mode is SnapshotMode.SYNCHRONOUS,
+            overtake=cfg.barriers_overtake,
         )
-        if spec.inputs:
+        self.overtaking: OvertakingInput | None = None  # unaligned: barriers overtake input
+        if spec.inputs and self.inputs is not None:
             self._handler = handler_for(spec, self.checkpointer, cfg)
+            self.overtaking = overtaking_input_for(
+                self._handler, io, self.checkpointer, self.inputs.on_frame, self.scratch, cfg
+            )
         self._replay: list[bytes] = []  # restored in-flight records, replayed before new input
 
         # Metrics (and the counters of loop termination detection).
@@ -271,7 +272,7 @@ class Task:
             if not self.records_in:
                 self._first_record()
             self.records_in += len(batch)
-            if handler is not None and channel in handler.logging_channels:
+            if self.overtaking is None and handler and channel in handler.logging_channels:
                 self.faults.while_logging(handler.logging_checkpoint or 0)
                 self.checkpointer.log(frame, len(batch))
             self.push(batch)
@@ -334,7 +335,7 @@ class Task:
             "records_out": self.chain.records_out,
             "peak_rss": max(self.peak_rss, rss_bytes()),
             "spilled_bytes": (self.inputs.spilled_total if self.inputs is not None else 0)
-            + (self.feedback.spilled_bytes if self.feedback is not None else 0),
+            + sum(q.spilled_bytes for q in (self.feedback, self.overtaking) if q is not None),
         }
 
     def _flush_all(self) -> None:
@@ -406,17 +407,21 @@ class Task:
         replaying = inputs.replaying
         if replaying:
             inputs.replay()
-        busy = replaying or looping
+        overtaking = self.overtaking
+        busy = replaying or looping or bool(overtaking)
         gate_ready, control_ready = self.io.wait(0 if busy else max(1, int(timeout * 1000)))
         if control_ready or self.control.has_messages():
             self._serve_control()
         if self._handler is not None:
             self._handler.tick()
-        if gate_ready and not looping:
+        if overtaking is not None:  # read first: barriers act when read
+            overtaking.read()
+            busy = overtaking.process() > 0 or busy
+        elif gate_ready and not looping:
             on_frame = inputs.on_frame
             for frame in gate.recv_frames(64):
                 on_frame(frame)
-        elif not busy:
+        if not busy and not gate_ready:
             for ch in self.channels:  # idle: send partial batches now
                 ch.flush()
         now = time.monotonic()
@@ -431,8 +436,9 @@ class Task:
         self.checkpointer.close()
         if self.inputs is not None:
             self.inputs.close()
-        if self.feedback is not None:
-            self.feedback.close()
+        for queue in (self.feedback, self.overtaking):
+            if queue is not None:
+                queue.close()
         self.scratch.close()  # before Closed: the job manager may end the process after it
         for ch in self.channels:
             ch.close(linger_ms=1000 if graceful else 0)

@@ -38,20 +38,22 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
     zctx = zmq.Context()
     gate: InputGate | None = None
     feedback: InputGate | None = None
+    priority: InputGate | None = None
     task: Task | None = None
     graceful = False
     try:
         hwm = env.config.channel_hwm
         gate = InputGate(zctx, host, rcvhwm=hwm) if spec.regular_inputs else None
         feedback = InputGate(zctx, host, rcvhwm=hwm) if spec.back_edge_inputs else None
+        if spec.regular_inputs and env.config.barriers_overtake:
+            priority = InputGate(zctx, host, rcvhwm=1000)
         gathered = ctx.allGather(
-            json.dumps(
-                [index, gate.endpoint if gate else "", feedback.endpoint if feedback else ""]
-            )
+            json.dumps([index] + [g.endpoint if g else "" for g in (gate, feedback, priority)])
         )
         exchanged = [json.loads(m) for m in gathered]
-        endpoints = {i: ep for i, ep, _fb in exchanged}
-        feedback_endpoints = {i: fb for i, _ep, fb in exchanged if fb}
+        endpoints = {i: ep for i, ep, _fb, _pr in exchanged}
+        feedback_endpoints = {i: fb for i, _ep, fb, _pr in exchanged if fb}
+        priority_endpoints = {i: pr for i, _ep, _fb, pr in exchanged if pr}
         io = ZmqTaskIO(
             zctx,
             gate,
@@ -61,6 +63,8 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
             f"{index}:{env.attempt}",
             feedback,
             feedback_endpoints,
+            priority,
+            priority_endpoints,
         )
         task = Task(plan, spec, env, io, host)
         task.open()
@@ -71,7 +75,7 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
     finally:
         if task is not None:
             task.close(graceful)
-        for g in (gate, feedback):
+        for g in (gate, feedback, priority):
             if g is not None:
                 g.close()
         # Closes whatever a half-built Task left open (term() alone would wait forever),

@@ -27,6 +27,7 @@ class Output(Protocol):
     def flush(self) -> None: ...
     def flush_if_older(self, now: float, timeout: float) -> None: ...
     def send_event(self, event: Event) -> None: ...
+    def send_priority(self, event: Event) -> bool: ...
     def close(self, linger_ms: int = 0) -> None: ...
 
 
@@ -58,6 +59,11 @@ class TaskIO(Protocol):
     @property
     def feedback_gate(self) -> Gate | None:
         """The gate of the back-edge channels (loop heads only), else None."""
+        ...
+
+    @property
+    def priority_gate(self) -> Gate | None:
+        """The gate of overtaking barriers (unaligned checkpoints), else None."""
         ...
 
     def control_socket(self) -> ControlSocket:
@@ -94,10 +100,14 @@ class ZmqTaskIO:
         identity: str,
         feedback_gate: InputGate | None = None,
         feedback_endpoints: dict[int, str] | None = None,
+        priority_gate: InputGate | None = None,
+        priority_endpoints: dict[int, str] | None = None,
     ) -> None:
         self._zctx, self._gate, self._endpoints = zctx, gate, endpoints
         self._feedback_gate = feedback_gate
         self._feedback_endpoints = feedback_endpoints or {}
+        self._priority_gate = priority_gate
+        self._priority_endpoints = priority_endpoints or {}
         self._config, self._jm_endpoint, self._identity = config, jm_endpoint, identity
         self._poller: zmq.Poller | None = None
         self._control: zmq.Socket[Any] | None = None
@@ -109,6 +119,10 @@ class ZmqTaskIO:
     @property
     def feedback_gate(self) -> InputGate | None:
         return self._feedback_gate
+
+    @property
+    def priority_gate(self) -> InputGate | None:
+        return self._priority_gate
 
     def control_socket(self) -> zmq.Socket[Any]:
         control: zmq.Socket[Any] = self._zctx.socket(zmq.DEALER)
@@ -135,18 +149,21 @@ class ZmqTaskIO:
             sndhwm=cfg.channel_hwm,
             compress_min_bytes=cfg.compress_min_bytes,
             on_backpressure=on_backpressure,
+            priority_endpoint=None if back_edge else self._priority_endpoints.get(target_task),
         )
+
+    @property
+    def _gates(self) -> list[InputGate]:
+        gates = (self._gate, self._feedback_gate, self._priority_gate)
+        return [gate for gate in gates if gate is not None]
 
     def wait(self, timeout_ms: int) -> tuple[bool, bool]:
         if self._poller is None:
             self._poller = zmq.Poller()
-            for gate in (self._gate, self._feedback_gate):
-                if gate is not None:
-                    self._poller.register(gate.socket, zmq.POLLIN)
+            for gate in self._gates:
+                self._poller.register(gate.socket, zmq.POLLIN)
             if self._control is not None:
                 self._poller.register(self._control, zmq.POLLIN)
         events = dict(self._poller.poll(timeout_ms))
-        gate_ready = any(
-            gate is not None and gate.socket in events for gate in (self._gate, self._feedback_gate)
-        )
+        gate_ready = any(gate.socket in events for gate in self._gates)
         return gate_ready, self._control is not None and self._control in events

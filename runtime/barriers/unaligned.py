@@ -127,6 +127,24 @@ class UnalignedHandler(HandlerViews):
             self._abort_current(CheckpointFailureReason.SUBSUMED)
         self._begin_or_align(channel, barrier)
 
+    def on_priority_barrier(self, channel: int, barrier: Barrier) -> None:
+        """barrier(n) overtook ``channel``'s queued records (the priority path): the first
+        barrier(n) snapshots at once, and ``channel`` stays logged until barrier(n) arrives
+        in band behind its records. Later copies, and copies of older checkpoints, are
+        ignored (the in-band copy decides)."""
+        n = barrier.checkpoint_id
+        if channel not in self._inputs.live or barrier.final or n <= self._current:
+            return
+        if self._timeout is not None:
+            raise BarrierProtocolError(
+                f"{barrier!r} overtook channel {channel}, but this task aligns first "
+                "(aligned_timeout): only unaligned checkpoints send overtaking barriers"
+            )
+        if isinstance(self._state, Recording):
+            self._abort_current(CheckpointFailureReason.SUBSUMED)
+        self._inputs.trigger(barrier, self._inputs.clock())
+        self._record(n, self._inputs.live)
+
     def on_cancel(self, channel: int, cancel: CancelBarrier) -> None:
         self._check_readable(channel, cancel)
         n = cancel.checkpoint_id

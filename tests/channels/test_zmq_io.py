@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -258,3 +259,47 @@ def test_events_sent_individually(gate: InputGate, outputs: Outputs) -> None:
         out.send_event(event)
     assert receive(gate, 3) == [(3, e) for e in events]
     assert out.batches_sent == 0
+
+
+def test_a_priority_barrier_overtakes_a_full_data_path(
+    context: zmq.Context[Any], gate: InputGate, outputs: Outputs
+) -> None:
+    """Unaligned checkpoints: the data path is full (backpressure), the barrier still
+    reaches the priority gate at once; in band it stays behind every record."""
+    priority = InputGate(context, HOST)
+    try:
+
+        def stop() -> None:
+            raise Aborted
+
+        out = outputs.open(
+            gate.endpoint,
+            3,
+            batch_size=10,
+            sndhwm=1,
+            compress_min_bytes=0,
+            on_backpressure=stop,
+            priority_endpoint=priority.endpoint,
+        )
+        blob = b"x" * 100_000
+        with pytest.raises(Aborted):
+            for _ in range(500):  # nobody reads the data gate
+                out.write([blob] * 10)
+        sent = out.records_sent
+        assert out.send_priority(Barrier(4, 1.0))
+        assert priority.socket.poll(5000, zmq.POLLIN)
+        (frame,) = priority.recv_frames(10)
+        assert decode_header(frame)[0] == 3 and decode_event(frame) == Barrier(4, 1.0)
+        out._on_backpressure = None
+        got: list[list[Item]] = []
+        reader = threading.Thread(target=lambda: got.append(receive(gate, sent + 11, 20.0)))
+        reader.start()  # the reader catches up
+        out.send_event(Barrier(4, 1.0))
+        reader.join(30)
+        assert got and got[0][-1] == (3, Barrier(4, 1.0)) and len(got[0]) == sent + 11
+    finally:
+        priority.close()
+
+
+def test_without_a_priority_path_send_priority_says_so(gate: InputGate, outputs: Outputs) -> None:
+    assert not outputs.open(gate.endpoint, 0).send_priority(Barrier(1, 1.0))

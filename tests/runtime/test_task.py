@@ -61,6 +61,10 @@ class FakeOutput:
     def send_event(self, event: Event) -> None:
         self.log.append(("forward", event))
 
+    def send_priority(self, event: Event) -> bool:
+        self.log.append(("priority", event))
+        return True
+
     def close(self, linger_ms: int = 0) -> None:
         self.closed = True
 
@@ -111,9 +115,10 @@ class FakeJobManager:
 
 
 class FakeIO:
-    def __init__(self, feedback: bool = False) -> None:
+    def __init__(self, feedback: bool = False, priority: bool = False) -> None:
         self.gate = FakeGate()
         self.feedback_gate: FakeGate | None = FakeGate() if feedback else None
+        self.priority_gate: FakeGate | None = FakeGate() if priority else None
         self.jm = FakeJobManager()
         self.log: Log = []
         self.outputs: dict[int, FakeOutput] = {}
@@ -132,8 +137,8 @@ class FakeIO:
         return self.outputs[channel_id]
 
     def wait(self, timeout_ms: int) -> tuple[bool, bool]:
-        fed = self.feedback_gate is not None and bool(self.feedback_gate.frames)
-        return bool(self.gate.frames) or fed, bool(self.jm.inbox)
+        side = [g for g in (self.feedback_gate, self.priority_gate) if g is not None]
+        return bool(self.gate.frames) or any(g.frames for g in side), bool(self.jm.inbox)
 
 
 def double(x: int) -> int:
@@ -173,7 +178,7 @@ def merge_task(tmp_path: Path, **settings: Any) -> tuple[Task, FakeIO]:
         restore_metadata=None,
         run_id="test",
     )
-    io = FakeIO()
+    io = FakeIO(priority=env.config.barriers_overtake)
     return Task(plan, spec, env, io, "127.0.0.1"), io
 
 
@@ -229,6 +234,28 @@ def test_blocked_frames_are_replayed_in_order_before_newer_ones(tmp_path: Path) 
     task.close(graceful=True)
     assert io.jm.closed and all(o.closed for o in io.outputs.values())
     assert isinstance(io.jm.received[-1], P.Closed)
+
+
+def test_unaligned_barriers_overtake_queued_input_which_becomes_channel_state(
+    tmp_path: Path,
+) -> None:
+    task, io = merge_task(tmp_path, snapshot_mode="unaligned")
+    task.open()
+    b1, b2 = Barrier(1, 0.0), Barrier(2, 0.0, final=True)
+    io.gate.frames.extend(
+        [data(0, 1, 2), data(1, 10), event(0, b1), data(0, 3), event(1, b1), data(1, 11)]
+        + [event(c, e) for e in (b2, EndOfInput()) for c in (0, 1)]
+    )
+    assert io.priority_gate is not None
+    io.priority_gate.frames.append(event(1, b1))  # ahead of everything queued
+    task.run()
+    # The snapshot came first (priority, then in band on every output), the records after.
+    assert io.log[:2] == [("priority", b1), ("forward", b1)]
+    assert [r for kind, part in io.log if kind == "write" for r in part] == [2, 4, 20, 6, 22]
+    ack = io.jm.of_type(P.Ack)[0]
+    assert ack.checkpoint_id == 1 and ack.metrics["channel_state_records"] == 3  # 1, 2, 10
+    assert ack.metrics["records_in"] == 0
+    task.close(graceful=True)
 
 
 def test_state_files_are_written_through_the_storage(tmp_path: Path) -> None:

@@ -215,3 +215,51 @@ def test_the_final_checkpoint_always_aligns() -> None:
             ),
         ],
     )
+
+
+# --- overtaking barriers (the priority path) -----------------------------------------------
+
+
+def test_an_overtaking_barrier_snapshots_and_its_channel_stays_logged_until_in_band() -> None:
+    actions, clock = RecordingActions(), FakeClock()
+    handler = UnalignedHandler([0, 1], actions, clock)
+    handler.on_priority_barrier(1, barrier(1))
+    assert actions.calls == [Trigger(1, at=0.0)]
+    assert handler.logging_channels == {0, 1}  # 1's records before its barrier: in flight
+    handler.on_priority_barrier(1, barrier(1))  # another copy, and an older one: ignored
+    handler.on_priority_barrier(0, barrier(1))
+    handler.on_barrier(1, barrier(1))
+    assert handler.logging_channels == {0}
+    handler.on_barrier(0, barrier(1))
+    assert actions.calls == [Trigger(1, at=0.0), ChannelStateLogged(1)]
+    handler.on_priority_barrier(0, barrier(1))  # late copy of a finished checkpoint
+    assert isinstance(handler.state, Idle) and len(actions.calls) == 2
+
+
+def test_an_overtaking_barrier_after_its_in_band_copy_is_ignored() -> None:
+    actions = RecordingActions()
+    handler = UnalignedHandler([0, 1], actions, FakeClock())
+    handler.on_barrier(0, barrier(2))
+    handler.on_priority_barrier(0, barrier(2))
+    assert handler.logging_channels == {1} and actions.calls == [Trigger(2, at=0.0)]
+
+
+def test_a_newer_overtaking_barrier_subsumes_the_recording_one() -> None:
+    actions = RecordingActions()
+    handler = UnalignedHandler([0, 1], actions, FakeClock())
+    handler.on_priority_barrier(0, barrier(1))
+    handler.on_priority_barrier(1, barrier(2))
+    assert actions.calls == [Trigger(1, at=0.0), Abort(1, SUBSUMED), Trigger(2, at=0.0)]
+    assert handler.state == Recording(2, frozenset({0, 1}))
+    handler.on_barrier(0, barrier(1))  # the in-band copy of the subsumed one: stale
+    assert handler.logging_channels == {0, 1}
+
+
+def test_final_barriers_never_overtake_and_aligned_handlers_refuse_overtaking() -> None:
+    actions = RecordingActions()
+    handler = UnalignedHandler([0, 1], actions, FakeClock())
+    handler.on_priority_barrier(0, barrier(5, final=True))
+    assert actions.calls == [] and isinstance(handler.state, Idle)
+    timed = UnalignedHandler([0, 1], RecordingActions(), FakeClock(), aligned_timeout=1.0)
+    with pytest.raises(BarrierProtocolError, match="only unaligned checkpoints"):
+        timed.on_priority_barrier(0, barrier(1))
