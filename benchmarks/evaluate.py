@@ -295,12 +295,15 @@ def report(
                 bp_rows,
             ),
             "",
-            "Barriers travel in band, behind the records already queued in ZeroMQ "
-            "(`channel_hwm` batches on each side of every channel, plus the kernel's "
-            "buffers) at every hop up to the slow task. Unaligned checkpoints remove the "
-            "blocking (alignment time), not that queueing: a checkpoint still completes "
-            "only once its barrier has passed the queues, so under sustained backpressure "
-            "every mode's checkpoint takes about as long as the backlog takes to drain.",
+            f"The sources emit for {BACKPRESSURE_SOURCE_SECONDS:.0f} s, faster than the "
+            "slow task follows. Unaligned barriers overtake: they travel a priority path "
+            "ahead of the records queued in ZeroMQ (`channel_hwm` batches on each side of "
+            "every channel, plus the kernel's buffers), a task snapshots when it reads the "
+            "first one, and the slow task's checkpoint completes once it has *read* its "
+            "queued input (its channel state), not processed it. The other modes' barriers "
+            "travel in band, behind those queues at every hop up to the slow task; "
+            "`aligned_timeout` stops the blocking after its timeout, not the queueing. "
+            "Unaligned pays with the channel state written at every checkpoint.",
             "",
         ]
     )

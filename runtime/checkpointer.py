@@ -276,7 +276,7 @@ class TaskCheckpointer:
         if spec is not None:  # written once the log is complete (the handler says when)
             self._drop_log()  # an older one still logging was subsumed
             self._log = _OpenLog(
-                n, captured, metrics, SpillBuffer(spec.spill_dir(), spec.spill_threshold)
+                n, captured, metrics, SpillBuffer(spec.spill_dir, spec.spill_threshold)
             )
             if self.on_log_opened is not None:
                 self.on_log_opened()

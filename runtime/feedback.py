@@ -35,15 +35,7 @@ class FeedbackQueue:
     ) -> None:
         self._gate = gate
         self._dispatch = dispatch
-        self._spill_dir = spill_dir
-        self._threshold = spill_threshold
-        self._queue: SpillBuffer | None = None  # created on first use (no I/O in __init__)
-        self.spilled_total = 0
-
-    def _buffer(self) -> SpillBuffer:
-        if self._queue is None:
-            self._queue = SpillBuffer(self._spill_dir(), self._threshold)
-        return self._queue
+        self._queue = SpillBuffer(spill_dir, spill_threshold)  # no I/O before it spills
 
     def drain(self) -> int:
         """Move every frame waiting on the feedback gate into the queue; never blocks."""
@@ -52,19 +44,19 @@ class FeedbackQueue:
             frames = self._gate.recv_frames(256)
             if not frames:
                 return moved
-            buf = self._buffer()
+            append = self._queue.append
             for frame in frames:
-                buf.append(frame)
+                append(frame)
             moved += len(frames)
 
     def __len__(self) -> int:
-        return 0 if self._queue is None else len(self._queue)
+        return len(self._queue)
 
     def process(self, budget: int = 64) -> int:
         """Deliver up to ``budget`` queued frames, oldest first; returns how many."""
         queue = self._queue
         done = 0
-        while queue is not None and queue and done < budget:
+        while queue and done < budget:
             frame = queue.popleft()
             channel, kind = _HEADER_UNPACK(frame)
             self._dispatch(channel, kind & KIND_MASK, frame)
@@ -73,10 +65,7 @@ class FeedbackQueue:
 
     @property
     def spilled_bytes(self) -> int:
-        return self.spilled_total + (0 if self._queue is None else self._queue.spilled_bytes)
+        return self._queue.spilled_bytes
 
     def close(self) -> None:
-        if self._queue is not None:
-            self.spilled_total += self._queue.spilled_bytes
-            self._queue.close()
-            self._queue = None
+        self._queue.close()

@@ -46,7 +46,7 @@ class BlockedChannels:
     def block(self, channel: int) -> None:
         """Buffer ``channel``'s frames from now on (the handler has blocked it)."""
         if channel not in self._buffers:
-            self._buffers[channel] = SpillBuffer(self._spill_dir(), self._threshold)
+            self._buffers[channel] = SpillBuffer(self._spill_dir, self._threshold)
 
     def on_frame(self, frame: bytes) -> None:
         """A frame from the gate: buffer it behind older frames of its channel, or deliver it."""

@@ -20,7 +20,8 @@ their turn to be processed comes:
   than ``QUEUE_FRAMES`` wait, so backpressure still reaches the upstream.
 
 Final barriers (the final checkpoint aligns), end of input and cancel markers keep
-their place in the queue and are handled when processed.
+their place in the queue and are handled when processed, except a cancel of the
+checkpoint being recorded (declined upstream: its barrier will not come in band).
 
 Threading: task-loop thread only.
 """
@@ -34,9 +35,11 @@ from typing import Final
 from channels.messages import (
     HEADER,
     KIND_BARRIER,
+    KIND_CANCEL,
     KIND_DATA,
     KIND_MASK,
     Barrier,
+    CancelBarrier,
     decode_event,
     decode_records,
 )
@@ -72,18 +75,11 @@ class OvertakingInput:
         ``deliver(frame)`` processes a frame (in order, per channel)."""
         self._gate, self._priority, self._handler = gate, priority, handler
         self._log, self._deliver = log, deliver
-        self._spill_dir, self._threshold = spill_dir, spill_threshold
         self._clock = clock
-        self._queue: SpillBuffer | None = None  # created on first use (no I/O in __init__)
-        self.spilled_total = 0
-
-    def _buffer(self) -> SpillBuffer:
-        if self._queue is None:
-            self._queue = SpillBuffer(self._spill_dir(), self._threshold)
-        return self._queue
+        self._queue = SpillBuffer(spill_dir, spill_threshold)
 
     def __len__(self) -> int:
-        return 0 if self._queue is None else len(self._queue)
+        return len(self._queue)
 
     @property
     def recording(self) -> bool:
@@ -121,23 +117,24 @@ class OvertakingInput:
             if isinstance(event, Barrier) and not event.final:
                 self._handler.on_barrier(channel, event)
                 return
-        self._buffer().append(frame)
+        elif kind == KIND_CANCEL:  # the recording checkpoint was declined upstream
+            cancel = decode_event(frame)
+            handler = self._handler
+            if isinstance(cancel, CancelBarrier) and (
+                cancel.checkpoint_id == handler.logging_checkpoint
+            ):
+                handler.on_cancel(channel, cancel)
+                return
+        self._queue.append(frame)
 
     def log_queued(self) -> None:
         """A snapshot was just taken: every queued data frame is in flight with respect
         to it (read before, processed after), so it goes into the channel-state log."""
-        old = self._queue
-        if not old:
-            return
-        self._queue = None
-        queue = self._buffer()
-        while old:
-            frame = old.popleft()
-            if _HEADER_UNPACK(frame)[1] & KIND_MASK == KIND_DATA:
-                self._log(frame, len(decode_records(frame)))
-            queue.append(frame)
-        self.spilled_total += old.spilled_bytes
-        old.close()
+        self._queue.rotate(self._log_if_data)
+
+    def _log_if_data(self, frame: bytes) -> None:
+        if _HEADER_UNPACK(frame)[1] & KIND_MASK == KIND_DATA:
+            self._log(frame, len(decode_records(frame)))
 
     # -- processing ------------------------------------------------------------------------
     def process(self) -> int:
@@ -158,10 +155,7 @@ class OvertakingInput:
 
     @property
     def spilled_bytes(self) -> int:
-        return self.spilled_total + (0 if self._queue is None else self._queue.spilled_bytes)
+        return self._queue.spilled_bytes
 
     def close(self) -> None:
-        if self._queue is not None:
-            self.spilled_total += self._queue.spilled_bytes
-            self._queue.close()
-            self._queue = None
+        self._queue.close()

@@ -10,6 +10,7 @@ import os
 import struct
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from typing import IO, Self
 
 import lz4.block
@@ -35,7 +36,11 @@ class SpillBuffer:
     idempotent; the buffer is unusable after it.
     """
 
-    def __init__(self, directory: str, memory_threshold: int = 8 * 1024 * 1024) -> None:
+    def __init__(
+        self, directory: str | Callable[[], str], memory_threshold: int = 8 * 1024 * 1024
+    ) -> None:
+        """``directory``: where to spill, or a callable giving it at the first spill (so a
+        buffer that never spills never creates its directory)."""
         self.directory = directory
         self.memory_threshold = memory_threshold
         self.spilled_bytes = 0
@@ -103,6 +108,13 @@ class SpillBuffer:
         frame: bytes = lz4.block.decompress(body)
         return frame
 
+    def rotate(self, visit: Callable[[bytes], None]) -> None:
+        """Pass every frame, oldest first, to ``visit``, keeping them all, in order."""
+        for _ in range(len(self)):
+            frame = self.popleft()
+            visit(frame)
+            self.append(frame)
+
     def close(self) -> None:
         """Drop all frames and remove the spill file; idempotent."""
         self._closed = True
@@ -119,6 +131,8 @@ class SpillBuffer:
     def _open_file(self) -> None:
         if self._closed:
             raise StateError(f"SpillBuffer in {self.directory!r} is closed")
+        if callable(self.directory):
+            self.directory = self.directory()
         fd, self._path = tempfile.mkstemp(dir=self.directory, prefix="absflow-spill-")
         self._file = os.fdopen(fd, "w+b")
         self._read_pos = self._write_pos = 0

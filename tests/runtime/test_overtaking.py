@@ -4,13 +4,13 @@ gates and a checkpointer that logs like the real one; no sockets)."""
 
 from __future__ import annotations
 
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 from channels.control import CheckpointFailureReason
 from channels.messages import (
     Barrier,
+    CancelBarrier,
     EndOfInput,
     Event,
     decode_header,
@@ -20,19 +20,7 @@ from channels.messages import (
 )
 from runtime.barriers import UnalignedHandler
 from runtime.overtaking import QUEUE_FRAMES, OvertakingInput
-
-
-class Gate:
-    endpoint = "fake://gate"
-
-    def __init__(self) -> None:
-        self.frames: deque[bytes] = deque()
-
-    def recv_frames(self, max_frames: int) -> list[bytes]:
-        out: list[bytes] = []
-        while self.frames and len(out) < max_frames:
-            out.append(self.frames.popleft())
-        return out
+from tests.runtime.test_task import FakeGate
 
 
 class Checkpointer:
@@ -81,7 +69,7 @@ class Checkpointer:
 
 class Rig:
     def __init__(self, tmp_path: Path, channels: tuple[int, ...] = (0, 1)) -> None:
-        self.gate, self.priority = Gate(), Gate()
+        self.gate, self.priority = FakeGate(), FakeGate()
         self.cp = Checkpointer()
         self.handler = UnalignedHandler(channels, self.cp)
         self.processed: list[tuple[int, Any]] = []
@@ -216,3 +204,12 @@ def test_the_queue_spills_past_its_threshold(tmp_path: Path) -> None:
     assert small.spilled_bytes > 0 and len(small) == 10
     small.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cancel_of_the_recording_checkpoint_acts_when_read(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.overtake(0, 1)
+    rig.event(1, CancelBarrier(1))  # declined upstream: no barrier(1) will come on 1
+    rig.event(1, CancelBarrier(0))  # not the recording one: keeps its place
+    rig.input.read()
+    assert rig.cp.aborted == [1] and not rig.input.recording and len(rig.input) == 1

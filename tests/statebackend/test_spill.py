@@ -93,3 +93,34 @@ def test_close_removes_file_and_is_idempotent(tmp_path: Path) -> None:
     with SpillBuffer(directory, memory_threshold=0) as other:
         other.append(b"z")
     assert spill_files(directory) == []
+
+
+def test_the_directory_is_asked_for_at_the_first_spill_only(tmp_path: Path) -> None:
+    asked: list[int] = []
+
+    def directory() -> str:
+        asked.append(1)
+        return str(tmp_path)
+
+    buf = SpillBuffer(directory, memory_threshold=10)
+    buf.append(b"x" * 10)
+    assert asked == []
+    buf.append(b"y" * 10)
+    buf.append(b"z" * 10)
+    assert asked == [1] and len(spill_files(str(tmp_path))) == 1
+    buf.close()
+
+
+@pytest.mark.parametrize("threshold", [1 << 20, 25])
+def test_rotate_visits_every_frame_in_order_and_keeps_them(tmp_path: Path, threshold: int) -> None:
+    buf = SpillBuffer(str(tmp_path), memory_threshold=threshold)
+    frames = [bytes([i]) * 10 for i in range(7)]
+    for frame in frames:
+        buf.append(frame)
+    seen: list[bytes] = []
+    buf.rotate(seen.append)
+    assert seen == frames
+    buf.append(b"new")
+    assert [buf.popleft() for _ in range(len(buf))] == [*frames, b"new"]
+    buf.close()
+    assert spill_files(str(tmp_path)) == []
