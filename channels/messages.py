@@ -143,6 +143,28 @@ def decode_records(frame: bytes | memoryview) -> list[Any]:
     return list(records)
 
 
+def count_records(frame: bytes | memoryview) -> int:
+    """How many records a data frame holds, from its msgpack array header (the records
+    themselves are not decoded).
+
+    Raises:
+        MalformedFrameError: the frame is not a data frame or does not decode.
+    """
+    if len(frame) < _HEADER_SIZE or frame[4] & KIND_MASK != KIND_DATA:
+        raise MalformedFrameError(f"frame of {len(frame)} bytes is not a data frame")
+    view = memoryview(frame)[_HEADER_SIZE:]
+    try:
+        payload = _lz4_decompress(view) if frame[4] & FLAG_LZ4 else view
+        unpacker = msgpack.Unpacker()
+        unpacker.feed(payload)
+        count: int = unpacker.read_array_header()
+    except (ValueError, msgpack.UnpackException, lz4.block.LZ4BlockError) as err:
+        raise MalformedFrameError(
+            f"data frame of {len(frame)} bytes does not decode: {err}"
+        ) from err
+    return count
+
+
 def decode_event(frame: bytes | memoryview) -> Event:
     """Decode a control frame (barrier, end-of-input or cancel).
 

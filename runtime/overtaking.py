@@ -40,8 +40,8 @@ from channels.messages import (
     KIND_MASK,
     Barrier,
     CancelBarrier,
+    count_records,
     decode_event,
-    decode_records,
 )
 from runtime.barriers import UnalignedHandler
 from runtime.task_io import Gate
@@ -111,7 +111,7 @@ class OvertakingInput:
         kind &= KIND_MASK
         if kind == KIND_DATA:
             if channel in self._handler.logging_channels:
-                self._log(frame, len(decode_records(frame)))
+                self._log(frame, count_records(frame))
         elif kind == KIND_BARRIER:
             event = decode_event(frame)
             if isinstance(event, Barrier) and not event.final:
@@ -134,7 +134,7 @@ class OvertakingInput:
 
     def _log_if_data(self, frame: bytes) -> None:
         if _HEADER_UNPACK(frame)[1] & KIND_MASK == KIND_DATA:
-            self._log(frame, len(decode_records(frame)))
+            self._log(frame, count_records(frame))
 
     # -- processing ------------------------------------------------------------------------
     def process(self) -> int:

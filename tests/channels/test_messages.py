@@ -19,6 +19,7 @@ from channels.messages import (
     EndOfInput,
     Event,
     MalformedFrameError,
+    count_records,
     decode_event,
     decode_header,
     decode_records,
@@ -161,3 +162,17 @@ def test_truncated_frames_are_malformed() -> None:
         decode_records(encode_data(0, ["abc", "def"])[:-2])
     with pytest.raises(MalformedFrameError, match="does not decode"):
         decode_records(HEADER.pack(0, KIND_DATA | FLAG_LZ4) + b"\xff\xff\xff\x7fjunk")
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 70_000])
+@pytest.mark.parametrize("compress_min_bytes", [0, 1])
+def test_count_records_reads_the_array_header(n: int, compress_min_bytes: int) -> None:
+    frame = encode_data(2, list(range(n)), compress_min_bytes)
+    assert count_records(frame) == n == len(decode_records(frame))
+
+
+def test_count_records_refuses_events_and_garbage() -> None:
+    with pytest.raises(MalformedFrameError):
+        count_records(encode_event(1, EndOfInput()))
+    with pytest.raises(MalformedFrameError):
+        count_records(b"\x01\x00\x00\x00\x00\xc1")
