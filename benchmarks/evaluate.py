@@ -327,11 +327,7 @@ def plots(s: Setting, f6: dict[str, Runs], f7: dict[tuple[int, bool], Runs]) -> 
     ax.set_xlabel("checkpoint interval (s)")
     ax.set_ylabel("processing time (s)")
     ax.set_title("Processing time against checkpoint interval")
-    ax.legend(fontsize=8)
-    path = os.path.join(DOCS, "evaluation-interval.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    written.append(path)
+    written.append(_save(fig, ax, "evaluation-interval.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     ps = s.parallelisms
     ax.plot(ps, [f7[(p, False)].time for p in ps], marker="o", label="no checkpoints")
@@ -339,12 +335,16 @@ def plots(s: Setting, f6: dict[str, Runs], f7: dict[tuple[int, bool], Runs]) -> 
     ax.set_xlabel("parallelism p (6p tasks)")
     ax.set_ylabel("processing time (s)")
     ax.set_title("Processing time against parallelism")
+    written.append(_save(fig, ax, "evaluation-parallelism.png"))
+    return written
+
+
+def _save(fig: Any, ax: Any, name: str) -> str:
     ax.legend(fontsize=8)
-    path = os.path.join(DOCS, "evaluation-parallelism.png")
+    path = os.path.join(DOCS, name)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    written.append(path)
-    return written
+    return path
 
 
 def main() -> None:
