@@ -52,6 +52,7 @@ TASK_METRICS = (
     "state_bytes",
     "spilled_bytes",
     "backedge_records",
+    "watermark",
 )
 
 

@@ -65,6 +65,13 @@ from statebackend.storage import CheckpointStorage
 log = logging.getLogger("absflow.task")
 
 
+def watermark_metric(watermark: float | None) -> float | str | None:
+    """A task's watermark in checkpoint metrics: None before any, "end" after its input."""
+    if watermark is None or watermark == float("-inf"):
+        return None
+    return "end" if watermark == float("inf") else watermark
+
+
 class Snapshotted(Protocol):
     """What the checkpointer needs of the task's operators (``OperatorChain``)."""
 
@@ -297,6 +304,7 @@ class TaskCheckpointer:
         metrics["keys"] = captured.keys
         # Counts at the snapshot (a consistent cut): the job's committed record figures.
         metrics["records_in"], metrics["records_out"] = self._counts()
+        metrics["watermark"] = watermark_metric(getattr(self.chain, "watermark", None))
         return captured
 
     def forward(self, event: Event) -> None:

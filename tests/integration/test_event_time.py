@@ -95,3 +95,19 @@ def test_sessions_example_survives_a_kill_of_a_window_task() -> None:
             reference.output(name)
         ), name
     assert sessions.check(clicks, killed.output("per_session"), killed.output("late")) == []
+
+
+def test_orders_payments_example_survives_a_kill_of_a_join_task() -> None:
+    """examples/orders_payments.py: a kill of an interval-join task gives the failure-free
+    run's output record for record, equal to the direct computation."""
+    example = load_example("orders_payments")
+    orders = 12_000
+    reference = example.build(orders, 2, 4_000, **CHK).run()
+    killed = example.build(orders, 2, 4_000, **CHK).run(
+        faults=[Kill("paid[0]", after_checkpoint=2)]
+    )
+    assert len(killed.restarts) == 1, killed.summary()
+    assert killed.restarts[0].restored_checkpoint is not None
+    joined = collections.Counter(killed.output("joined"))
+    assert joined == collections.Counter(reference.output("joined"))
+    assert joined == example.expected(orders)
