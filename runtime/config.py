@@ -58,6 +58,7 @@ class JobConfig:
     timeout: float | None = None  # give up (cancel) after this many seconds
     allow_non_restored_state: bool = False  # restore_from may drop state of removed steps
     debug_drop_in_flight_log: bool = False  # tests only: restore loops without their back-edge log
+    debug_drop_event_time: bool = False  # tests only: restore without timers and watermarks
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False, hash=False)
 
     def __post_init__(self) -> None:
