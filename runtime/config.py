@@ -16,7 +16,7 @@ class SnapshotMode(enum.Enum):
     EXACTLY_ONCE = "exactly_once"  # aligned ABS: block channels until all barriers arrived
     AT_LEAST_ONCE = "at_least_once"  # barriers counted, nothing blocked (replay may duplicate)
     UNALIGNED = "unaligned"  # Chandy-Lamport: snapshot at the first barrier, log channel state
-    SYNCHRONOUS = "synchronous"  # the paper's baseline: sources halt, drain, snapshot, resume
+    SYNCHRONOUS = "synchronous"  # Naiad's (the paper's baseline): halt all, drain, snapshot, resume
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class JobConfig:
     timeout: float | None = None  # give up (cancel) after this many seconds
     allow_non_restored_state: bool = False  # restore_from may drop state of removed steps
     debug_drop_in_flight_log: bool = False  # tests only: restore loops without their back-edge log
+    debug_skip_drain: bool = False  # tests only: synchronous snapshots without waiting to drain
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False, hash=False)
 
     def __post_init__(self) -> None:
