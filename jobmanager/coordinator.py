@@ -175,9 +175,9 @@ class CheckpointCoordinator:
     def _advance_drains(self) -> None:
         for cp in list(self.pending.values()):
             drain = cp.drain
-            if drain is not None and not drain.terminated and drain.on_tick():
-                if cp.drained_mono is None:
-                    self._trigger_drained(cp)
+            drained = drain is not None and not drain.terminated and drain.on_tick()
+            if drained and cp.drained_mono is None:
+                self._trigger_drained(cp)
 
     def on_sources_ended(self) -> None:
         """All sources read their input: the final checkpoint commits all remaining output."""
