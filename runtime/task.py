@@ -197,6 +197,8 @@ class Task:
         for msg in self.control.take():
             if isinstance(msg, P.Trigger):
                 self.checkpointer.trigger_source(msg)
+            elif isinstance(msg, P.Halt):
+                self.checkpointer.halt(msg.checkpoint_id)
             elif isinstance(msg, P.Complete):
                 self.checkpointer.complete(msg.checkpoint_id)
             elif isinstance(msg, P.Abort):
@@ -210,7 +212,9 @@ class Task:
                 t = self.identity
                 received = 0 if self.chain.reader is not None else self.records_in
                 self.control.send(
-                    P.LoopStatus(t.index, t.attempt, msg.round, self.out.records_sent, received)
+                    P.LoopStatus(
+                        t.index, t.attempt, msg.round, self.out.records_sent, received, msg.tag
+                    )
                 )
 
     def _on_backpressure(self) -> None:
