@@ -93,6 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     n = args.n
     kinds: dict[str, WindowKind] = {"tumbling": Tumbling(TUMBLE_MS), "session": Session(GAP_MS)}
+    absflow_run(2_000, 1, kinds["tumbling"], 0.0)  # warm-up: the Spark session starts here
     print(f"{n:,} records, {KEYS:,} keys, out of order by < {MAX_DELAY_MS} ms")
     print(f"{'run':<38} {'records/s':>12} {'processing':>12} {'windows':>9} {'peak RSS':>9}")
     for name, kind in kinds.items():

@@ -57,19 +57,13 @@ from runtime.inputs import BlockedChannels
 from runtime.snapshot_modes import InFlightLog
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output
+from runtime.watermarks import watermark_metric
 from statebackend.metadata import TaskStateHandle
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.spill import SpillBuffer
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.task")
-
-
-def watermark_metric(watermark: float | None) -> float | str | None:
-    """A task's watermark in checkpoint metrics: None before any, "end" after its input."""
-    if watermark is None or watermark == float("-inf"):
-        return None
-    return "end" if watermark == float("inf") else watermark
 
 
 class Snapshotted(Protocol):

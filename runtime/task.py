@@ -224,7 +224,7 @@ class Task:
         self.control.read()
         if self.feedback is not None:
             self.feedback.drain()
-        self._housekeeping(time.monotonic())
+        self._housekeeping(time.monotonic(), timers=False)  # no records in a blocked send
 
     def _heartbeat(self) -> P.Heartbeat:
         rss = rss_bytes()
@@ -234,9 +234,9 @@ class Task:
             t.index, t.attempt, self.records_in, self.chain.records_out, rss, self.first_record_at
         )
 
-    def _housekeeping(self, now: float) -> None:
+    def _housekeeping(self, now: float, timers: bool = True) -> None:
         self.control.heartbeat(now, self._heartbeat)
-        if self.chain._timed:
+        if timers and self.chain.timed:  # processing-time timers and windows
             self.chain.on_processing_time(time.time())
         if self.checkpointer.writes_pending:
             self.checkpointer.collect_writes()

@@ -27,6 +27,13 @@ END_OF_TIME = math.inf
 """The watermark a source sends once its input ended: every timer and window fires."""
 
 
+def watermark_metric(watermark: float | None) -> float | str | None:
+    """A task's watermark in checkpoint metrics: None before any, "end" after its input."""
+    if watermark is None or watermark == NO_WATERMARK:
+        return None
+    return "end" if watermark == END_OF_TIME else watermark
+
+
 class WatermarkValve:
     """The input watermark of a task over its (non back-edge) input channels.
 

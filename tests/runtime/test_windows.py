@@ -264,3 +264,12 @@ def test_windows_after_a_map_need_a_timestamp_and_refuse_loops() -> None:
     body.collect("out")
     with pytest.raises(GraphError, match=r"step 'wl' uses event time inside loop 'loop'"):
         flow.plan()
+
+
+def test_a_record_later_than_every_watermark_is_processed_not_lost() -> None:
+    """Clock skew: a timestamp far ahead of the watermark lands in its window, which fires
+    when the watermark gets there (here: at the end of input)."""
+    op = window_op(Tumbling(10))
+    assert op.process([("a", 5, 1), ("a", 10**12, 1)]) == []
+    assert op.on_watermark(100) == [("a", 0, 10, 1)]
+    assert op.on_watermark(float("inf")) == [("a", 10**12, 10**12 + 10, 1)]
