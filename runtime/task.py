@@ -312,7 +312,7 @@ class Task:
             self._report_failure(named.step or self.spec.task_id, named, fatal=True)
             raise TaskCancelled(f"step '{named.step}' emitted a record that cannot cross") from err
         except OperatorFailure as failure:
-            self._report_failure(failure.operator, failure.cause)
+            self._report_failure(failure.operator, failure.cause, failure.fatal)
             raise TaskCancelled(f"operator '{failure.operator}' failed") from failure
         except Exception as err:  # storage this executor cannot write: restarts cannot help
             self._report_failure(self.spec.task_id, err, isinstance(err, CheckpointStorageError))

@@ -250,3 +250,33 @@ def test_text_file_reader_reports_its_splits(tmp_path: Path) -> None:
 def test_explain_shows_where_watermarks_are_generated() -> None:
     text = merge_plan().explain()
     assert "'ts_a' assigns timestamps and generates watermarks here (max_delay 0" in text
+
+
+def test_a_bad_timestamp_at_a_source_fails_the_job_naming_the_step(tmp_path: Path) -> None:
+    """Fatal: a restart would replay the same record into the same error."""
+    from channels import control as P
+    from runtime.errors import TaskCancelled
+
+    flow = Dataflow("bad_ts")
+    src = flow.source(CollectionSource([("a", 1), ("b", "noon")]), name="src")
+    src.assign_timestamps(ts, name="stamps").collect("out")
+    plan = flow.plan()
+    spec = plan.tasks[0]
+    env = TaskEnvironment(
+        jm_endpoint="fake://jm",
+        attempt=0,
+        config=JobConfig(heartbeat_interval=3600),
+        checkpoint_root=None,
+        restore_root=None,
+        restore_metadata=None,
+        run_id="test",
+    )
+    io = FakeIO()
+    task = Task(plan, spec, env, io, "127.0.0.1")
+    task.open()
+    with pytest.raises(TaskCancelled, match="operator 'stamps' failed"):
+        task.run()
+    failed = io.jm.of_type(P.Failed)[0]
+    assert failed.fatal and failed.operator == "stamps"
+    assert "step 'stamps': the timestamp function returned 'noon' (str)" in failed.error
+    task.close(graceful=False)
