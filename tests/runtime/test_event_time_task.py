@@ -94,6 +94,10 @@ def test_a_task_forwards_the_min_watermark_on_every_output_channel(tmp_path: Pat
     # each watermark goes to both output channels (the hash edge has two)
     assert marks == [m for m in (2, 4, 9, float("inf")) for _ in range(2)]
     assert task.input_side.watermark == float("inf")
+    # the task's watermark at the (final) checkpoint is in its ack: checkpoints --show
+    from channels import control as P
+
+    assert io.jm.of_type(P.Ack)[0].metrics["watermark"] == 9
     task.close(graceful=True)
 
 
