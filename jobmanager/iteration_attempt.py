@@ -127,16 +127,16 @@ class IterationAttempt:
         self.current, self.done = k, {}
         self.go_at = time.perf_counter()
         self.result.supersteps_started += 1
-        self.broadcast(S.SuperstepGo(k, False))
-        if self.on_first_superstep is not None:
-            self.on_first_superstep()
-            self.on_first_superstep = None
         for kill in list(self.kills):
-            if kill[1] == k:
+            if kill[1] == k:  # before the Go: the task dies as superstep k starts
                 self.kills.remove(kill)
                 self.send(kill[0], P.KillSelf(int(signal.SIGKILL), f"superstep:{k}"))
                 self.lost.add(kill[0])
                 break  # one kill per attempt: the next one belongs to the next attempt
+        self.broadcast(S.SuperstepGo(k, False))
+        if self.on_first_superstep is not None:
+            self.on_first_superstep()
+            self.on_first_superstep = None
 
     def _decide(self) -> AttemptOutcome | None:
         k = self.current
