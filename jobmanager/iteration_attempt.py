@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from channels import control as P
 from channels import superstep_control as S
@@ -59,10 +60,13 @@ class IterationAttempt:
         self.registered: set[int] = set()
         self.done: dict[int, S.SuperstepDone] = {}
         self.states: dict[int, bytes] = {}
-        self.lost: set[int] = set()  # killed by fault injection, failed, or unreachable
+        self.lost: set[int] = set()  # failed, or its control connection is gone
+        self.killed: set[int] = set()  # told to kill itself (fault injection)
         self.collecting = False
         self.go_at = 0.0
         self.on_first_superstep: Callable[[], None] | None = None
+        self.monitor: zmq.Socket[bytes] | None = None
+        self.suspect_until = 0.0
 
     # -- messaging -------------------------------------------------------------------
     def send(self, index: int, msg: P.Message) -> None:
@@ -75,7 +79,7 @@ class IterationAttempt:
 
     def broadcast(self, msg: P.Message) -> None:
         for i in range(self.p):
-            if i not in self.lost:
+            if i not in self.lost and i not in self.killed:
                 self.send(i, msg)
 
     def _receive(self, timeout_ms: int) -> Iterator[P.Message]:
@@ -93,13 +97,35 @@ class IterationAttempt:
     # -- the attempt -----------------------------------------------------------------
     def drive(self) -> AttemptOutcome:
         while True:
-            failure = self.launcher.failure()
+            failure = self.launcher.failure() or self._dead_tasks()
             if failure is not None:
                 return AttemptOutcome(failure, False, self.current, self.agreed)
             for msg in self._receive(20):
                 outcome = self._on(msg)
                 if outcome is not None:
                     return outcome
+
+    def _dead_tasks(self) -> str | None:
+        """A task's control connection closed (its process died): seen within
+        milliseconds, long before Spark fails the stage and ends the survivors, which is
+        what leaves time for the rescue read. A disconnect event names no task, so each
+        task of this attempt is probed: the ROUTER refuses to route to a closed one."""
+        if self.monitor is None:
+            return None
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.suspect_until = time.monotonic() + 1.0
+        if time.monotonic() >= self.suspect_until or len(self.registered) < self.p:
+            return None
+        before = set(self.lost)
+        for i in range(self.p):
+            if i not in self.lost:
+                self.send(i, P.Alive())
+        dead = sorted(self.lost - before)
+        if dead:
+            return f"the control connection of task(s) {dead} closed (process died)"
+        return None
 
     def _on(self, msg: P.Message) -> AttemptOutcome | None:
         if isinstance(msg, P.Register):
@@ -131,7 +157,7 @@ class IterationAttempt:
             if kill[1] == k:  # before the Go: the task dies as superstep k starts
                 self.kills.remove(kill)
                 self.send(kill[0], P.KillSelf(int(signal.SIGKILL), f"superstep:{k}"))
-                self.lost.add(kill[0])
+                self.killed.add(kill[0])  # not "lost" yet: its death is detected, not assumed
                 break  # one kill per attempt: the next one belongs to the next attempt
         self.broadcast(S.SuperstepGo(k, False))
         if self.on_first_superstep is not None:
@@ -170,7 +196,7 @@ class IterationAttempt:
         self.broadcast(S.RescueRequest(superstep))
         answers: dict[int, bytes] = {}
         deadline = time.monotonic() + timeout
-        while len(answers) < self.p - len(self.lost):
+        while len(answers) < self.p - len(self.lost | self.killed):
             left = deadline - time.monotonic()
             if left <= 0:
                 break

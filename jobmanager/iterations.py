@@ -65,6 +65,7 @@ class IterationDriver:
             frozenset(p) for p in spec.partitioner.split(dict.fromkeys(solution))
         ]
         self.where = f"iteration '{spec.name}' (step '{spec.step.name}')"
+        self.monitor: zmq.Socket[bytes] | None = None
 
     # -- the run --------------------------------------------------------------------
     def run(self, kills: list[tuple[int, int]]) -> IterationResult:
@@ -90,8 +91,12 @@ class IterationDriver:
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             port = router.bind_to_random_port(f"tcp://{host}")
+            self.monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             return self._attempts(root, router, f"tcp://{host}:{port}", spark, list(kills))
         finally:
+            if self.monitor is not None:
+                router.disable_monitor()
+                self.monitor.close(0)
             router.close(0)
             zctx.term()
             if owned:
@@ -134,6 +139,7 @@ class IterationDriver:
             run = IterationAttempt(
                 self.spec, attempt, start, router, launcher, kills, self.checkpoints, result
             )
+            run.monitor = self.monitor
             if pending_recovery is not None:
                 run.on_first_superstep = _recorder(result, *pending_recovery)
             outcome = run.drive()

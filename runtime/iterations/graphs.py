@@ -40,11 +40,12 @@ def components_graph(
     """Edges of an undirected graph (each once) with exactly ``n_components``
     components (isolated vertices count), vertex ids shuffled."""
     rng = np.random.default_rng(seed)
-    sizes = rng.zipf(2.0, size=n_components).astype(float)
-    sizes = np.maximum(1, np.floor(sizes / sizes.sum() * n_vertices)).astype(int)
-    sizes[0] += n_vertices - sizes.sum()
-    if sizes[0] < 1:
-        raise ValueError("too many components for the vertices")
+    if n_components > n_vertices:
+        raise ValueError(f"{n_components} components need at least as many vertices, not {n_vertices}")
+    weights = rng.zipf(2.0, size=n_components).astype(float)
+    weights /= weights.sum()
+    sizes = 1 + np.floor(weights * (n_vertices - n_components)).astype(int)  # power-law sizes
+    sizes[int(np.argmax(sizes))] += n_vertices - int(sizes.sum())
     ids = rng.permutation(n_vertices)
     edges: list[tuple[int, int]] = []
     start = 0
