@@ -41,7 +41,9 @@ def components_graph(
     components (isolated vertices count), vertex ids shuffled."""
     rng = np.random.default_rng(seed)
     if n_components > n_vertices:
-        raise ValueError(f"{n_components} components need at least as many vertices, not {n_vertices}")
+        raise ValueError(
+            f"{n_components} components need at least as many vertices, not {n_vertices}"
+        )
     weights = rng.zipf(2.0, size=n_components).astype(float)
     weights /= weights.sum()
     sizes = 1 + np.floor(weights * (n_vertices - n_components)).astype(int)  # power-law sizes

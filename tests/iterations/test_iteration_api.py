@@ -142,7 +142,9 @@ def test_delta_partitions_reach_the_components() -> None:
 def test_a_message_to_an_unknown_key_names_the_step() -> None:
     spec = BulkIteration("pr", RANKS, PageRankStep(4), side=OUT, max_supersteps=3).spec
     part = PartitionCompute(spec, 0, {0: 0.25, 2: 0.25}, None, {})
-    with pytest.raises(IterationError, match=r"step 'pagerank'.*key 42.*may not change the key set"):
+    with pytest.raises(
+        IterationError, match=r"step 'pagerank'.*key 42.*may not change the key set"
+    ):
         part.absorb([42, 0.1])
 
 

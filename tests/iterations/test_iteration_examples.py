@@ -13,7 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def load_example(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, "examples", f"{name}.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -26,7 +28,15 @@ SMALL_CC = ["--threads", "--vertices", "800", "--components", "60"]
 
 def test_pagerank_example_checks_itself_against_networkx(capsys: Any) -> None:
     pagerank = load_example("pagerank")
-    args = [*SMALL_PR, "--recovery", "optimistic", "--kill-task", "pagerank[1]", "--after", "superstep:4"]
+    args = [
+        *SMALL_PR,
+        "--recovery",
+        "optimistic",
+        "--kill-task",
+        "pagerank[1]",
+        "--after",
+        "superstep:4",
+    ]
     assert pagerank.main(args) == 0
     out = capsys.readouterr().out
     assert "OK: matches networkx" in out and "optimistic recovery from superstep 3" in out
@@ -35,7 +45,17 @@ def test_pagerank_example_checks_itself_against_networkx(capsys: Any) -> None:
 @pytest.mark.parametrize("mode", ["blocking", "tail", "head"])
 def test_cc_example_recovers_from_a_kill_with_checkpoints(mode: str, capsys: Any) -> None:
     cc = load_example("connected_components_bulk")
-    args = [*SMALL_CC, "--recovery", mode, "--interval", "1", "--kill-task", "2", "--after", "superstep:3"]
+    args = [
+        *SMALL_CC,
+        "--recovery",
+        mode,
+        "--interval",
+        "1",
+        "--kill-task",
+        "2",
+        "--after",
+        "superstep:3",
+    ]
     assert cc.main(args) == 0
     out = capsys.readouterr().out
     assert "OK: equal to union-find" in out and "checkpoint recovery" in out
