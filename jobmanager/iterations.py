@@ -83,10 +83,11 @@ class IterationDriver:
             spark = None
             host = "127.0.0.1"
             if self.launcher == "spark":
-                from jobmanager.launcher import driver_host, ensure_session
+                from jobmanager.launcher import check_slots, driver_host, ensure_session
                 from runtime.config import JobConfig
 
                 spark = ensure_session(self.spec.parallelism, JobConfig(), say=self.say)
+                check_slots(spark.sparkContext, self.spec.parallelism, say=self.say)
                 host = driver_host(spark.sparkContext)
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)

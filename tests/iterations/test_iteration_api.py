@@ -185,3 +185,44 @@ def test_compensations_follow_the_seed() -> None:
     assert pagerank_compensation(surviving, frozenset({2, 3}), {}) == {2: 0.25, 3: 0.25}
     values, workset = cc_compensation({0: 0, 1: 0}, frozenset({2}), {2: (1,), 1: (2, 0)})
     assert values == {2: 2} and workset == {1, 2}
+
+
+class _Router:
+    """Captures what the job manager sends (a stand-in for its ROUTER socket)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any]] = []
+
+    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+        self.sent.append((frames[0].decode(), S.decode(frames[1])))
+
+
+class _Running:
+    def failure(self) -> str | None:
+        return None
+
+
+def test_the_job_manager_decides_a_superstep_only_when_every_task_reported(tmp_path: Path) -> None:
+    from jobmanager.iteration_attempt import IterationAttempt
+    from jobmanager.iteration_result import IterationResult
+
+    spec = BulkIteration(
+        "pr", RANKS, PageRankStep(4), side=OUT, parallelism=3, max_supersteps=9
+    ).spec
+    router = _Router()
+    result = IterationResult("pr", {}, 0, False, 1, 0.0, 0, "none")
+    fake_router: Any = router
+    fake_launcher: Any = _Running()
+    store = SuperstepStore(str(tmp_path))
+    run = IterationAttempt(spec, 0, 0, fake_router, fake_launcher, [], store, result)
+    for i in range(3):
+        run._on(P.Register(i, 0, f"iter-{i}", 1, "h", "e"))
+    assert [m for _, m in router.sent] == [S.SuperstepGo(1, False)] * 3
+    router.sent.clear()
+    run._on(S.SuperstepDone(0, 0, 1, 0.5, 4, -1, 0.0))
+    run._on(S.SuperstepDone(2, 0, 1, 0.5, 4, -1, 0.0))
+    run._on(S.SuperstepDone(2, 0, 1, 0.5, 4, -1, 0.0))  # a duplicate counts once
+    assert router.sent == []  # task 1 is slow: everyone waits, however long
+    run._on(S.SuperstepDone(1, 0, 1, 0.5, 4, -1, 0.0))
+    assert [m for _, m in router.sent] == [S.SuperstepGo(2, False)] * 3
+    assert result.aggregates == [(1, 1.5)]
