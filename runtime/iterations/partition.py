@@ -20,6 +20,7 @@ from runtime.iterations.api import IterationError, IterationSpec
 __all__ = ["Outcome", "PartitionCompute", "Sink", "decode_state", "encode_state"]
 
 CHUNK = 8192
+_MISSING = object()
 
 
 class Sink(Protocol):
@@ -63,6 +64,7 @@ class PartitionCompute:
         self.next_solution: dict[Any, Any] | None = None
         self.next_workset: set[Any] | None = None
         self.inbox: dict[Any, Any] = {}
+        self._owners: dict[Any, int] = {}
 
     def emit(self) -> tuple[list[list[Any]], float]:
         """``(per destination partition: [key, message, ...] flat), contribution``."""
@@ -71,17 +73,25 @@ class PartitionCompute:
         p = self.spec.parallelism
         keys = self.solution.keys() if self.workset is None else self.workset
         routed: list[dict[Any, Any]] = [{} for _ in range(p)]
+        owners = self._owners  # target -> partition, cached: the key set never changes
+        messages, contribute = step.messages, step.contribution
         contribution = 0.0
         for key in keys:
             value = self.solution[key]
             s = side.get(key)
-            contribution += step.contribution(key, value, s)
-            for target, msg in step.messages(key, value, s):
-                box = routed[owner(target)]
-                if target in box:
-                    box[target] = combine(box[target], msg) if combine else box[target] + [msg]
+            contribution += contribute(key, value, s)
+            for target, msg in messages(key, value, s):
+                o = owners.get(target)
+                if o is None:
+                    o = owners[target] = owner(target)
+                box = routed[o]
+                if combine is not None:
+                    prev = box.get(target, _MISSING)
+                    box[target] = msg if prev is _MISSING else combine(prev, msg)
+                elif target in box:
+                    box[target].append(msg)
                 else:
-                    box[target] = msg if combine else [msg]
+                    box[target] = [msg]
         out: list[list[Any]] = []
         for box in routed:
             flat: list[Any] = []
