@@ -91,6 +91,7 @@ class IterationDriver:
                 host = driver_host(spark.sparkContext)
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            router.setsockopt(zmq.SNDHWM, 0)  # never EAGAIN: a refused send means a lost task
             port = router.bind_to_random_port(f"tcp://{host}")
             self.monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             return self._attempts(root, router, f"tcp://{host}:{port}", spark, list(kills))

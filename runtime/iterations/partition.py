@@ -60,7 +60,10 @@ class PartitionCompute:
     ) -> None:
         self.spec, self.index, self.side = spec, index, side
         self.step = spec.step
-        self.solution, self.workset = solution, (workset if spec.delta else None)
+        self.solution = solution
+        self.workset: set[Any] | None = None  # bulk
+        if spec.delta:  # a delta iteration always has a workset (maybe empty)
+            self.workset = set() if workset is None else workset
         self.next_solution: dict[Any, Any] | None = None
         self.next_workset: set[Any] | None = None
         self.inbox: dict[Any, Any] = {}
