@@ -131,6 +131,16 @@ class Recovery:
     rescue_timeout: float = 2.0
     # optimistic: with more than this share of partitions lost, restart instead
     max_lost_fraction: float = 0.5
+    # optimistic: also write superstep checkpoints (this variant), to fall back on when
+    # the survivors cannot be read; None: fall back to the start
+    fallback: Literal["blocking", "tail", "head"] | None = None
+
+    @property
+    def checkpoint_mode(self) -> str | None:
+        """The superstep checkpoint variant the tasks write, if any."""
+        if self.mode in ("blocking", "tail", "head"):
+            return self.mode
+        return self.fallback if self.mode == "optimistic" else None
 
 
 def l1_below(eps: float) -> Callable[[float], bool]:

@@ -169,10 +169,11 @@ class _Head:
 
     def _superstep(self, k: int) -> None:
         rec = self.spec.recovery
+        mode = rec.checkpoint_mode
         if self.proposed is not None:  # the job manager agreed on self.proposed
             self.compute.commit()
             self.committed, self.proposed = self.proposed, None
-            if rec.mode == "head" and self.committed % rec.interval == 0 and self.committed > 0:
+            if mode == "head" and self.committed % rec.interval == 0 and self.committed > 0:
                 self.head_writer = write_whole(
                     self.store,
                     self.committed,
@@ -199,8 +200,8 @@ class _Head:
         if self.head_writer is not None:  # head: the write overlapped this superstep
             self.head_writer.wait()
             self.durable, self.head_writer = self.head_writer.superstep, None
-        checkpoint = rec.mode in ("blocking", "tail") and k % rec.interval == 0
-        if checkpoint and rec.mode == "tail":
+        checkpoint = mode in ("blocking", "tail") and k % rec.interval == 0
+        if checkpoint and mode == "tail":
             writer = PartWriter(self.store, k, self.wctx.index)
             outcome = self.compute.update(total, sink=writer)
             writer.wait()

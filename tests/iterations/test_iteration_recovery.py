@@ -158,3 +158,18 @@ def test_superstep_barriers_wait_for_a_slow_task_without_deadlock() -> None:
     assert result.solution == CC_REF and result.attempts == 1
     # every superstep where vertex 0 heard something waited for the slow task
     assert max(s for _, s in result.superstep_seconds) >= 0.05
+
+
+def test_optimistic_falls_back_to_its_fallback_checkpoints() -> None:
+    recovery = Recovery(
+        "optimistic",
+        compensation=cc_compensation,
+        max_lost_fraction=0.0,
+        fallback="blocking",
+        interval=2,
+    )
+    result = components().run(recovery=recovery, kills=[(1, KILL_AT + 1)], launcher="threads")
+    (rec,) = result.recoveries
+    assert (rec.kind, rec.resumed_from) == ("checkpoint", KILL_AT)
+    assert "falling back to the last superstep checkpoint" in rec.note
+    assert result.solution == CC_REF
