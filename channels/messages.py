@@ -12,6 +12,9 @@ Every message is exactly one ZeroMQ frame::
 * ``KIND_BARRIER``: payload is msgpack ``[checkpoint_id, timestamp, final]``.
 * ``KIND_END_OF_INPUT``: empty payload.
 * ``KIND_CANCEL``: payload is msgpack ``checkpoint_id``.
+* ``KIND_WATERMARK``: payload is msgpack ``[timestamp, idle]``: no record with a
+  timestamp <= ``timestamp`` follows on this channel (unless late); ``idle`` says the
+  sender holds no watermark back until it sends a watermark with ``idle`` false.
 * ``KIND_SUPERSTEP``: payload is msgpack ``[superstep, contribution]``: the sender has
   sent everything of that superstep of an iteration (``runtime.iterations``) on this
   channel; ``contribution`` is its share of the superstep's in-band global sum.
@@ -43,6 +46,7 @@ KIND_DATA: Final = 0
 KIND_BARRIER: Final = 1
 KIND_END_OF_INPUT: Final = 2
 KIND_CANCEL: Final = 3
+KIND_WATERMARK: Final = 4
 KIND_SUPERSTEP: Final = 5
 
 KIND_MASK: Final = 0x0F
@@ -82,7 +86,17 @@ class CancelBarrier:
     checkpoint_id: int
 
 
-Event = Barrier | EndOfInput | CancelBarrier
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Event time on this channel has reached ``timestamp`` (a number of the job's event
+    time unit; ``float('inf')`` once the channel's input has ended). ``idle``: the sender
+    is idle and stops holding back its receivers' watermark until its next non-idle one."""
+
+    timestamp: float
+    idle: bool = False
+
+
+Event = Barrier | EndOfInput | CancelBarrier | Watermark
 
 
 def encode_data(channel: int, records: list[Any], compress_min_bytes: int = 65536) -> bytes:
@@ -113,6 +127,9 @@ def encode_event(channel: int, event: Event) -> bytes:
         return _header_pack(channel, KIND_END_OF_INPUT)
     if isinstance(event, CancelBarrier):
         return _header_pack(channel, KIND_CANCEL) + _packb(event.checkpoint_id)
+    if isinstance(event, Watermark):
+        mark = (event.timestamp, event.idle)
+        return _header_pack(channel, KIND_WATERMARK) + _packb(mark, use_bin_type=True)
     raise TypeError(f"not a data-plane event: {event!r}")
 
 
@@ -170,7 +187,7 @@ def count_records(frame: bytes | memoryview) -> int:
 
 
 def decode_event(frame: bytes | memoryview) -> Event:
-    """Decode a control frame (barrier, end-of-input or cancel).
+    """Decode a control frame (barrier, end-of-input, cancel or watermark).
 
     Raises:
         MalformedFrameError: the frame is a data frame or has an unknown kind.
@@ -186,6 +203,9 @@ def decode_event(frame: bytes | memoryview) -> Event:
         return EndOfInput()
     if kind == KIND_CANCEL:
         return CancelBarrier(_unpackb(view))
+    if kind == KIND_WATERMARK:
+        timestamp, idle = _unpackb(view, use_list=False)
+        return Watermark(timestamp, idle)
     raise MalformedFrameError(f"frame kind {kind} is not a control event")
 
 
