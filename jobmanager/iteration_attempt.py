@@ -174,7 +174,7 @@ class IterationAttempt:
         self.agreed = self.result.supersteps = k
         durable = min(d.durable for d in dones)
         if durable >= 0 and (not self.result.checkpoints or durable > self.result.checkpoints[-1]):
-            self.store.complete(durable, self.p)
+            self.store.complete(durable, self.p, self.attempt)
             self.result.checkpoints.append(durable)
         spec = self.spec
         if spec.delta:

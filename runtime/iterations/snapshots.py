@@ -2,9 +2,13 @@
 
 Layout under the iteration's checkpoint directory (a local or shared filesystem)::
 
-    sstep-<k>/part-<i>      lz4 frame of msgpack objects: [[key, value], ...] chunks,
-                            then {"workset": [...] | None}
-    sstep-<k>/_metadata     written by the job manager once every part is there
+    sstep-<k>/part-<i>-a<n> lz4 frame of msgpack objects: [[key, value], ...] chunks,
+                            then {"workset": [...] | None}; written by attempt n
+    sstep-<k>/_metadata     written by the job manager once every part of one attempt
+                            is there: {"superstep", "parallelism", "attempt"}
+
+Parts carry their attempt, so a writer left over from a failed attempt (a thread of a
+reused Python worker finishing a head checkpoint) cannot replace a newer attempt's part.
 
 A part is written to a temp name, fsynced, then renamed; a superstep counts only with
 its ``_metadata``. ``PartWriter`` takes the chunks as they are produced, on its own
@@ -36,14 +40,16 @@ class SuperstepStore:
     def __init__(self, root: str) -> None:
         self.root = Path(root)
 
-    def part_path(self, superstep: int, index: int) -> Path:
-        return self.root / f"sstep-{superstep}" / f"part-{index}"
+    def part_path(self, superstep: int, index: int, attempt: int) -> Path:
+        return self.root / f"sstep-{superstep}" / f"part-{index}-a{attempt}"
 
-    def complete(self, superstep: int, parallelism: int, retain: int = 2) -> None:
-        """Every part of ``superstep`` is written: make it count, drop older ones."""
+    def complete(self, superstep: int, parallelism: int, attempt: int, retain: int = 2) -> None:
+        """Every part of ``superstep`` by ``attempt`` is written: make it count, drop
+        older ones."""
         d = self.root / f"sstep-{superstep}"
         tmp = d / "_metadata.tmp"
-        tmp.write_text(json.dumps({"superstep": superstep, "parallelism": parallelism}))
+        meta = {"superstep": superstep, "parallelism": parallelism, "attempt": attempt}
+        tmp.write_text(json.dumps(meta))
         os.replace(tmp, d / "_metadata")
         done = self.completed()
         for old in done[:-retain]:
@@ -63,9 +69,13 @@ class SuperstepStore:
         return done[-1] if done else None
 
     def read_part(self, superstep: int, index: int) -> tuple[dict[Any, Any], set[Any] | None]:
+        """Part ``index`` of ``superstep``: of the attempt its ``_metadata`` names (0
+        without metadata: the job manager's own input files)."""
+        meta = self.root / f"sstep-{superstep}" / "_metadata"
+        attempt = json.loads(meta.read_text())["attempt"] if meta.exists() else 0
         solution: dict[Any, Any] = {}
         workset: set[Any] | None = None
-        with lz4.frame.open(self.part_path(superstep, index), "rb") as f:
+        with lz4.frame.open(self.part_path(superstep, index, attempt), "rb") as f:
             unpacker = msgpack.Unpacker(f, raw=False, use_list=False, strict_map_key=False)
             for obj in unpacker:
                 if isinstance(obj, dict):
@@ -80,9 +90,9 @@ class PartWriter:
     """Writes one part on a background thread; ``add`` chunks, then ``finish``; ``wait``
     blocks until it is durable and returns the seconds spent writing."""
 
-    def __init__(self, store: SuperstepStore, superstep: int, index: int) -> None:
+    def __init__(self, store: SuperstepStore, superstep: int, index: int, attempt: int = 0) -> None:
         self.superstep = superstep
-        self.path = store.part_path(superstep, index)
+        self.path = store.part_path(superstep, index, attempt)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._error: BaseException | None = None
         self.seconds = 0.0
@@ -132,9 +142,10 @@ def write_whole(
     index: int,
     solution: dict[Any, Any],
     workset: set[Any] | None,
+    attempt: int = 0,
     chunk: int = 8192,
 ) -> PartWriter:
-    writer = PartWriter(store, superstep, index)
+    writer = PartWriter(store, superstep, index, attempt)
     items = list(solution.items())
     for i in range(0, len(items), chunk):
         writer.add(items[i : i + chunk])

@@ -180,6 +180,7 @@ class _Head:
                     self.wctx.index,
                     self.compute.solution,
                     self.compute.workset,
+                    self.wctx.attempt,
                 )
         started = time.perf_counter()
         out, contribution = self.compute.emit()
@@ -202,14 +203,16 @@ class _Head:
             self.durable, self.head_writer = self.head_writer.superstep, None
         checkpoint = mode in ("blocking", "tail") and k % rec.interval == 0
         if checkpoint and mode == "tail":
-            writer = PartWriter(self.store, k, self.wctx.index)
+            writer = PartWriter(self.store, k, self.wctx.index, self.wctx.attempt)
             outcome = self.compute.update(total, sink=writer)
             writer.wait()
         else:
             outcome = self.compute.update(total)
             if checkpoint:
                 solution, workset = self.compute.proposed()
-                write_whole(self.store, k, self.wctx.index, solution, workset).wait()
+                write_whole(
+                    self.store, k, self.wctx.index, solution, workset, self.wctx.attempt
+                ).wait()
         if checkpoint:
             self.durable = k
         self.proposed = k

@@ -173,11 +173,15 @@ def test_state_and_checkpoint_files_round_trip(tmp_path: Path) -> None:
     writer.finish(None)
     writer.wait()
     assert store.latest() is None  # no _metadata yet: the superstep does not count
-    store.complete(4, 2)
+    store.complete(4, 2, attempt=0)
     assert store.latest() == 4
     solution, workset = store.read_part(4, 1)
     assert solution == {i: i * 2 for i in range(20000)} and workset == {3, 5}
     assert store.read_part(4, 0) == ({1: 1}, None)
+    write_whole(store, 4, 0, {1: 99}, None, attempt=3).wait()  # a later attempt's part
+    assert store.read_part(4, 0) == ({1: 1}, None)  # the metadata names attempt 0
+    store.complete(4, 2, attempt=3)
+    assert store.read_part(4, 0) == ({1: 99}, None)
 
 
 def test_compensations_follow_the_seed() -> None:
