@@ -201,6 +201,7 @@ class IterationDriver:
         rec = self.spec.recovery
         failed, agreed = outcome.current, outcome.agreed
         note = ""
+        lost: tuple[int, ...] = ()
         if rec.mode == "optimistic":
             rescued = run.rescue(agreed, rec.rescue_timeout)
             lost = tuple(i for i in range(self.spec.parallelism) if i not in rescued)
@@ -233,12 +234,12 @@ class IterationDriver:
         latest = self.checkpoints.latest()
         if latest is not None and rec.mode != "none":
             return (
-                RecoveryRecord(failed, "checkpoint", latest, (), outcome.failure or "", note),
+                RecoveryRecord(failed, "checkpoint", latest, lost, outcome.failure or "", note),
                 ({}, None),
                 True,
             )
         return (
-            RecoveryRecord(failed, "start", 0, (), outcome.failure or "", note),
+            RecoveryRecord(failed, "start", 0, lost, outcome.failure or "", note),
             (self.solution, self.workset),
             False,
         )

@@ -14,6 +14,7 @@ from runtime.iterations import IterationError, Recovery
 from runtime.iterations.graphs import union_find_labels
 from runtime.iterations.library import (
     ConnectedComponentsStep,
+    PageRankStep,
     cc_compensation,
     cc_without_compensation,
     pagerank_compensation,
@@ -173,3 +174,36 @@ def test_optimistic_falls_back_to_its_fallback_checkpoints() -> None:
     assert (rec.kind, rec.resumed_from) == ("checkpoint", KILL_AT)
     assert "falling back to the last superstep checkpoint" in rec.note
     assert result.solution == CC_REF
+
+
+class _BusyPageRank(PageRankStep):
+    """Vertex 0's task spends 0.5 s in every superstep's send phase: it cannot answer
+    a rescue read quickly."""
+
+    name = "busy_pagerank"
+
+    def messages(self, key: Any, value: float, side: Any) -> Any:
+        if key == 0:
+            time.sleep(0.5)
+        return super().messages(key, value, side)
+
+
+def test_a_survivor_that_cannot_answer_the_rescue_read_in_time_counts_as_lost() -> None:
+    from runtime.iterations import BulkIteration
+    from runtime.iterations.graphs import adjacency
+    from tests.iterations.graphs import N_PR, PR_EDGES
+
+    it = BulkIteration(
+        "busy",
+        {v: 1.0 / N_PR for v in range(N_PR)},
+        _BusyPageRank(N_PR),
+        side=adjacency(N_PR, PR_EDGES),
+        parallelism=3,
+        max_supersteps=3,
+    )
+    recovery = Recovery("optimistic", compensation=pagerank_compensation, rescue_timeout=0.1)
+    result = it.run(recovery=recovery, kills=[(1, 2)], launcher="threads")
+    (rec,) = result.recoveries
+    assert rec.kind == "start" and "falling back to the start" in rec.note
+    assert 0 in rec.lost_partitions or "no surviving task answered" in rec.note
+    assert result.supersteps == 3 and sum(result.solution.values()) == pytest.approx(1.0)
