@@ -47,7 +47,9 @@ def _dashboards_closed() -> Iterator[None]:
 
 
 def _listening_ports() -> set[int]:
-    ports: set[int] = set()
+    """Ports in LISTEN held by this process or its descendants (the JVM, its Python
+    workers, our tasks): other programs on a shared machine do not count."""
+    inodes: dict[str, int] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as fh:
@@ -55,10 +57,41 @@ def _listening_ports() -> set[int]:
                 for line in fh:
                     parts = line.split()
                     if parts[3] == "0A":  # LISTEN
-                        ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+                        inodes[parts[9]] = int(parts[1].rsplit(":", 1)[1], 16)
         except OSError:
             pass
+    ports: set[int] = set()
+    for pid in _own_tree():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                ports.add(inodes[target[8:-1]])
     return ports
+
+
+def _own_tree() -> set[int]:
+    """This process and its descendants (from /proc/<pid>/stat parent ids)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, grew = {os.getpid()}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return tree
 
 
 def _absflow_tmp() -> set[str]:

@@ -157,6 +157,7 @@ class SnapshotBuilder:
         self._attempt_of: dict[int, int] = {}  # checkpoint id -> attempt
         self._tasks: tuple[Mapping[str, Any], ...] = ()
         self._attempt = 0
+        self._last: AttemptView | None = None  # the attempt last published
 
     # -- called by the job manager ----------------------------------------------------------
     def publish(self, attempt: AttemptView) -> None:
@@ -165,7 +166,7 @@ class SnapshotBuilder:
         if now < self._next:
             return
         self._next = now + self.interval
-        self._attempt = attempt.number
+        self._attempt, self._last = attempt.number, attempt
         for n in attempt.coordinator.pending:
             self._attempt_of.setdefault(n, attempt.number)
         self._tasks = tuple(self._task_rows(attempt))
@@ -174,7 +175,11 @@ class SnapshotBuilder:
         self._publish("running", failed, sorted(attempt.coordinator.pending), live)
 
     def finish(self, state: str, error: str | None = None) -> None:
-        """The job ended (``finished`` or ``failed``): the last snapshot stays up."""
+        """The job ended (``finished`` or ``failed``): the last snapshot stays up, with
+        the tasks' final figures (from ``Finished``)."""
+        if self._last is not None:
+            self._tasks = tuple(self._task_rows(self._last))
+            self._last = None
         failed = list(self.metrics.failed_checkpoints)
         self._publish(state, failed, [], self.metrics.committed(), error)
 

@@ -216,7 +216,7 @@ def test_ui_false_serves_nothing_and_bad_settings_are_named() -> None:
     dash.finish("finished")  # no-op
     with pytest.raises(GraphError, match="ui_port must be a TCP port"):
         JobConfig(ui_port=70000)
-    with pytest.raises(UiError, match="ui_host='256.1.1.1'"):
+    with pytest.raises(UiError, match=r"ui_host='256\.1\.1\.1'"):
         serve("256.1.1.1", 0, print)
 
 

@@ -15,7 +15,8 @@
 
   async function get(path) {
     const sep = path.includes("?") ? "&" : "?";
-    const url = "/api/" + path + (state.job ? sep + "job=" + encodeURIComponent(state.job) : "");
+    const perJob = state.job && path !== "jobs";  // /api/jobs lists them all
+    const url = "/api/" + path + (perJob ? sep + "job=" + encodeURIComponent(state.job) : "");
     const res = await fetch(url, { cache: "no-store" });
     const body = await res.json();
     if (!res.ok) throw new Error(body.error || res.statusText);
@@ -44,7 +45,7 @@
                  classes: ch.back_edge ? "back-edge" : "" });
     }
     state.cy = cytoscape({
-      container: $("#graph"), elements: els, wheelSensitivity: 0.2,
+      container: $("#graph"), elements: els,
       layout: { name: "dagre", rankDir: "LR", nodeSep: 12, rankSep: 70 },
       style: [
         { selector: "node.chain", style: { label: "data(label)", "text-valign": "top", "font-size": 11,
