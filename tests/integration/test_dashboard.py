@@ -156,6 +156,27 @@ def _browser(tmp_path: Path) -> Any:
     return webdriver.Chrome(options=options, service=Service(driver))
 
 
+def quit_browser(browser: Any, profile: Path) -> None:
+    """Quit, then wait (bounded) until chromedriver and every Chromium process of this
+    profile are gone: no test leaves a process or port behind."""
+    browser.quit()
+    browser.service.process.wait(timeout=30)
+    wait_for("Chromium to exit", lambda: not _processes_with(str(profile)), timeout=30)
+
+
+def _processes_with(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if text.encode() in fh.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 def artifacts(tmp_path: Path) -> Path:
     root = Path(os.environ.get("ABSFLOW_TEST_ARTIFACTS") or tmp_path / "artifacts")
     root.mkdir(parents=True, exist_ok=True)
@@ -219,5 +240,5 @@ def test_the_dashboard_in_chromium_shows_graph_checkpoints_and_a_restart(
         assert js("return document.querySelectorAll('#tasks tbody tr').length") == TASKS
         browser.save_screenshot(str(shots / "dashboard-restart.png"))
     finally:
-        browser.quit()
+        quit_browser(browser, tmp_path / "chromium-profile")
     assert (shots / "dashboard-restart.png").stat().st_size > 10_000
