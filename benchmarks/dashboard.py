@@ -109,8 +109,10 @@ def timed(run: Callable[[], Any], n: int) -> float:
 def compare(n: int, repeat: int, use_browser: bool) -> None:
     srv = serve("127.0.0.1", 0, print)
     page = browser() if use_browser else None
-    without, with_ui = [], []
+    without: list[float] = []
+    with_ui: list[float] = []
     try:
+        build(10_000, 2, progress=False, ui=False).run()  # warm-up: starts Spark
         for i in range(repeat):
             without.append(timed(lambda: build(n, 2, progress=False, ui=False).run(), n))
             poller = Poller(srv, page)

@@ -169,6 +169,8 @@ class SnapshotBuilder:
         self._attempt, self._last = attempt.number, attempt
         for n in attempt.coordinator.pending:
             self._attempt_of.setdefault(n, attempt.number)
+        for f in attempt.coordinator.failed:
+            self._attempt_of.setdefault(f.checkpoint_id, attempt.number)
         self._tasks = tuple(self._task_rows(attempt))
         failed = [*self.metrics.failed_checkpoints, *self._failed_now(attempt)]
         live = self.metrics.live(attempt.tasks)

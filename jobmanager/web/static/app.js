@@ -88,6 +88,8 @@
     const s = $("#job-state");
     s.textContent = job.state + (job.attempt ? ` (attempt ${job.attempt})` : "");
     s.className = "state " + job.state;
+    const opt = $("#job-select").selectedOptions[0];
+    if (opt) opt.textContent = `${job.id} (${job.state})`;
     $("#summary").innerHTML = [
       `records in <b>${fmt(job.records_in, 0)}</b>`, `out <b>${fmt(job.records_out, 0)}</b>`,
       `${fmt(job.duration_seconds)} s`, `checkpoints <b>${job.checkpoints_completed}</b> (${job.checkpoints_failed} failed)`,
