@@ -243,5 +243,5 @@ def test_warm_up_builds_the_client_and_leaves_errors_to_the_first_write(s3: Fake
     assert fsspec_fs.fs._s3 is not None
     with pytest.raises(StorageAccessError, match="no-such-bucket"):
         storage.write_metadata(
-            CheckpointMetadata(1, "job", 0, False, 1.0, 2.0, 1.0, 128, {}, {}, {})
+            CheckpointMetadata(1, "job", 0, False, 1.0, 2.0, 1.0, 128, {}, {}, CheckpointSummary())
         )
