@@ -157,10 +157,11 @@ class JobManager:
         self.endpoint = f"tcp://{host}:{port}"
         try:
             self.run_id = uuid.uuid4().hex[:8]
-            dashboard = Dashboard(self.plan, self.config, self.metrics, self.progress.say)
-            if dashboard.url:
-                self.progress.announce(f"job '{self.plan.name}': dashboard at {dashboard.url}")
-                self.progress.ui_url = dashboard.url
+            dashboard = Dashboard(self.plan, self.config, self.metrics)
+            url = dashboard.open(self.progress.say)
+            if url is not None:
+                self.progress.announce(f"job '{self.plan.name}': dashboard at {url}")
+                self.progress.ui_url = url
             self.services = RunServices(
                 link=RouterLink(self.router),
                 liveness=Liveness(local_hosts, self.config.heartbeat_timeout, self.monitor),

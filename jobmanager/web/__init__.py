@@ -19,21 +19,25 @@ __all__ = ["Dashboard", "DashboardServer", "UiError", "close_all", "serve"]
 
 
 class Dashboard:
-    """One job on the dashboard (``ui=False``: does nothing, ``url`` is None)."""
+    """One job on the dashboard: ``open`` joins (or starts) the driver's server
+    (``ui=False``: does nothing, ``url`` stays None)."""
 
-    def __init__(
-        self, plan: JobPlan, config: JobConfig, metrics: RunMetrics, say: Callable[[str], None]
-    ) -> None:
+    def __init__(self, plan: JobPlan, config: JobConfig, metrics: RunMetrics) -> None:
+        self.plan, self.config, self.metrics = plan, config, metrics
         self.url: str | None = None
         self.builder: SnapshotBuilder | None = None
-        if not config.ui:
-            return
-        server = serve(config.ui_host, config.ui_port, say)
-        board = JobBoard(plan, config)
-        self.builder = SnapshotBuilder(board, plan, metrics)
+
+    def open(self, say: Callable[[str], None]) -> str | None:
+        """Serve this job; its address (None with ``ui=False``)."""
+        if not self.config.ui:
+            return None
+        server = serve(self.config.ui_host, self.config.ui_port, say)
+        board = JobBoard(self.plan, self.config)
+        self.builder = SnapshotBuilder(board, self.plan, self.metrics)
         self.url = self.builder.ui_url = f"{server.url}?job={board.job_id}"
         self.builder.finish("starting")  # the plan and config show before the first task
         server.add(board)
+        return self.url
 
     def publish(self, attempt: Any) -> None:
         if self.builder is not None:

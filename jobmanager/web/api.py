@@ -8,7 +8,7 @@ The endpoints and their fields are documented in the README ("Dashboard and REST
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -41,7 +41,7 @@ class Jobs(Mapping[str, JobBoard]):
     def __getitem__(self, job_id: str) -> JobBoard:
         return self._boards[job_id]
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[str]:
         return iter(list(self._boards))
 
     def __len__(self) -> int:

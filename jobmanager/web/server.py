@@ -51,17 +51,21 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class DashboardServer:
-    def __init__(self, host: str, port: int, say: Callable[[str], None]) -> None:
+    """A bound server (``serve`` binds and starts one) and the jobs it shows."""
+
+    def __init__(self, httpd: _HTTPServer, host: str) -> None:
         self.jobs = api.Jobs()
         self.registries: dict[str, CollectorRegistry] = {}
-        self.httpd = _bind(host, port, say)
-        self.httpd.dashboard = self
-        self.host = host
-        self.port = int(self.httpd.server_address[1])
+        self.httpd, self.host = httpd, host
+        httpd.dashboard = self
+        self.port = int(httpd.server_address[1])
         self.thread = threading.Thread(
-            target=self.httpd.serve_forever, name=f"absflow-ui-{self.port}", daemon=True
+            target=httpd.serve_forever, name=f"absflow-ui-{self.port}", daemon=True
         )
+
+    def start(self) -> DashboardServer:
         self.thread.start()
+        return self
 
     @property
     def url(self) -> str:
@@ -107,7 +111,8 @@ def serve(host: str, port: int, say: Callable[[str], None]) -> DashboardServer:
             (s for (h, _), s in _servers.items() if h == host and s.port == port), None
         )
         if server is None:
-            server = _servers[(host, port)] = DashboardServer(host, port, say)
+            server = DashboardServer(_bind(host, port, say), host).start()
+            _servers[(host, port)] = server
         return server
 
 

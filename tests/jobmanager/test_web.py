@@ -198,9 +198,9 @@ def test_binds_127_0_0_1_by_default_and_a_taken_port_picks_another() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         try:
-            dash = Dashboard(
-                small_plan(), JobConfig(ui_port=port), RunMetrics(small_plan()), said.append
-            )
+            dash = Dashboard(small_plan(), JobConfig(ui_port=port), RunMetrics(small_plan()))
+            assert dash.url is None  # nothing is bound before open()
+            dash.open(said.append)
             assert dash.url is not None and f":{port}/" not in dash.url
             assert said and f"port {port} is in use" in said[0]
             srv = serve("127.0.0.1", port, said.append)  # the job's server, found again
@@ -211,8 +211,8 @@ def test_binds_127_0_0_1_by_default_and_a_taken_port_picks_another() -> None:
 
 
 def test_ui_false_serves_nothing_and_bad_settings_are_named() -> None:
-    dash = Dashboard(small_plan(), JobConfig(ui=False), RunMetrics(small_plan()), print)
-    assert dash.url is None
+    dash = Dashboard(small_plan(), JobConfig(ui=False), RunMetrics(small_plan()))
+    assert dash.open(print) is None and dash.url is None
     dash.finish("finished")  # no-op
     with pytest.raises(GraphError, match="ui_port must be a TCP port"):
         JobConfig(ui_port=70000)
