@@ -6,6 +6,7 @@ runs once per heartbeat, never per record.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -37,4 +38,5 @@ def measure_task(task: Task) -> TaskMetrics:
         spilled_bytes=(inputs.spilled_total if inputs is not None else 0)
         + sum(q.spilled_bytes for q in queues),
         first_record_at=task.first_record_at,
+        watermark=watermark if math.isfinite(watermark := task.chain.watermark) else None,
     )

@@ -86,6 +86,8 @@ class AckMetrics(MetricsRecord):
     channel_state_bytes: int = 0
     backedge_records: int = 0  # records logged on loop back-edges
     backedge_bytes: int = 0
+    drained_sent: int | None = None  # synchronous mode: counts when the drain was proven
+    drained_received: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,8 @@ class CheckpointSummary(MetricsRecord):
     backedge_bytes: int = 0
     channel_state_records: int = 0
     channel_state_bytes: int = 0
+    halt_ms: float | None = None  # synchronous mode: halt to completion
+    drain_ms: float | None = None  # synchronous mode: halt until nothing was in flight
 
 
 def summarize(
@@ -159,15 +163,18 @@ def decode(cls: type[R], data: Mapping[str, Any] | None) -> R:
             continue
         names.add(f.name)
         if f.name in data:
-            kwargs[f.name] = _coerce(cls, f.name, f.default, data[f.name])
+            kwargs[f.name] = _coerce(cls, f.name, f.default, str(f.type), data[f.name])
     extra = {k: v for k, v in data.items() if k not in names}
     return cls(**kwargs, extra=extra)
 
 
-def _coerce(cls: type, name: str, default: Any, value: Any) -> Any:
+def _coerce(cls: type, name: str, default: Any, annotation: str, value: Any) -> Any:
     if value is None:
         return None if default is None else default
-    kind = float if default is None else type(default)
+    if default is None:  # an optional figure: its annotation names the type
+        kind: type = int if annotation.startswith("int") else float
+    else:
+        kind = type(default)
     try:
         if kind is bool:
             return bool(value)
