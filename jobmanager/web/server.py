@@ -46,7 +46,7 @@ class UiError(Exception):
 
 
 class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
+    daemon_threads = True  # closing (at exit) never joins a stuck browser's thread
     dashboard: DashboardServer
 
 

@@ -232,3 +232,12 @@ def test_a_stuck_client_does_not_block_publishing_or_other_clients(
         assert time.monotonic() - started < 1.0
         tasks = json.loads(get(server.url + "api/tasks")[2])["tasks"]
         assert tasks[0]["records_in"] == 99
+
+
+def test_a_long_lived_driver_keeps_the_newest_jobs_only(server: DashboardServer) -> None:
+    plan, config = small_plan(), JobConfig()
+    boards = [JobBoard(plan, config) for _ in range(22)]
+    for board in boards:
+        server.add(board)
+    assert list(server.jobs) == [b.job_id for b in boards[-20:]]
+    assert set(server.registries) == set(server.jobs)  # their /metrics registries too
