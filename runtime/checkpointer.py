@@ -27,9 +27,8 @@ barrier comes back on each (`log`, then `back_edges_logged` from the handler's
 Metrics of an ack: ``start_delay_ms`` (trigger to the first barrier here),
 ``alignment_ms`` (first to last barrier), ``spilled_bytes`` (blocked input spilled
 meanwhile), ``sync_ms`` (capture), ``async_ms`` (write), ``state_bytes`` (file size),
-``keys`` (keyed state entries), ``backedge_records``/``backedge_bytes`` (the
-back-edge log of a loop head), ``records_in``/``records_out`` (the task's counts at
-the snapshot).
+``keys`` (keyed state entries), ``backedge_records``/``backedge_bytes`` (a loop
+head's back-edge log), ``records_in``/``records_out``/``watermark`` (at the snapshot).
 
 Threading: task-loop thread, except `_write` (the writer thread), which touches only
 the captured, immutable blobs and the storage.
@@ -59,6 +58,7 @@ from runtime.task_faults import TaskFaults
 from runtime.task_io import Output
 from runtime.watermarks import watermark_metric
 from statebackend.metadata import TaskStateHandle
+from statebackend.metrics import AckMetrics
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.spill import SpillBuffer
 from statebackend.storage import CheckpointStorage
@@ -417,7 +417,9 @@ class TaskCheckpointer:
     ) -> None:
         t = self.task
         state = None if handle is None else handle.encode()
-        self._send(P.Ack(t.index, t.attempt, checkpoint_id, state, metrics))
+        # Typed on the way out: a key the schema does not have fails here, in the tests.
+        figures = AckMetrics(**metrics).encode()
+        self._send(P.Ack(t.index, t.attempt, checkpoint_id, state, figures))
 
     def decline(self, checkpoint_id: int, reason: CheckpointFailureReason, detail: str) -> None:
         t = self.task

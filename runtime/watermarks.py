@@ -27,11 +27,12 @@ END_OF_TIME = math.inf
 """The watermark a source sends once its input ended: every timer and window fires."""
 
 
-def watermark_metric(watermark: float | None) -> float | str | None:
-    """A task's watermark in checkpoint metrics: None before any, "end" after its input."""
-    if watermark is None or watermark == NO_WATERMARK:
+def watermark_metric(watermark: float | None) -> float | None:
+    """A task's watermark in checkpoint metrics: None before any and after its input
+    ended (the metrics are JSON: finite numbers only)."""
+    if watermark is None or not math.isfinite(watermark):
         return None
-    return "end" if watermark == END_OF_TIME else watermark
+    return watermark
 
 
 class WatermarkValve:
