@@ -55,7 +55,9 @@ def build(orders: int, parallelism: int, rate: float | None, **config: Any) -> D
         .assign_timestamps(lambda p: p[1], max_delay=MAX_DELAY, name="payment_time")
         .key_by(lambda p: p[0])
     )
-    placed.connect(paid).interval_join(0, WITHIN, name="paid").collect("joined")
+    placed.connect(paid).interval_join(0, WITHIN, name="paid", parallelism=parallelism).collect(
+        "joined"
+    )
     return flow
 
 
