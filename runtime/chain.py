@@ -99,6 +99,7 @@ class OperatorChain:
                     self.attempt,
                     self._sink_sender(step.name),
                     producer=self._producer(position),
+                    job=self.plan.name,
                 )
             op = build_operator(step, spec.subtask, self.plan.max_parallelism, ctx)
             self.operators.append(self._faults.wrap(op))
@@ -187,6 +188,15 @@ class OperatorChain:
             for op in self.operators:
                 op_name = op.name
                 op.notify_checkpoint_complete(checkpoint_id)
+        except Exception as err:
+            raise OperatorFailure(op_name, err) from err
+
+    def notify_aborted(self, checkpoint_id: int) -> None:
+        op_name = ""
+        try:
+            for op in self.operators:
+                op_name = op.name
+                op.notify_checkpoint_aborted(checkpoint_id)
         except Exception as err:
             raise OperatorFailure(op_name, err) from err
 

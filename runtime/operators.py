@@ -44,6 +44,9 @@ class Operator:
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         pass
 
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        pass
+
     def finish(self) -> None:
         pass
 
@@ -207,6 +210,9 @@ class SinkOperator(Operator):
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.sink.notify_checkpoint_complete(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        self.sink.notify_checkpoint_aborted(checkpoint_id)
 
     def finish(self) -> None:
         self.sink.finish()

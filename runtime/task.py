@@ -210,6 +210,7 @@ class Task:
                 self.checkpointer.complete(msg.checkpoint_id)
             elif isinstance(msg, P.Abort):
                 self.checkpointer.aborted(msg.checkpoint_id)
+                self.chain.notify_aborted(msg.checkpoint_id)
                 if self._handler is not None:
                     self._handler.abort(
                         msg.checkpoint_id, CheckpointFailureReason.from_wire(msg.reason)
