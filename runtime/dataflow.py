@@ -363,6 +363,9 @@ class Dataflow:
         self.graph.validate()
         _check_mode_fits(self.graph, config or self.config)
         for step in self.graph.steps:
+            if step.kind is StepKind.SINK:
+                step.fn.validate(step.name)  # e.g. the database is up, the table fits
+        for step in self.graph.steps:
             if step.parallelism > self.max_parallelism and step.kind.keyed:
                 raise GraphError(
                     f"keyed step '{step.name}' has parallelism {step.parallelism} > max_parallelism "

@@ -54,6 +54,10 @@ class Sink:
     notify_checkpoint_aborted* -> finish -> (final checkpoint) -> close.
     """
 
+    def validate(self, step_name: str) -> None:
+        """Raise an error naming the system, object and fix if the sink cannot work
+        (called on the driver before the job starts; keep it to a few seconds)."""
+
     def open(self, ctx: SinkContext) -> None:
         self.ctx = ctx
 
