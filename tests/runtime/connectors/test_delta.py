@@ -14,9 +14,9 @@ from runtime.sinks import SinkContext
 
 pytest.importorskip("deltalake")
 
-from deltalake import DeltaTable  # noqa: E402
+from deltalake import DeltaTable
 
-from runtime.connectors.delta import DeltaSink  # noqa: E402
+from runtime.connectors.delta import DeltaSink
 
 
 def ctx(subtask: int = 0, attempt: int = 0, job: str = "clicks") -> SinkContext:

@@ -14,9 +14,9 @@ from runtime.sinks import SinkContext
 
 pytest.importorskip("pyarrow")
 
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow.parquet as pq
 
-from runtime.connectors.parquet import ParquetSink  # noqa: E402
+from runtime.connectors.parquet import ParquetSink
 
 
 def ctx(subtask: int = 0, attempt: int = 0) -> SinkContext:
