@@ -130,14 +130,14 @@ def test_a_file_changed_after_it_was_read_is_reported(tmp_path: Path) -> None:
     assert reader.read_batch(10) == [1]
     with open(tmp_path / "a.jsonl", "a") as fh:
         fh.write("2\n")
-    with pytest.raises(SourceDataError, match="a.jsonl changed after it was read"):
+    with pytest.raises(SourceDataError, match=r"a\.jsonl changed after it was read"):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             reader.read_batch(10)
 
 
 def test_missing_directory_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ConnectorError, match="does not exist .* create it or fix the URL"):
+    with pytest.raises(ConnectorError, match=r"does not exist .* create it or fix the URL"):
         FileStreamSource(str(tmp_path / "nope")).validate("files")
 
 
