@@ -11,7 +11,7 @@ import pytest
 from runtime.connectors.postgres import PostgresSink
 from runtime.errors import ConnectorError
 from runtime.sinks import SinkContext
-from tests.runtime.connectors.conftest import Postgres
+from tests.conftest import Postgres
 
 pytest.importorskip("psycopg")
 
