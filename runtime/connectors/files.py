@@ -7,7 +7,9 @@ finished (with their sizes) and the byte offset (JSON lines, CSV) or row offset
 (Parquet) inside the open one, so a restore neither skips nor repeats a record.
 
 Bounded mode (``poll_interval_s=None``) reads the files there at the first read and
-ends; unbounded mode lists again every ``poll_interval_s``. Files must appear whole
+ends; unbounded mode lists again every ``poll_interval_s``, and ends only once a
+``done_marker`` file (e.g. ``_SUCCESS``, written by the producer after its last file)
+is there and every file listed with it is read. Files must appear whole
 (write elsewhere, then rename into the directory): a finished file whose size changes
 later, an unreadable file or a malformed line is never skipped silently - with
 ``on_error="fail"`` the job fails naming the file and line; with
@@ -61,8 +63,10 @@ class FileStreamSource(Source):
         poll_interval_s: float | None = None,
         on_error: str = "fail",
         storage_options: dict[str, Any] | None = None,
+        done_marker: str | None = None,
     ) -> None:
         self.url, self.format, self.poll_interval_s = url, format, poll_interval_s
+        self.done_marker = done_marker
         self.on_error = on_error
         self.storage_options = storage_options or {}
 
@@ -130,6 +134,7 @@ class FileStreamReader(SourceReader):
         self.header: list[str] | None = None
         self.batches: Any = None
         self.listed_at: float | None = None
+        self.last_listing = False  # the done marker was there: nothing new will come
         self.resume: str | None = None  # the open file of a restored position
         self.out: list[Any] = []
 
@@ -138,9 +143,14 @@ class FileStreamReader(SourceReader):
         if self.fs is None:
             self.fs, self.root = self.source.filesystem()
         interval = self.source.poll_interval_s
-        if self.listed_at is not None and (interval is None or now - self.listed_at < interval):
+        if self.listed_at is not None and (
+            interval is None or self.last_listing or now - self.listed_at < interval
+        ):
             return
         self.listed_at = now
+        marker = self.source.done_marker
+        if marker is not None and self.fs.exists(self.root.rstrip("/") + "/" + marker):
+            self.last_listing = True  # listed after the marker: every file is in it
         files = self.source.list_files(self.fs, self.root)
         known = set(self.queue) | {self.current, self.resume}
         for path in files:
@@ -173,7 +183,8 @@ class FileStreamReader(SourceReader):
             if not self._read(max_records - len(self.out)):
                 self._close_current(finished=True)
         if not self.out and self.current is None and not self.queue:
-            return None if self.source.poll_interval_s is None else []
+            ended = self.source.poll_interval_s is None or self.last_listing
+            return None if ended else []
         return self.out
 
     def _open(self, path: str) -> None:
@@ -285,7 +296,7 @@ class FileStreamReader(SourceReader):
     def restore(self, state: Any) -> None:
         self.close()
         self.done = {str(p): int(s) for p, s in dict(state["done"]).items()}
-        self.queue, self.listed_at = [], None
+        self.queue, self.listed_at, self.last_listing = [], None, False
         current = state.get("current")
         self.offset = int(state.get("offset", 0))
         self.resume = None if current is None else str(current)

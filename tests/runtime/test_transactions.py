@@ -188,3 +188,18 @@ def test_recover_commits_the_restored_pending_and_is_told_the_checkpoint() -> No
     assert ledger.committed == [(5, ["a"])]
     assert ledger.aborted == [-1, 5]
     assert ledger.begun[-1] == "absflow:clicks:out:0:6"
+
+
+def test_sink_operator_tells_the_sink_of_an_aborted_checkpoint() -> None:
+    from runtime.graph import Step, StepKind
+    from runtime.operators import SinkOperator
+
+    class Told(LedgerSink):
+        def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+            self.told = checkpoint_id
+
+    sink = Told(Ledger(), off_loop=False)
+    step = Step(0, "out", StepKind.SINK, 1, fn=sink)
+    op = SinkOperator(step, ctx())
+    op.notify_checkpoint_aborted(4)
+    assert sink.told == 4

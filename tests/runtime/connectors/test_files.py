@@ -106,6 +106,22 @@ def test_unbounded_picks_up_new_files(tmp_path: Path) -> None:
     assert got == [1, 2, 3]
 
 
+def test_unbounded_ends_once_the_done_marker_is_there(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [1])
+    source = FileStreamSource(str(tmp_path), poll_interval_s=0.01, done_marker="_SUCCESS")
+    reader = source.create_reader(0, 1)
+    assert reader.read_batch(10) == [1]
+    assert reader.read_batch(10) == []
+    write_jsonl(tmp_path / "b.jsonl", [2])
+    (tmp_path / "_SUCCESS").write_text("")
+    got: list[Any] = []
+    deadline = time.monotonic() + 10
+    while (batch := reader.read_batch(10)) is not None:
+        got.extend(batch)
+        assert time.monotonic() < deadline
+    assert got == [2]
+
+
 def test_malformed_line_fails_naming_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text('{"ok": 1}\n{"broken\n')
     reader = FileStreamSource(str(tmp_path)).create_reader(0, 1)
