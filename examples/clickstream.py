@@ -8,7 +8,8 @@ table (every update) and to PostgreSQL (the latest total per user, upserted).
     python examples/clickstream.py --chaos 3            # 3 random kills
 
 A generator thread writes --files files of --events events in all (some malformed
-lines, some events without a user) into <--out>/incoming, one every --every seconds,
+lines, some events without a user) into <--out>/incoming, one every --every seconds
+(the first before the job starts, the others once it committed its first checkpoint),
 then a _SUCCESS marker: the source ends once it has read everything before it.
 Needs ``pip install absflow[connectors] pgserver``. The result is checked against the
 totals computed from the generated files.
@@ -55,9 +56,14 @@ def events(n: int, seed: int = 7) -> list[str]:
     return lines
 
 
-def generate(directory: str, lines: list[str], files: int, every_s: float) -> None:
+def generate(directory: str, lines: list[str], files: int, every_s: float, delta: str) -> None:
+    """Write the first file, wait until the job committed something (the Delta table
+    exists: the job is running), then the others, one every ``every_s``."""
     per = -(-len(lines) // files)
     for f in range(files):
+        if f == 1:
+            while not os.path.exists(os.path.join(delta, "_delta_log")):
+                time.sleep(0.05)
         tmp = os.path.join(directory, f".clicks-{f:04d}.jsonl")
         with open(tmp, "w") as fh:
             fh.write("\n".join(lines[f * per : (f + 1) * per]) + "\n")
@@ -153,7 +159,7 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         flow = build(args, dsn, delta, args.parallelism, **config)
         faults = faultargs.faults_from(ap, args, flow.plan())
         writer = threading.Thread(
-            target=generate, args=(incoming, lines, args.files, args.every), daemon=True
+            target=generate, args=(incoming, lines, args.files, args.every, delta), daemon=True
         )
         writer.start()
         result = flow.run(faults=faults)

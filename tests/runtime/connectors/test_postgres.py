@@ -185,3 +185,16 @@ def test_a_record_that_does_not_fit_names_the_table(postgres: Postgres, pg_table
         sink.write_batch([(1, "a", "not a number")])
     crash(sink)
     assert rows(postgres, pg_table) == []
+
+
+def test_the_driver_checks_the_sink_before_the_job_starts(tmp_path: Any) -> None:
+    from runtime import Dataflow
+    from runtime.sources import CollectionSource
+
+    flow = Dataflow("down", parallelism=1)
+    dsn = f"postgresql://postgres@/postgres?host={tmp_path}&port=5999"
+    flow.source(CollectionSource([1]), name="one").sink(
+        PostgresSink(dsn, "t", COLS, connect_timeout_s=2), name="pg"
+    )
+    with pytest.raises(ConnectorError, match="cannot connect to PostgreSQL"):
+        flow.validate()
