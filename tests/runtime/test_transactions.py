@@ -192,7 +192,7 @@ def test_recover_commits_the_restored_pending_and_is_told_the_checkpoint() -> No
 
 def test_sink_operator_tells_the_sink_of_an_aborted_checkpoint() -> None:
     from runtime.graph import Step, StepKind
-    from runtime.operators import SinkOperator
+    from runtime.operators import OperatorContext, SinkOperator
 
     class Told(LedgerSink):
         def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
@@ -200,6 +200,8 @@ def test_sink_operator_tells_the_sink_of_an_aborted_checkpoint() -> None:
 
     sink = Told(Ledger(), off_loop=False)
     step = Step(0, "out", StepKind.SINK, 1, fn=sink)
-    op = SinkOperator(step, ctx())
+    op_ctx = OperatorContext(0, 128, ctx())
+    op = SinkOperator(step, op_ctx)
+    op.open(op_ctx)
     op.notify_checkpoint_aborted(4)
     assert sink.told == 4
