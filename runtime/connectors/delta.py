@@ -77,6 +77,8 @@ class DeltaSink(TwoPhaseCommitSink):
 
     def open(self, ctx: SinkContext) -> None:
         super().open(ctx)
+        import pyarrow.ipc  # noqa: F401 - here, not in the first checkpoint's pre-commit
+
         self.validate(ctx.step_name)
 
     def begin_transaction(self, txn_id: TxnId) -> list[Any]:

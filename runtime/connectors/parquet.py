@@ -77,6 +77,8 @@ class ParquetSink(TwoPhaseCommitSink):
 
     def open(self, ctx: SinkContext) -> None:
         super().open(ctx)
+        import pyarrow.parquet  # noqa: F401 - here, not in the first epoch's write
+
         self.validate(ctx.step_name)
         self.prefix = f"part-{_clean(ctx.job)}-{ctx.subtask}-"
 
