@@ -52,6 +52,7 @@ class JobResult:
     unfired_faults: list[str] = field(default_factory=list)  # injected kills the job outran
     replayed_in: int = 0  # read again after restores (beyond the committed records_in)
     replayed_out: int = 0  # given to the sinks again after restores
+    ui_url: str | None = None  # the job on the dashboard (up until the driver exits)
 
     def output(self, name: str | None = None) -> list[Any]:
         """Records of the collect sink ``name`` (may be omitted when there is one)."""

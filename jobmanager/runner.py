@@ -34,6 +34,7 @@ from jobmanager.progress import Progress
 from jobmanager.restart import default_strategy
 from jobmanager.result import JobResult, Restart
 from jobmanager.services import RunServices
+from jobmanager.web import Dashboard
 from runtime.config import JobConfig, TaskEnvironment, TaskFault
 from runtime.errors import (
     AbsflowError,
@@ -156,6 +157,11 @@ class JobManager:
         self.endpoint = f"tcp://{host}:{port}"
         try:
             self.run_id = uuid.uuid4().hex[:8]
+            dashboard = Dashboard(self.plan, self.config, self.metrics)
+            url = dashboard.open(self.progress.say)
+            if url is not None:
+                self.progress.announce(f"job '{self.plan.name}': dashboard at {url}")
+                self.progress.ui_url = url
             self.services = RunServices(
                 link=RouterLink(self.router),
                 liveness=Liveness(local_hosts, self.config.heartbeat_timeout, self.monitor),
@@ -163,8 +169,16 @@ class JobManager:
                 metrics=self.metrics,
                 outputs=self.outputs,
                 progress=self.progress,
+                dashboard=dashboard,
             )
-            return self._attempts(spark, time.monotonic())
+            try:
+                result = self._attempts(spark, time.monotonic())
+            except BaseException as err:
+                dashboard.finish("failed", f"{type(err).__name__}: {err}")
+                raise
+            dashboard.finish("finished")
+            result.ui_url = dashboard.url
+            return result
         finally:
             with ctrl_c_deferred():
                 self.progress.close()
