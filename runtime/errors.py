@@ -55,6 +55,11 @@ class CheckpointStorageError(AbsflowError, OSError):
     starts, or by a task whose first state write failed (the storage is out of its reach)."""
 
 
+class ConnectorError(AbsflowError, RuntimeError):
+    """A source or sink cannot reach or use its external system (a database, a table, a
+    bucket): the message names the system, the object and the fix."""
+
+
 class PackagingError(AbsflowError, RuntimeError):
     """The code or the environment cannot be packaged or submitted to a cluster."""
 
