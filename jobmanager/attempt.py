@@ -67,6 +67,7 @@ class Attempt:
         self.failure: Failure | None = None  # set by run()
         self.killed_at: float | None = None  # wall clock of an injected kill
         self.stage_done_at: float | None = None
+        self.stopping_with: int | None = None  # the savepoint's checkpoint id while stopping
         self.coordinator = CheckpointCoordinator(
             plan,
             config,
@@ -121,6 +122,7 @@ class Attempt:
                     return failure
             now = self.clock()
             self._observe(now)
+            self._check_stop()
             if self.all_finished:
                 stage.join(10.0)
                 return None
@@ -152,6 +154,25 @@ class Attempt:
                     self.number, min(firsts), self.submit_wall
                 )
                 self.run_services.faults.on_first_record(now)
+
+    def _check_stop(self) -> None:
+        """A stop with savepoint was requested: once every task registered, the sources end
+        at the final barrier and its checkpoint is kept (see stop_with_savepoint)."""
+        if self.stopping_with is not None or self.all_registered_at is None:
+            return
+        stop = self.run_services.stop
+        if not stop.requested:
+            return
+        n = self.coordinator.stop_with_savepoint()
+        self.stopping_with = n if n is not None else -1
+        log.warning(
+            "attempt %d: stopping with a savepoint (%s): %s",
+            self.number,
+            stop.reason,
+            f"final checkpoint {n} triggered"
+            if n is not None
+            else "the input ended first, its final checkpoint is the savepoint",
+        )
 
     def _check(self, now: float, stage: Stage) -> Failure | None:
         """Everything that can end the attempt besides a task's own report."""

@@ -31,6 +31,7 @@ class PendingCheckpoint:
     final: bool
     not_yet_acked: set[int]
     acks: dict[int, P.Ack] = field(default_factory=dict)
+    savepoint: bool = False  # the final checkpoint of a stop: kept, never retired
 
 
 @dataclass
@@ -40,6 +41,7 @@ class CompletedCheckpoint:
     duration_ms: float
     metrics: dict[str, Any]
     path: str | None
+    savepoint: bool = False
 
 
 @dataclass
@@ -118,12 +120,14 @@ class CheckpointCoordinator:
             return
         self.trigger(final=False)
 
-    def trigger(self, final: bool) -> int:
+    def trigger(self, final: bool, savepoint: bool = False) -> int:
         n = self.next_id
         self.next_id += 1
         now = time.time()
         self.last_trigger = self.clock()
-        self.pending[n] = PendingCheckpoint(n, now, self.last_trigger, final, set(self.all_tasks))
+        self.pending[n] = PendingCheckpoint(
+            n, now, self.last_trigger, final, set(self.all_tasks), savepoint=savepoint
+        )
         if final:
             self.final_triggered = True
         for index in self.sources:
@@ -134,6 +138,17 @@ class CheckpointCoordinator:
         """All sources read their input: the final checkpoint commits all remaining output."""
         if not self.final_triggered:
             self.trigger(final=True)
+
+    def stop_with_savepoint(self) -> int | None:
+        """A graceful stop: the sources end at one consistent point (the final barrier,
+        exactly as at the end of their input), the sinks commit on its completion, and the
+        checkpoint is kept as a savepoint. Its id, or None when the final checkpoint was
+        triggered already (the input ended first: that one becomes the savepoint)."""
+        if self.final_triggered:
+            for cp in self.pending.values():
+                cp.savepoint = cp.savepoint or cp.final
+            return None
+        return self.trigger(final=True, savepoint=True)
 
     # -- acks ------------------------------------------------------------------------------
     def on_ack(self, ack: P.Ack) -> CompletedCheckpoint | None:
@@ -172,6 +187,8 @@ class CheckpointCoordinator:
         metrics = summarize(per_task)
         metrics["mode"] = mode_label(self.config)
         metrics["duration_ms"] = round(duration_ms, 3)
+        if cp.savepoint:
+            metrics["savepoint"] = True
         path = None
         if self.storage is not None:
             metadata = CheckpointMetadata(
@@ -187,6 +204,7 @@ class CheckpointCoordinator:
                 task_metrics=per_task,
                 metrics=metrics,
                 steps=self._steps_with_state(tasks),
+                savepoint=cp.savepoint,
             )
             try:
                 path = self.storage.write_metadata(metadata)
@@ -200,7 +218,9 @@ class CheckpointCoordinator:
                     pending=cp,
                 )
                 return None
-        completed = CompletedCheckpoint(cp.checkpoint_id, cp.final, duration_ms, metrics, path)
+        completed = CompletedCheckpoint(
+            cp.checkpoint_id, cp.final, duration_ms, metrics, path, savepoint=cp.savepoint
+        )
         self.completed.append(completed)
         self.last_completion = done
         self.consecutive_failures = 0

@@ -16,6 +16,7 @@ from channels import control as P
 from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.liveness import Liveness, send_signal
 from jobmanager.metrics import CommittedOutputs, RunMetrics
+from jobmanager.stop import StopRequest
 
 __all__ = ["ControlLink", "Progress", "RunServices", "Stage", "TaskInfo"]
 
@@ -91,3 +92,4 @@ class RunServices:
     signal_process: Callable[[int, int], None] = send_signal
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
+    stop: StopRequest = field(default_factory=StopRequest)

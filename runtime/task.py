@@ -355,7 +355,9 @@ class Task:
                 self._flush_all()
                 if control.wait(int(timeout * 1000) or 1):
                     self._serve_control()
-            elif not source_ended:
+            elif not source_ended and checkpointer.final_checkpoint is None:
+                # (a stop with savepoint sends the final trigger before the input ends:
+                # the final barrier is the source's last output)
                 batch = reader.read_batch(batch_size)
                 if batch is None:
                     source_ended = True

@@ -170,6 +170,8 @@ class CheckpointMetadata:
     """Checkpoint-level summary (jobmanager.coordinator.summarize, plus duration_ms)."""
     steps: tuple[StepState, ...] = ()
     """The steps whose state the checkpoint holds, by name."""
+    savepoint: bool = False
+    """Taken by a stop with savepoint: retention never deletes it."""
 
     def step(self, name: str) -> StepState | None:
         return next((s for s in self.steps if s.name == name), None)
@@ -188,6 +190,7 @@ class CheckpointMetadata:
             "task_metrics": {task: dict(m) for task, m in self.task_metrics.items()},
             "metrics": dict(self.metrics),
             "steps": [s.encode() for s in self.steps],
+            "savepoint": self.savepoint,
         }
         # Through JSON once so the crc covers exactly what a reader gets back.
         decoded: dict[str, Any] = json.loads(json.dumps(body))
@@ -240,6 +243,7 @@ class CheckpointMetadata:
                 steps=steps_of(tasks)
                 if steps is None
                 else tuple(StepState.decode(s) for s in steps),
+                savepoint=bool(body.get("savepoint", False)),
             )
         except KeyError as err:
             raise CorruptCheckpointError(

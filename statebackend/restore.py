@@ -88,9 +88,11 @@ def check_compatible(
         if problem is not None:
             unfit.append(problem)
     unfit += _logged_records_unfit(metadata, by_name)
-    where = f"checkpoint {metadata.checkpoint_id} of job '{metadata.job}'"
-    if unfit or (unmatched and not allow_non_restored_state):
-        problems = list(unfit)
+    where = f"{_what(metadata)} {metadata.checkpoint_id} of job '{metadata.job}'"
+    other_job = _other_job(metadata, job)
+    if other_job or unfit or (unmatched and not allow_non_restored_state):
+        problems = [other_job] if other_job else []
+        problems += unfit
         if not allow_non_restored_state:
             problems += [f"{why}; {_ALLOW_HINT}" for why in unmatched]
         raise IncompatibleCheckpointError(
@@ -99,6 +101,23 @@ def check_compatible(
     for why in unmatched:
         log.warning("restoring %s: %s; dropped (allow_non_restored_state=True)", where, why)
     return dropped
+
+
+def _what(metadata: CheckpointMetadata) -> str:
+    return "savepoint" if metadata.savepoint else "checkpoint"
+
+
+def _other_job(metadata: CheckpointMetadata, job: str) -> str | None:
+    """Why a checkpoint of another job is refused (even when its steps would fit: two
+    jobs share step names like 'source' or 'collect' easily), or None."""
+    if metadata.job == job:
+        return None
+    return (
+        f"it was written by job '{metadata.job}', not '{job}': restore a checkpoint or "
+        f"savepoint of '{job}' (list them with `python -m jobmanager checkpoints DIR`), or, "
+        f"if this job is '{metadata.job}' changed or renamed, keep its name: "
+        f"Dataflow('{metadata.job}', ...)"
+    )
 
 
 def _logged_records_unfit(
