@@ -155,13 +155,17 @@ class JobEntry:
                 json.dump(self.body, fh)
             os.replace(tmp, self.path)
         except OSError as err:  # the job runs anyway; only the CLI cannot find it
-            log.warning("cannot register the job in %s (%s): `stop` cannot reach it", self.path, err)
+            log.warning(
+                "cannot register the job in %s (%s): `stop` cannot reach it", self.path, err
+            )
         return self
 
     def __exit__(self, *_exc: object) -> None:
         for path in (self.path, self.stop_file):
             with contextlib.suppress(OSError):
                 os.remove(path)
+        with contextlib.suppress(OSError):  # the last driver leaves no directory behind
+            os.rmdir(self.directory)
 
 
 def running_jobs(directory: str | None = None) -> list[RunningJob]:

@@ -81,9 +81,7 @@ def _outcome(job: RunningJob, asked: float) -> str:
         return f"job {job.job!r} stopped (it had no checkpoint_dir, so no savepoint was kept)"
     try:
         storage = CheckpointStorage(job.checkpoint_dir)
-        ids = [
-            n for n in storage.savepoints() if storage.read_metadata(n).completed_time >= asked
-        ]
+        ids = [n for n in storage.savepoints() if storage.read_metadata(n).completed_time >= asked]
     except (StateError, OSError) as error:
         return f"job {job.job!r} stopped; cannot read its checkpoint root: {error}"
     if not ids:

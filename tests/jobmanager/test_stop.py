@@ -133,22 +133,27 @@ def test_signals_request_a_stop_and_a_second_one_aborts() -> None:
 
 
 def test_the_registry_and_the_stop_file(tmp_path: Path) -> None:
-    with JobEntry("click stream", "/chk", directory=str(tmp_path)) as entry:
+    jobs = tmp_path / "jobs"
+    with JobEntry("click stream", "/chk", directory=str(jobs)) as entry:
         clock = Clock()
         stop = StopRequest(entry.stop_file, clock=clock)
-        (found,) = running_jobs(str(tmp_path))
+        (found,) = running_jobs(str(jobs))
         assert (found.job, found.pid, found.checkpoint_dir) == ("click stream", os.getpid(), "/chk")
         assert not stop.requested
         request_stop(found)
         assert not stop.requested  # looked for at most every POLL_SECONDS
         clock.advance(POLL_SECONDS)
         assert stop.requested and "jobmanager stop" in str(stop.reason)
-    assert os.listdir(tmp_path) == []  # entry and stop file removed
+    assert not jobs.exists()  # entry, stop file and the emptied directory removed
 
 
 def test_entries_of_dead_drivers_are_dropped(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     dead = int(proc.stdout)
     (tmp_path / f"old.{dead}.json").write_text(
         f'{{"job": "old", "pid": {dead}, "started": 0, "checkpoint_dir": null}}'
@@ -173,7 +178,7 @@ DRIVER = textwrap.dedent(
 def test_the_stop_command_reaches_a_driver(
     tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("ABSFLOW_JOBS_DIR", str(tmp_path))
+    monkeypatch.setenv("ABSFLOW_JOBS_DIR", str(tmp_path / "jobs"))
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.Popen(
         [sys.executable, "-c", DRIVER], env=env, stdout=subprocess.PIPE, text=True
@@ -191,7 +196,7 @@ def test_the_stop_command_reaches_a_driver(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert os.listdir(tmp_path) == []
+    assert not (tmp_path / "jobs").exists()
 
 
 def test_the_stop_command_prints_the_savepoint(tmp_path: Path) -> None:

@@ -180,6 +180,10 @@ def test_a_checkpoint_of_another_job_is_refused_naming_both_jobs_and_the_fix() -
     assert "Dataflow('wordcount', ...)" in message and "jobmanager checkpoints" in message
     with pytest.raises(IncompatibleCheckpointError):  # allowing dropped state does not help
         check_compatible(
-            wordcount_checkpoint(), [LINES, COUNT, OUT], "clicks", 128, allow_non_restored_state=True
+            wordcount_checkpoint(),
+            [LINES, COUNT, OUT],
+            "clicks",
+            128,
+            allow_non_restored_state=True,
         )
     check_compatible(wordcount_checkpoint(), [LINES, COUNT, OUT], "wordcount", 128)  # companion
