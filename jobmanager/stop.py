@@ -96,8 +96,8 @@ def stop_signals(stop: StopRequest, job: str) -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # -- the registry of running drivers (for `python -m jobmanager stop`) ---------------------

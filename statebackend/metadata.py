@@ -108,28 +108,42 @@ class TaskStateHandle:
 class StepState:
     """A step as far as its state goes: ``kind`` is the step kind's value (``"aggregate"``,
     ``"source"``, ...; empty when a checkpoint written before kinds were recorded is
-    read); ``keyed`` steps can be restored at any parallelism up to max_parallelism."""
+    read); ``keyed`` steps can be restored at any parallelism up to max_parallelism.
+    ``signature`` is set when the step's name was made up by absflow: its position in
+    the graph (``runtime.step_ids``), which a restore checks; "" for a name the user gave."""
 
     name: str
     kind: str
     parallelism: int
     keyed: bool
+    signature: str = ""
+
+    @property
+    def auto(self) -> bool:
+        return bool(self.signature)
 
     def encode(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "name": self.name,
             "kind": self.kind,
             "parallelism": self.parallelism,
             "keyed": self.keyed,
         }
+        if self.signature:
+            body["signature"] = self.signature
+        return body
 
     @classmethod
     def decode(cls, data: Any) -> StepState:
         try:
             return cls(
-                str(data["name"]), str(data["kind"]), int(data["parallelism"]), bool(data["keyed"])
+                str(data["name"]),
+                str(data["kind"]),
+                int(data["parallelism"]),
+                bool(data["keyed"]),
+                str(data.get("signature", "")),
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise CorruptCheckpointError(f"step entry {data!r} is malformed ({err!r})") from err
 
     def describe(self) -> str:

@@ -22,6 +22,7 @@ from jobmanager.cli import main
 from jobmanager.stop import (
     POLL_SECONDS,
     JobEntry,
+    RunningJob,
     StopRequest,
     request_stop,
     running_jobs,
@@ -203,7 +204,7 @@ def test_the_stop_command_prints_the_savepoint(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.coord.stop_with_savepoint()
     h.ack(1)
-    job = stop_command.RunningJob("job", 1, 0.0, h.storage.root, "x.json")
+    job = RunningJob("job", 1, 0.0, h.storage.root, "x.json")
     assert stop_command._outcome(job, 0.0) == (
         f"job 'job' stopped with savepoint {h.storage.location(1)}"
     )
