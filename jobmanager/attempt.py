@@ -15,10 +15,11 @@ import signal
 from channels import control as P
 from channels.control import CheckpointFailureReason
 from jobmanager.coordinator import CheckpointCoordinator, CompletedCheckpoint
-from jobmanager.failures import Failure, FailureCause, classify_stage_error
+from jobmanager.failures import Failure, FailureCause, classify_stage_error, stage_reason
 from jobmanager.faults import DriverKill
 from jobmanager.liveness import ctrl_c_deferred
 from jobmanager.services import RunServices, Stage, TaskInfo
+from jobmanager.stop import begin_stop
 from jobmanager.termination import LoopTermination
 from runtime.config import JobConfig
 from runtime.plan import JobPlan
@@ -156,23 +157,11 @@ class Attempt:
                 self.run_services.faults.on_first_record(now)
 
     def _check_stop(self) -> None:
-        """A stop with savepoint was requested: once every task registered, the sources end
-        at the final barrier and its checkpoint is kept (see stop_with_savepoint)."""
-        if self.stopping_with is not None or self.all_registered_at is None:
-            return
-        stop = self.run_services.stop
-        if not stop.requested:
-            return
-        n = self.coordinator.stop_with_savepoint()
-        self.stopping_with = n if n is not None else -1
-        log.warning(
-            "attempt %d: stopping with a savepoint (%s): %s",
-            self.number,
-            stop.reason,
-            f"final checkpoint {n} triggered"
-            if n is not None
-            else "the input ended first, its final checkpoint is the savepoint",
-        )
+        """A stop with savepoint was requested: act once every task registered."""
+        if self.stopping_with is None and self.all_registered_at is not None:
+            stop = self.run_services.stop
+            if stop.requested:
+                self.stopping_with = begin_stop(self.plan, self.coordinator, stop, self.number)
 
     def _check(self, now: float, stage: Stage) -> Failure | None:
         """Everything that can end the attempt besides a task's own report."""
@@ -241,10 +230,12 @@ class Attempt:
         if now - self.submitted <= REGISTRATION_TIMEOUT:
             return None
         missing = [t.task_id for i, t in self.tasks.items() if i not in self.registered]
+        # Start-up is part of the fault domain: the restart strategy decides, as for any
+        # other failure (a worker lost or hung while starting may well start next time).
         return Failure(
             FailureCause.REGISTRATION_TIMEOUT,
-            error=f"tasks {missing} did not register within {REGISTRATION_TIMEOUT:.0f} s",
-            permanent="the cluster did not start the tasks; check the executors' logs",
+            error=f"tasks {missing} did not register within {REGISTRATION_TIMEOUT:.0f} s "
+            "(check the executors' logs)",
         )
 
     def _check_stage(self, now: float, stage: Stage) -> Failure | None:
@@ -253,7 +244,13 @@ class Attempt:
             self.stage_done_at = now
             if err is not None:
                 text = str(err)
-                return Failure(classify_stage_error(text), error=_first_lines(text))
+                error = _first_lines(text)
+                if self.all_registered_at is None:  # say it: the tasks were still starting
+                    error = (
+                        f"while the tasks were starting ({len(self.registered)} of "
+                        f"{len(self.tasks)} registered): {stage_reason(text)}\n{error}"
+                    )
+                return Failure(classify_stage_error(text), error=error)
         if self.stage_done_at is not None and now - self.stage_done_at > STAGE_END_GRACE:
             unfinished = [t.task_id for t in self.tasks.values() if not t.finished]
             return Failure(FailureCause.STAGE_ENDED_EARLY, error=f"unfinished: {unfinished}")

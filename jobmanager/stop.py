@@ -29,9 +29,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobmanager.liveness import pid_alive
+
+if TYPE_CHECKING:
+    from jobmanager.coordinator import CheckpointCoordinator
+    from runtime.plan import JobPlan
 
 log = logging.getLogger("absflow.jobmanager")
 
@@ -64,6 +68,32 @@ class StopRequest:
                 if os.path.exists(self.request_file):
                     self.request(f"`python -m jobmanager stop` ({self.request_file})")
         return self.reason is not None
+
+
+def begin_stop(
+    plan: JobPlan, coordinator: CheckpointCoordinator, stop: StopRequest, attempt: int
+) -> int:
+    """Act on a stop request in a running attempt (every task registered): trigger the
+    final checkpoint kept as a savepoint. Returns its id, -1 when the input had ended
+    first (that final checkpoint becomes the savepoint), -2 when the job cannot stop so."""
+    if plan.has_loops:  # the final barrier cannot end a loop with records in flight
+        log.error(
+            "job '%s' has a loop: it cannot stop with a savepoint yet (%s ignored); press "
+            "Ctrl-C again to cancel it, and resume from its latest checkpoint",
+            plan.name,
+            stop.reason,
+        )
+        return -2
+    n = coordinator.stop_with_savepoint()
+    log.warning(
+        "attempt %d: stopping with a savepoint (%s): %s",
+        attempt,
+        stop.reason,
+        f"final checkpoint {n} triggered"
+        if n is not None
+        else "the input ended first, its final checkpoint is the savepoint",
+    )
+    return -1 if n is None else n
 
 
 @contextlib.contextmanager

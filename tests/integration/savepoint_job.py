@@ -3,6 +3,9 @@
 
     savepoint_job.py CHK_DIR OUT_JSON    runs the unbounded version until it is stopped;
                                          writes {"output", "savepoint", "stopped"} to OUT_JSON
+    savepoint_job.py --bounded N RESTARTS OUT_JSON
+                                         runs build(N) with RESTARTS restarts (FixedDelay);
+                                         writes {"output", "restarts"} or {"error"}
 
 ``build(n, ...)`` is the same job, bounded to the records 0..n-1, optionally changed
 (a stateless step inserted, the keyed step at another parallelism).
@@ -61,7 +64,28 @@ def build(
     return flow
 
 
+def bounded(n: int, restarts: int, out: str) -> int:
+    from jobmanager.restart import FixedDelay
+    from runtime import AbsflowError
+
+    flow = build(n, checkpoint_interval=0.3, restart_strategy=FixedDelay(restarts, 0.1))
+    try:
+        result = flow.run(progress=False)
+    except AbsflowError as err:
+        with open(out, "w") as fh:
+            json.dump({"error": f"{type(err).__name__}: {err}"}, fh)
+        return 1
+    with open(out, "w") as fh:
+        json.dump(
+            {"output": result.output("out"), "restarts": [r.reason for r in result.restarts]}, fh
+        )
+    print(result.summary(), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "--bounded":
+        return bounded(int(argv[1]), int(argv[2]), argv[3])
     checkpoint_dir, out = argv
     result = build(None, rate=4_000, checkpoint_dir=checkpoint_dir).run(progress=False)
     with open(out, "w") as fh:
