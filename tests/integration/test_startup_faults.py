@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,7 +82,7 @@ class Killer(threading.Thread):
 
 def run_driver(
     tmp_path: Path, n: int, restarts: int, kills: int | None
-) -> tuple[int, dict, list[int]]:
+) -> tuple[int, dict[str, Any], list[int]]:
     out = tmp_path / "out.json"
     proc = subprocess.Popen(
         [
