@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -20,6 +21,19 @@ from tests.integration.standalone import StandaloneCluster
 
 SLOTS_NEEDED = 18  # the biggest test job (diamond) has 16 tasks, +2 spare slots for restarts
 
+# This test session's own temp dir, inherited (TMPDIR) by Spark's JVM and its Python
+# workers: the leak check sees this session's absflow dirs only, also while another
+# test session runs on the same machine.
+SESSION_TMP = tempfile.mkdtemp(prefix="abstest-")
+os.environ["TMPDIR"] = SESSION_TMP
+tempfile.tempdir = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tmp() -> Iterator[str]:
+    yield SESSION_TMP
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
@@ -32,7 +46,42 @@ def spark() -> Iterator[Any]:
     launcher._stop_owned()
 
 
+def _our_processes() -> set[int]:
+    """This process and its descendants (Spark's JVM, its Python workers, our tasks)."""
+    children: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        pid = int(stat.split("/")[2])
+        children.setdefault(int(fields[1]), []).append(pid)
+    ours, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        ours.add(pid)
+        todo.extend(children.get(pid, ()))
+    return ours
+
+
+def _socket_inodes(pids: set[int]) -> set[str]:
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue  # gone meanwhile
+    return inodes
+
+
 def _listening_ports() -> set[int]:
+    """Ports that this process or one of its descendants listens on (not another test
+    session's on the same machine)."""
+    ours = _socket_inodes(_our_processes())
     ports: set[int] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -40,7 +89,7 @@ def _listening_ports() -> set[int]:
                 next(fh)
                 for line in fh:
                     parts = line.split()
-                    if parts[3] == "0A":  # LISTEN
+                    if parts[3] == "0A" and parts[9] in ours:  # LISTEN, a socket of ours
                         ports.add(int(parts[1].rsplit(":", 1)[1], 16))
         except OSError:
             pass
