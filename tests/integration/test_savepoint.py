@@ -107,3 +107,27 @@ def test_restoring_the_savepoint_into_another_job_is_refused(tmp_path: Path) -> 
     message = str(info.value)
     assert "of job 'clicks' into job 'billing'" in message
     assert "Dataflow('clicks', ...)" in message
+
+
+def test_the_stop_command_stops_a_running_driver_with_a_savepoint(tmp_path: Path) -> None:
+    chk, out = tmp_path / "chk", tmp_path / "first.json"
+    proc = start_driver(chk, out)
+    try:
+        wait_for_checkpoint(chk, proc)
+        stop = subprocess.run(
+            [sys.executable, "-m", "jobmanager", "stop", "clicks", "--timeout", "120"],
+            env={**os.environ, "PYTHONPATH": ROOT},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert proc.returncode == 0
+    savepoint = json.loads(out.read_text())["savepoint"]
+    assert f"job 'clicks' stopped with savepoint {savepoint}" in stop.stdout, stop.stdout
+    assert CheckpointStorage(str(chk)).savepoints() == [int(savepoint.rsplit("chk-", 1)[1])]
