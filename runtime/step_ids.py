@@ -8,8 +8,8 @@ when a step of the same kind is inserted before it, and a restore by name alone 
 load one operator's state into another.
 
 So every auto-named step also gets a **signature**: a hash of its position in the graph,
-made of its kind and the stateful steps (sources, keyed steps, loop heads, sinks; with
-their names when explicit) upstream and downstream of it. Stateless steps (map,
+made of its kind and the stateful steps (every kind but map, flat_map, filter and union;
+with their names when explicit) upstream and downstream of it. Stateless steps (map,
 flat_map, filter, union) are transparent: inserting, removing or renaming them does not
 change any signature. The checkpoint records each auto-named step's signature; a
 restore loads the state of an auto-named step only into the step of that name with the
@@ -25,16 +25,9 @@ from collections.abc import Callable
 
 from runtime.graph import EdgeKind, LogicalGraph, Step, StepKind
 
-STATEFUL = frozenset(
-    {
-        StepKind.SOURCE,
-        StepKind.REDUCE,
-        StepKind.AGGREGATE,
-        StepKind.PROCESS,
-        StepKind.ITERATE,
-        StepKind.SINK,
-    }
-)
+STATELESS = frozenset({StepKind.MAP, StepKind.FLAT_MAP, StepKind.FILTER, StepKind.UNION})
+"""Kinds that hold no state; every other kind (sources, keyed steps, windows, timestamp
+assigners, loop heads, sinks, and any kind added later) counts as stateful."""
 
 
 def _digest(text: str) -> str:
@@ -68,7 +61,7 @@ class _Context:
             for other_id in neighbours(step):
                 other = self.graph.step(other_id)
                 further = self._side(other, memo, neighbours)
-                if other.kind in STATEFUL:
+                if other.kind not in STATELESS:
                     parts.add(f"({_label(other)}<{_digest(','.join(sorted(further)))})")
                 else:
                     parts |= further
