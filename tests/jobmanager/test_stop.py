@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from channels import control as P
+from channels.control import CheckpointFailureReason
 from jobmanager import stop_command
 from jobmanager.cli import main
 from jobmanager.stop import (
@@ -56,6 +57,16 @@ def test_a_stop_after_the_input_ended_makes_the_pending_final_checkpoint_the_sav
     assert len(triggers(h.sent.new())) == 2  # no second final trigger
     done = h.ack(1)
     assert done is not None and done.savepoint and h.storage.read_metadata(1).savepoint
+
+
+def test_a_stop_while_a_synchronous_checkpoint_drains_subsumes_it(tmp_path: Path) -> None:
+    h = Harness(tmp_path, snapshot_mode="synchronous")
+    h.tick(10.0)  # checkpoint 1: sources halted, draining
+    assert h.coord.stop_with_savepoint() == 2
+    assert h.coord.failed[-1].reason is CheckpointFailureReason.SUBSUMED
+    assert triggers(h.sent.new()) == [(0, 2, True), (1, 2, True)]  # aligned, as always
+    done = h.ack(2)
+    assert done is not None and done.savepoint
 
 
 def test_retention_keeps_savepoints(tmp_path: Path) -> None:
