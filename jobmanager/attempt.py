@@ -23,6 +23,7 @@ from jobmanager.stop import begin_stop
 from jobmanager.termination import LoopTermination
 from runtime.config import JobConfig
 from runtime.plan import JobPlan
+from statebackend.metrics import AckMetrics, TaskMetrics, decode
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.jobmanager")
@@ -280,6 +281,7 @@ class Attempt:
             len(m.restarts),
             m.completed[-1].duration_ms if m.completed else None,
         )
+        self.run_services.dashboard.publish(self)
 
     # -- dispatch --------------------------------------------------------------------------
     def on_message(self, msg: P.Message) -> Failure | None:
@@ -295,11 +297,10 @@ class Attempt:
             case P.Ack():
                 t = self.tasks[msg.task_index]
                 t.last_seen = now
-                t.records_in = max(t.records_in, int(msg.metrics.get("records_in", 0)))
-                t.records_out = max(t.records_out, int(msg.metrics.get("records_out", 0)))
-                self.run_services.metrics.on_snapshot(
-                    msg.task_index, msg.checkpoint_id, msg.metrics
-                )
+                figures = decode(AckMetrics, msg.metrics)
+                t.records_in = max(t.records_in, figures.records_in)
+                t.records_out = max(t.records_out, figures.records_out)
+                self.run_services.metrics.on_snapshot(msg.task_index, msg.checkpoint_id, figures)
                 self.coordinator.on_ack(msg)
             case P.Decline():
                 self.coordinator.on_decline(msg)
@@ -317,9 +318,8 @@ class Attempt:
             case P.Finished():
                 t = self.tasks[msg.task_index]
                 t.finished = True
-                t.metrics.update(msg.metrics)
-                t.records_in = msg.metrics.get("records_in", t.records_in)
-                t.records_out = msg.metrics.get("records_out", t.records_out)
+                t.metrics = decode(TaskMetrics, msg.metrics)
+                t.records_in, t.records_out = t.metrics.records_in, t.metrics.records_out
             case P.Closed():
                 self.tasks[msg.task_index].closed = True
             case P.LoopStatus():
@@ -342,6 +342,8 @@ class Attempt:
         t.peak_rss = max(t.peak_rss, msg.rss_bytes)
         if msg.first_record_at and not t.first_record_at:
             t.first_record_at = msg.first_record_at
+        if msg.metrics:
+            t.metrics = decode(TaskMetrics, msg.metrics)
         self.send(msg.task_index, P.Alive())
 
     def _on_failed(self, msg: P.Failed) -> Failure:

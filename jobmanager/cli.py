@@ -136,16 +136,16 @@ def _row(info: CheckpointInfo) -> list[Any]:
         info.status.value,
         meta.final,
         meta.savepoint,
-        metrics.get("mode"),
+        metrics.mode or None,
         meta.attempt,
         _time(meta.trigger_time),
         meta.duration_ms,
-        metrics.get("state_bytes"),
-        metrics.get("tasks", len(meta.task_metrics)),
-        metrics.get("max_alignment_ms"),
-        metrics.get("spilled_bytes"),
-        metrics.get("backedge_bytes"),
-        metrics.get("channel_state_bytes"),
+        metrics.state_bytes,
+        metrics.tasks or len(meta.task_metrics),
+        metrics.max_alignment_ms,
+        metrics.spilled_bytes,
+        metrics.backedge_bytes,
+        metrics.channel_state_bytes,
     ]
 
 
@@ -200,11 +200,11 @@ def _print_metadata(meta: CheckpointMetadata, path: str, out: TextIO) -> None:
     out.write("summary\n")
     width = max(len(k) for k in SUMMARY_METRICS)
     for key in SUMMARY_METRICS:
-        value = meta.metrics.get(key)
+        value = getattr(meta.metrics, key)
         out.write(f"  {key.ljust(width)}  {'-' if value is None else value}\n")
 
     out.write(f"\ntasks ({len(meta.task_metrics)})\n")
-    rows = [[task, *(m.get(k) for k in TASK_METRICS)] for task, m in meta.task_metrics.items()]
+    rows = [[task, *(getattr(m, k) for k in TASK_METRICS)] for task, m in meta.task_metrics.items()]
     out.write(table(["task", *TASK_METRICS], rows) + "\n")
 
     out.write(f"\nstate files ({len(meta.tasks)})\n")

@@ -23,6 +23,7 @@ from jobmanager.result import JobResult, Restart
 from runtime.graph import StepKind
 from runtime.plan import JobPlan
 from runtime.sinks import CollectSink
+from statebackend.metrics import AckMetrics, TaskMetrics
 
 log = logging.getLogger("absflow.jobmanager")
 
@@ -55,7 +56,7 @@ class TaskFigures(Protocol):
     records_out: int
     peak_rss: int
     first_record_at: float
-    metrics: dict[str, Any]
+    metrics: TaskMetrics
 
 
 def sink_task_indexes(plan: JobPlan) -> set[int]:
@@ -89,11 +90,9 @@ class RunMetrics:
         self.base = self.committed_at.get(restored, RecordCounts()) if restored else RecordCounts()
         self._at_snapshot.clear()
 
-    def on_snapshot(self, task_index: int, checkpoint_id: int, ack_metrics: dict[str, Any]) -> None:
+    def on_snapshot(self, task_index: int, checkpoint_id: int, ack_metrics: AckMetrics) -> None:
         """A task acked ``checkpoint_id`` with its counts at the snapshot."""
-        if "records_in" not in ack_metrics or "records_out" not in ack_metrics:
-            return
-        counts = RecordCounts(int(ack_metrics["records_in"]), int(ack_metrics["records_out"]))
+        counts = RecordCounts(ack_metrics.records_in, ack_metrics.records_out)
         self._at_snapshot.setdefault(checkpoint_id, {})[task_index] = counts
 
     def on_checkpoint_completed(self, cp: CompletedCheckpoint) -> None:
@@ -134,11 +133,11 @@ class RunMetrics:
         )
         if finished:
             for t in tasks.values():
-                figures = dict(t.metrics)
-                if t.first_record_at:
-                    figures.setdefault("first_record_at", t.first_record_at)
+                figures = t.metrics.encode()
+                if t.first_record_at and not figures["first_record_at"]:
+                    figures["first_record_at"] = t.first_record_at
                 self.task_metrics[t.task_id] = figures
-                self.peak_rss[t.task_id] = max(t.peak_rss, int(t.metrics.get("peak_rss", 0)))
+                self.peak_rss[t.task_id] = max(t.peak_rss, t.metrics.peak_rss)
 
     def _own(self, tasks: Mapping[int, TaskFigures]) -> RecordCounts:
         return RecordCounts(
@@ -193,7 +192,7 @@ class RunMetrics:
             "checkpoint_id": c.checkpoint_id,
             "final": c.final,
             "duration_ms": c.duration_ms,
-            **c.metrics,
+            **c.metrics.encode(),
         }
         counts = self.committed_at.get(c.checkpoint_id)
         if counts is not None:

@@ -52,6 +52,7 @@ class JobResult:
     unfired_faults: list[str] = field(default_factory=list)  # injected kills the job outran
     replayed_in: int = 0  # read again after restores (beyond the committed records_in)
     replayed_out: int = 0  # given to the sinks again after restores
+    ui_url: str | None = None  # the job on the dashboard (up until the driver exits)
     stopped: bool = False  # ended by a stop request (SIGTERM, Ctrl-C, `jobmanager stop`)
     savepoint: str | None = None  # the savepoint the stop left: run(restore_from=savepoint)
 

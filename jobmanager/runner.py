@@ -35,6 +35,7 @@ from jobmanager.restart import default_strategy
 from jobmanager.result import JobResult, Restart
 from jobmanager.services import RunServices
 from jobmanager.stop import JobEntry, StopRequest, stop_signals
+from jobmanager.web import Dashboard
 from runtime.config import JobConfig, TaskEnvironment, TaskFault
 from runtime.errors import (
     AbsflowError,
@@ -160,6 +161,11 @@ class JobManager:
         try:
             self.run_id = uuid.uuid4().hex[:8]
             self.stop = StopRequest(entry.stop_file)
+            dashboard = Dashboard(self.plan, self.config, self.metrics)
+            url = dashboard.open(self.progress.say)
+            if url is not None:
+                self.progress.announce(f"job '{self.plan.name}': dashboard at {url}")
+                self.progress.ui_url = url
             self.services = RunServices(
                 link=RouterLink(self.router),
                 liveness=Liveness(local_hosts, self.config.heartbeat_timeout, self.monitor),
@@ -167,10 +173,18 @@ class JobManager:
                 metrics=self.metrics,
                 outputs=self.outputs,
                 progress=self.progress,
+                dashboard=dashboard,
                 stop=self.stop,
             )
-            with entry, stop_signals(self.stop, self.plan.name):
-                return self._attempts(spark, time.monotonic())
+            try:
+                with entry, stop_signals(self.stop, self.plan.name):
+                    result = self._attempts(spark, time.monotonic())
+            except BaseException as err:
+                dashboard.finish("failed", f"{type(err).__name__}: {err}")
+                raise
+            dashboard.finish("finished")
+            result.ui_url = dashboard.url
+            return result
         finally:
             with ctrl_c_deferred():
                 self.progress.close()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statebackend.errors import CorruptCheckpointError
+from statebackend.metrics import AckMetrics, CheckpointSummary, decode
 
 _LIST_HINT = "list the checkpoints with `python -m jobmanager checkpoints DIR`"
 
@@ -178,10 +179,10 @@ class CheckpointMetadata:
     max_parallelism: int
     tasks: Mapping[str, TaskStateHandle]
     """By task id; tasks without state (no storage, nothing to write) are absent."""
-    task_metrics: Mapping[str, Mapping[str, Any]]
+    task_metrics: Mapping[str, AckMetrics]
     """By task id: the metrics of its ack (start_delay_ms, alignment_ms, sync_ms, ...)."""
-    metrics: Mapping[str, Any]
-    """Checkpoint-level summary (jobmanager.coordinator.summarize, plus duration_ms)."""
+    metrics: CheckpointSummary
+    """Checkpoint-level summary (statebackend.metrics.summarize)."""
     steps: tuple[StepState, ...] = ()
     """The steps whose state the checkpoint holds, by name."""
     savepoint: bool = False
@@ -201,8 +202,8 @@ class CheckpointMetadata:
             "duration_ms": self.duration_ms,
             "max_parallelism": self.max_parallelism,
             "tasks": {task: handle.encode() for task, handle in self.tasks.items()},
-            "task_metrics": {task: dict(m) for task, m in self.task_metrics.items()},
-            "metrics": dict(self.metrics),
+            "task_metrics": {task: m.encode() for task, m in self.task_metrics.items()},
+            "metrics": self.metrics.encode(),
             "steps": [s.encode() for s in self.steps],
             "savepoint": self.savepoint,
         }
@@ -252,8 +253,10 @@ class CheckpointMetadata:
                 duration_ms=float(body["duration_ms"]),
                 max_parallelism=int(body["max_parallelism"]),
                 tasks=tasks,
-                task_metrics={str(t): dict(m) for t, m in body["task_metrics"].items()},
-                metrics=dict(body["metrics"]),
+                task_metrics={
+                    str(t): decode(AckMetrics, m) for t, m in body["task_metrics"].items()
+                },
+                metrics=decode(CheckpointSummary, body["metrics"]),
                 steps=steps_of(tasks)
                 if steps is None
                 else tuple(StepState.decode(s) for s in steps),

@@ -100,12 +100,27 @@ def _absflow_tmp() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "absflow-*")))
 
 
+def close_dashboards() -> None:
+    from jobmanager.web import close_all
+
+    close_all()
+
+
+@pytest.fixture(autouse=True)
+def _dashboards_closed() -> Iterator[None]:
+    """Every job starts the dashboard (ui=True by default), which stays up after the job
+    until the driver exits: no test leaves one behind."""
+    yield
+    close_dashboards()
+
+
 @pytest.fixture
 def no_leaks(spark: Any) -> Iterator[None]:
     """After the test: no port our tasks or job manager bound is still listening, and
     no absflow temp dir is left (Spark's own pooled workers hold no absflow socket)."""
     ports, dirs = _listening_ports(), _absflow_tmp()
     yield
+    close_dashboards()  # they outlive a job on purpose (until the driver exits)
     deadline = time.monotonic() + 5.0
     while True:
         extra_ports, extra_dirs = _listening_ports() - ports, _absflow_tmp() - dirs

@@ -8,13 +8,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import pytest
 
 from jobmanager.cli import main
 from statebackend.metadata import CheckpointMetadata, OperatorLayout, StepState
+from statebackend.metrics import AckMetrics, CheckpointSummary
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
 from tests.conftest import FakeS3
@@ -22,16 +22,16 @@ from tests.conftest import FakeS3
 REPO = Path(__file__).resolve().parents[2]
 
 
-def task_metrics(align: float) -> dict[str, Any]:
-    return {
-        "start_delay_ms": 0.4,
-        "alignment_ms": align,
-        "sync_ms": 0.3,
-        "async_ms": 2.5,
-        "state_bytes": 120,
-        "spilled_bytes": 64,
-        "keys": 3,
-    }
+def task_metrics(align: float) -> AckMetrics:
+    return AckMetrics(
+        start_delay_ms=0.4,
+        alignment_ms=align,
+        sync_ms=0.3,
+        async_ms=2.5,
+        state_bytes=120,
+        spilled_bytes=64,
+        keys=3,
+    )
 
 
 def write_checkpoint(
@@ -52,20 +52,20 @@ def write_checkpoint(
             max_parallelism=128,
             tasks={"src[0]": handle},
             task_metrics={"src[0]": task_metrics(0.0), "count[0]": task_metrics(7.25)},
-            metrics={
-                "tasks": 2,
-                "duration_ms": 12.5 * n,
-                "max_start_delay_ms": 0.4,
-                "max_alignment_ms": 7.25,
-                "mean_alignment_ms": 3.625,
-                "max_sync_ms": 0.3,
-                "max_async_ms": 2.5,
-                "state_bytes": 240 + n,
-                "spilled_bytes": 128,
-                "keys": 6,
-                "mode": "unaligned" if n == 3 else "exactly_once",
-                "channel_state_bytes": 4096 if n == 3 else 0,
-            },
+            metrics=CheckpointSummary(
+                tasks=2,
+                duration_ms=12.5 * n,
+                max_start_delay_ms=0.4,
+                max_alignment_ms=7.25,
+                mean_alignment_ms=3.625,
+                max_sync_ms=0.3,
+                max_async_ms=2.5,
+                state_bytes=240 + n,
+                spilled_bytes=128,
+                keys=6,
+                mode="unaligned" if n == 3 else "exactly_once",
+                channel_state_bytes=4096 if n == 3 else 0,
+            ),
             steps=(StepState("src", "source", 1, False),),
             savepoint=savepoint,
         )
@@ -176,7 +176,7 @@ def test_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "backedge_records",
     ]
     count_row = next(line for line in out.splitlines() if line.startswith("count[0]"))
-    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64", "-"]
+    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64", "0"]
     state_row = next(
         line for line in out.splitlines() if line.startswith("src[0]") and ".state" in line
     )

@@ -10,21 +10,22 @@ from jobmanager.failures import FailureCause
 from jobmanager.metrics import CommittedOutputs, RecordCounts, RunMetrics
 from jobmanager.result import JobResult, Restart
 from jobmanager.services import TaskInfo
+from statebackend.metrics import AckMetrics, CheckpointSummary
 from tests.jobmanager.fakes import small_plan
 
 SOURCES, SINKS = (0, 1), (2, 3)
 
 
 def cp(n: int, final: bool = False) -> CompletedCheckpoint:
-    return CompletedCheckpoint(n, final, 10.0, {}, None)
+    return CompletedCheckpoint(n, final, 10.0, CheckpointSummary(), None)
 
 
 def snapshot(m: RunMetrics, n: int, records_in: int, records_out: int) -> None:
     """Every task acks checkpoint n; sources split records_in, sinks records_out."""
     for i in SOURCES:
-        m.on_snapshot(i, n, {"records_in": records_in // 2, "records_out": records_in // 2})
+        m.on_snapshot(i, n, AckMetrics(records_in=records_in // 2, records_out=records_in // 2))
     for i in SINKS:
-        m.on_snapshot(i, n, {"records_in": 99, "records_out": records_out // 2})
+        m.on_snapshot(i, n, AckMetrics(records_in=99, records_out=records_out // 2))
 
 
 def table(records_in: int, records_out: int) -> dict[int, TaskInfo]:
@@ -69,7 +70,7 @@ def test_a_restore_from_another_run_counts_this_runs_records() -> None:
 def test_without_counts_from_every_task_the_last_attempt_counts() -> None:
     m = RunMetrics(small_plan())
     m.start_attempt(None)
-    m.on_snapshot(0, 1, {"records_in": 5, "records_out": 5})
+    m.on_snapshot(0, 1, AckMetrics(records_in=5, records_out=5))
     m.on_checkpoint_completed(cp(1, final=True))
     m.end_attempt(table(10, 8), True, [])
     assert 1 not in m.committed_at

@@ -23,6 +23,7 @@ from statebackend import (
     check_compatible,
     plan_restore,
 )
+from statebackend.metrics import CheckpointSummary
 
 
 def ident(x: Any) -> Any:
@@ -68,7 +69,7 @@ def checkpoint_of(plan: JobPlan) -> CheckpointMetadata:
         max_parallelism=plan.max_parallelism,
         tasks=tasks,
         task_metrics={},
-        metrics={},
+        metrics=CheckpointSummary(),
         steps=tuple(s for s in plan.step_states() if s.kind != "map"),
     )
 

@@ -17,6 +17,7 @@ from statebackend import (
     check_compatible,
     plan_restore,
 )
+from statebackend.metrics import CheckpointSummary
 
 LINES = StepState("lines", "source", 2, False)
 COUNT = StepState("count", "aggregate", 2, True)
@@ -50,7 +51,7 @@ def wordcount_checkpoint(max_parallelism: int = 128) -> CheckpointMetadata:
         max_parallelism=max_parallelism,
         tasks=tasks,
         task_metrics={},
-        metrics={},
+        metrics=CheckpointSummary(),
         steps=(COUNT, OUT, LINES),
     )
 
