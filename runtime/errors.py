@@ -43,7 +43,8 @@ class UnsupportedSessionError(AbsflowError, RuntimeError):
 
 
 class WorkerStartError(AbsflowError, RuntimeError):
-    """Spark could not start the Python workers that run the tasks."""
+    """The Spark Python workers cannot import the task code (a worker lost while starting
+    is a failure like any other: the restart strategy handles it)."""
 
 
 class JobCancelledError(AbsflowError, RuntimeError):
