@@ -15,10 +15,11 @@ import signal
 from channels import control as P
 from channels.control import CheckpointFailureReason
 from jobmanager.coordinator import CheckpointCoordinator, CompletedCheckpoint
-from jobmanager.failures import Failure, FailureCause, classify_stage_error
+from jobmanager.failures import Failure, FailureCause, classify_stage_error, stage_reason
 from jobmanager.faults import DriverKill
 from jobmanager.liveness import ctrl_c_deferred
 from jobmanager.services import RunServices, Stage, TaskInfo
+from jobmanager.stop import begin_stop
 from jobmanager.termination import LoopTermination
 from runtime.config import JobConfig
 from runtime.plan import JobPlan
@@ -68,6 +69,7 @@ class Attempt:
         self.failure: Failure | None = None  # set by run()
         self.killed_at: float | None = None  # wall clock of an injected kill
         self.stage_done_at: float | None = None
+        self.stopping_with: int | None = None  # the savepoint's checkpoint id while stopping
         self.coordinator = CheckpointCoordinator(
             plan,
             config,
@@ -122,6 +124,7 @@ class Attempt:
                     return failure
             now = self.clock()
             self._observe(now)
+            self._check_stop()
             if self.all_finished:
                 stage.join(10.0)
                 return None
@@ -153,6 +156,13 @@ class Attempt:
                     self.number, min(firsts), self.submit_wall
                 )
                 self.run_services.faults.on_first_record(now)
+
+    def _check_stop(self) -> None:
+        """A stop with savepoint was requested: act once every task registered."""
+        if self.stopping_with is None and self.all_registered_at is not None:
+            stop = self.run_services.stop
+            if stop.requested:
+                self.stopping_with = begin_stop(self.plan, self.coordinator, stop, self.number)
 
     def _check(self, now: float, stage: Stage) -> Failure | None:
         """Everything that can end the attempt besides a task's own report."""
@@ -221,10 +231,12 @@ class Attempt:
         if now - self.submitted <= REGISTRATION_TIMEOUT:
             return None
         missing = [t.task_id for i, t in self.tasks.items() if i not in self.registered]
+        # Start-up is part of the fault domain: the restart strategy decides, as for any
+        # other failure (a worker lost or hung while starting may well start next time).
         return Failure(
             FailureCause.REGISTRATION_TIMEOUT,
-            error=f"tasks {missing} did not register within {REGISTRATION_TIMEOUT:.0f} s",
-            permanent="the cluster did not start the tasks; check the executors' logs",
+            error=f"tasks {missing} did not register within {REGISTRATION_TIMEOUT:.0f} s "
+            "(check the executors' logs)",
         )
 
     def _check_stage(self, now: float, stage: Stage) -> Failure | None:
@@ -233,7 +245,13 @@ class Attempt:
             self.stage_done_at = now
             if err is not None:
                 text = str(err)
-                return Failure(classify_stage_error(text), error=_first_lines(text))
+                error = _first_lines(text)
+                if self.all_registered_at is None:  # say it: the tasks were still starting
+                    error = (
+                        f"while the tasks were starting ({len(self.registered)} of "
+                        f"{len(self.tasks)} registered): {stage_reason(text)}\n{error}"
+                    )
+                return Failure(classify_stage_error(text), error=error)
         if self.stage_done_at is not None and now - self.stage_done_at > STAGE_END_GRACE:
             unfinished = [t.task_id for t in self.tasks.values() if not t.finished]
             return Failure(FailureCause.STAGE_ENDED_EARLY, error=f"unfinished: {unfinished}")

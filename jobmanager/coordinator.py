@@ -36,6 +36,7 @@ class PendingCheckpoint:
     drain: LoopTermination | None = None
     """Synchronous snapshots: the waves proving the halted job drained (then triggered)."""
     drained_mono: float | None = None
+    savepoint: bool = False  # the final checkpoint of a stop: kept, never retired
 
 
 @dataclass
@@ -47,6 +48,7 @@ class CompletedCheckpoint:
     path: str | None
     trigger_time: float = 0.0  # wall clock
     task_metrics: Mapping[str, AckMetrics] = field(default_factory=dict)
+    savepoint: bool = False
 
 
 @dataclass
@@ -133,12 +135,14 @@ class CheckpointCoordinator:
             return
         self.trigger(final=False)
 
-    def trigger(self, final: bool) -> int:
+    def trigger(self, final: bool, savepoint: bool = False) -> int:
         n = self.next_id
         self.next_id += 1
         now = time.time()
         self.last_trigger = self.clock()
-        cp = PendingCheckpoint(n, now, self.last_trigger, final, set(self.all_tasks))
+        cp = PendingCheckpoint(
+            n, now, self.last_trigger, final, set(self.all_tasks), savepoint=savepoint
+        )
         self.pending[n] = cp
         if final:
             self.final_triggered = True
@@ -185,14 +189,26 @@ class CheckpointCoordinator:
     def on_sources_ended(self) -> None:
         """All sources read their input: the final checkpoint commits all remaining output."""
         if not self.final_triggered:
-            for cp in list(self.pending.values()):
-                if cp.drain is not None and cp.drained_mono is None:  # not triggered yet
-                    self.abort(
-                        cp.checkpoint_id,
-                        CheckpointFailureReason.SUBSUMED,
-                        "the sources ended: the final checkpoint follows",
-                    )
+            self._abort_undrained("the sources ended: the final checkpoint follows")
             self.trigger(final=True)
+
+    def _abort_undrained(self, why: str) -> None:
+        """Synchronous checkpoints still draining (their sources halted, not triggered)."""
+        for cp in list(self.pending.values()):
+            if cp.drain is not None and cp.drained_mono is None:
+                self.abort(cp.checkpoint_id, CheckpointFailureReason.SUBSUMED, why)
+
+    def stop_with_savepoint(self) -> int | None:
+        """A graceful stop: the sources end at one consistent point (the final barrier,
+        exactly as at the end of their input), the sinks commit on its completion, and the
+        checkpoint is kept as a savepoint. Its id, or None when the final checkpoint was
+        triggered already (the input ended first: that one becomes the savepoint)."""
+        if self.final_triggered:
+            for cp in self.pending.values():
+                cp.savepoint = cp.savepoint or cp.final
+            return None
+        self._abort_undrained("a stop with savepoint: the final checkpoint follows")
+        return self.trigger(final=True, savepoint=True)
 
     # -- acks ------------------------------------------------------------------------------
     def on_ack(self, ack: P.Ack) -> CompletedCheckpoint | None:
@@ -259,6 +275,7 @@ class CheckpointCoordinator:
                 task_metrics=per_task,
                 metrics=metrics,
                 steps=self._steps_with_state(tasks),
+                savepoint=cp.savepoint,
             )
             try:
                 path = self.storage.write_metadata(metadata)
@@ -273,7 +290,14 @@ class CheckpointCoordinator:
                 )
                 return None
         completed = CompletedCheckpoint(
-            cp.checkpoint_id, cp.final, duration_ms, metrics, path, cp.trigger_time, per_task
+            cp.checkpoint_id,
+            cp.final,
+            duration_ms,
+            metrics,
+            path,
+            cp.trigger_time,
+            per_task,
+            savepoint=cp.savepoint,
         )
         self.completed.append(completed)
         self.last_completion = done

@@ -142,8 +142,29 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, interval: float = 
         "--checkpoint-interval", type=float, default=interval, help="seconds; 0 turns them off"
     )
     parser.add_argument(
-        "--checkpoint-dir", default=None, help="keep checkpoints here (default: a temp dir)"
+        "--checkpoint-dir",
+        default=None,
+        help="keep checkpoints and savepoints here (default: a temp dir)",
     )
+    parser.add_argument(
+        "--restore-from",
+        default=None,
+        metavar="PATH",
+        help="resume from a savepoint or checkpoint (chk-<n>, or a root: its latest)",
+    )
+
+
+def report_stop(result: Any) -> bool:
+    """Print how a job stopped with a savepoint (SIGTERM, Ctrl-C, `python -m jobmanager
+    stop`) can resume; True when it stopped (its output is then only a part)."""
+    if not result.stopped:
+        return False
+    print(result.summary())
+    if result.savepoint:
+        print(
+            f"\nstopped with savepoint {result.savepoint}; resume with --restore-from {result.savepoint}"
+        )
+    return True
 
 
 def checkpoint_config(args: Any) -> dict[str, object]:

@@ -204,15 +204,20 @@ class RunMetrics:
 class CommittedOutputs:
     """Records the collect sinks committed, one batch per (sink step, subtask, checkpoint):
     the first copy wins, so a re-commit after a restore is dropped; batches committed
-    after the restored checkpoint are forgotten (the sources replay them)."""
+    after the restored checkpoint are forgotten (the sources replay them). A run restored
+    from another run's checkpoint ``committed_up_to`` drops the batches of checkpoints up to
+    it: the sinks recommit them on restore, but that run returned them already."""
 
-    def __init__(self, plan: JobPlan) -> None:
+    def __init__(self, plan: JobPlan, committed_up_to: int = 0) -> None:
         self.collect_sinks = [
             s.name for s in plan.steps if s.kind is StepKind.SINK and isinstance(s.fn, CollectSink)
         ]
         self._batches: dict[tuple[str, int, int], list[Any]] = {}
+        self.committed_up_to = committed_up_to
 
     def add(self, step: str, subtask: int, checkpoint_id: int, records: Iterable[Any]) -> None:
+        if checkpoint_id <= self.committed_up_to:
+            return
         self._batches.setdefault((step, subtask, checkpoint_id), list(records))
 
     def drop_after(self, checkpoint_id: int | None) -> None:

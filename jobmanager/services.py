@@ -16,6 +16,7 @@ from channels import control as P
 from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.liveness import Liveness, send_signal
 from jobmanager.metrics import CommittedOutputs, RunMetrics
+from jobmanager.stop import StopRequest
 from statebackend.metrics import TaskMetrics
 
 __all__ = ["ControlLink", "Progress", "RunServices", "Stage", "TaskInfo"]
@@ -108,3 +109,4 @@ class RunServices:
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     dashboard: Publisher = field(default_factory=lambda: NO_DASHBOARD)
+    stop: StopRequest = field(default_factory=StopRequest)

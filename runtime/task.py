@@ -354,7 +354,7 @@ class Task:
                 self._flush_all()
                 if control.wait(int(timeout * 1000) or 1):
                     self._serve_control()
-            elif not source_ended:
+            elif not source_ended and checkpointer.final_checkpoint is None:
                 batch = reader.read_batch(batch_size)
                 if batch is None:
                     source_ended = True

@@ -127,3 +127,16 @@ def test_collect_outputs_first_copy_wins_and_replayed_batches_are_dropped() -> N
     assert out.outputs() == {"out": [1, 2, 3]}
     out.drop_after(None)
     assert out.outputs() == {"out": []}
+
+
+def test_a_run_restored_from_another_runs_checkpoint_drops_what_that_run_returned() -> None:
+    """The sinks recommit the restored checkpoint's pending output on restore; the run
+    that took it returned it already (a savepoint's last epoch would come back twice)."""
+    resumed = CommittedOutputs(small_plan(), committed_up_to=12)
+    resumed.add("out", 0, 12, [1, 2])  # recommitted on restore
+    resumed.add("out", 0, 13, [3])
+    assert resumed.outputs()["out"] == [3]
+    fresh = CommittedOutputs(small_plan())  # companion: without the floor it comes back
+    fresh.add("out", 0, 12, [1, 2])
+    fresh.add("out", 0, 13, [3])
+    assert fresh.outputs()["out"] == [1, 2, 3]
