@@ -6,9 +6,9 @@
 
 Clicks are generated deterministically: each user is active in some 30 s epochs of
 event time and silent in others (so sessions end), timestamps arrive out of order by
-up to 0.4 s (below max_delay: never late), every 401st click is 30 s late (within the
-allowed lateness of 60 s: it updates, merges and re-emits its session) and every
-997th is 200 s late (beyond it: it goes to the late-output stream). The result is
+up to 0.4 s (below max_delay: never late), every 401st click is 90 s late (within the
+allowed lateness of 150 s: it updates, merges and re-emits its session) and every
+997th is 400 s late (beyond it: it goes to the late-output stream). The result is
 checked against a direct sessionization of the accepted clicks, and the late stream
 against the clicks made too late.
 """
@@ -31,9 +31,12 @@ from runtime.window_kinds import Session
 
 STEP_MS = 20  # event time between two clicks (over all users)
 GAP_MS = 5_000  # a session ends after 5 s without a click
-LATENESS_MS = 60_000
+LATENESS_MS = 150_000
 MAX_DELAY_MS = 1_000
-LATE_MS, TOO_LATE_MS = 30_000, 200_000
+BATCH = 250  # records per source batch: a watermark at least every 5 s of event time
+# Late by more than a batch, a session and the gap: its session has surely fired (and
+# re-emits); too late by more than that plus the lateness: surely cleaned up.
+LATE_MS, TOO_LATE_MS = 90_000, 400_000
 
 
 def click(i: int, users: int = 50) -> tuple[str, int, int]:
@@ -56,7 +59,7 @@ def too_late(i: int) -> bool:
 
 
 def build(clicks: int, parallelism: int, rate: float | None, **config: Any) -> Dataflow:
-    flow = Dataflow("sessions", parallelism=parallelism, **config)
+    flow = Dataflow("sessions", parallelism=parallelism, batch_size=BATCH, **config)
     windows = (
         # One source subtask: the late clicks are late by construction, whatever the
         # start-up skew between source subtasks would do to the watermark (min over them).
