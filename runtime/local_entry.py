@@ -1,0 +1,80 @@
+"""A task process of the local launcher (``jobmanager.local_launcher``): no Spark, no JVM.
+
+    python -m runtime.local_entry INDEX FD
+
+The job manager writes the attempt (``cloudpickle`` of ``(plan, env)``, length-prefixed)
+to the process's stdin; the task binds its gates on 127.0.0.1, writes its endpoints as
+one JSON line to FD, reads every task's endpoints (a JSON list, one line) from stdin,
+and runs (``runtime.task_entry.run_task``). The job manager keeps stdin open while the
+attempt runs: end of file means it is gone, and the task process ends itself at once
+(no orphan survives a killed driver).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import sys
+import threading
+import traceback
+from typing import BinaryIO
+
+HOST = "127.0.0.1"
+LENGTH = struct.Struct("!Q")
+
+
+def read_attempt(stream: BinaryIO) -> bytes:
+    """The length-prefixed payload the job manager wrote."""
+    (size,) = LENGTH.unpack(_read_exactly(stream, LENGTH.size))
+    return _read_exactly(stream, size)
+
+
+def _read_exactly(stream: BinaryIO, size: int) -> bytes:
+    data = stream.read(size)
+    if data is None or len(data) != size:
+        raise EOFError("the job manager closed the task's stdin before sending the attempt")
+    return data
+
+
+def _end_with_driver(stream: BinaryIO) -> None:
+    """Watchdog thread: stdin at end of file means the job manager is gone."""
+    while stream.read(4096):
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    import cloudpickle
+
+    from runtime.task_entry import run_task
+
+    index, fd = int(argv[0]), int(argv[1])
+    stdin = sys.stdin.buffer
+    plan, env = cloudpickle.loads(read_attempt(stdin))
+    out = os.fdopen(fd, "wb", buffering=0)
+
+    def exchange(message: str) -> list[str]:
+        out.write(message.encode() + b"\n")
+        out.close()
+        line = stdin.readline()
+        if not line:
+            raise EOFError("the job manager closed the task's stdin during the endpoint exchange")
+        threading.Thread(target=_end_with_driver, args=(stdin,), daemon=True).start()
+        peers: list[str] = json.loads(line)
+        return peers
+
+    run_task(plan, env, index, HOST, exchange)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main(sys.argv[1:])
+    except BaseException:  # the task reported what it could; the job manager sees the exit
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # threads of a failed task (zmq, writers) must not hold the exit
