@@ -60,6 +60,8 @@ ABORT = _Marker("ABORT")
 class TestingSourceAbort(AbsflowError, RuntimeError):
     """Raised by a ``TestingSource`` that reached an ``ABORT`` marker."""
 
+    __test__ = False  # not a pytest test class
+
 
 class _TestingReader(SourceReader):
     def __init__(self, items: Sequence[Any], step: str, subtask: int, parallelism: int) -> None:

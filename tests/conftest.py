@@ -1,4 +1,5 @@
-"""Shared fixtures: one SparkSession per test session, a leak check per test, a
+"""Shared fixtures: one SparkSession per test session, a leak check per test, the
+test harness (``harness``: jobs run as local task processes, without Spark), a
 local fake S3 (moto's server on loopback) for the checkpoint-storage tests, and a
 Spark standalone cluster on 127.0.0.1 for the tests that need a real one."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -65,6 +67,80 @@ def no_leaks(spark: Any) -> Iterator[None]:
         time.sleep(0.1)
     assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
     assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
+
+
+def child_processes(parent: int | None = None) -> set[int]:
+    """PIDs of the living children (zombies excluded) of ``parent`` (default: this process)."""
+    me, found = str(parent or os.getpid()), set()
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            found.add(int(stat.split("/")[2]))
+    return found
+
+
+def _own_listening_ports() -> set[int]:
+    """Listening ports of sockets this process or one of its children holds (other
+    programs on the machine may open and close ports meanwhile)."""
+    inodes: set[str] = set()
+    for pid in [os.getpid(), *child_processes()]:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh)
+                for line in fh:
+                    parts = line.split()
+                    if parts[3] == "0A" and parts[9] in inodes:
+                        ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            pass
+    return ports
+
+
+@pytest.fixture
+def harness(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Jobs of the test run on the local launcher (``runtime.testing``: task processes
+    without Spark, ``ABSFLOW_LAUNCHER=local``). After the test: no task process, port or
+    absflow temp dir is left. The test gets a temp dir of its own (``TMPDIR``, also the
+    tasks'), so that other programs' absflow dirs in /tmp do not count."""
+    from jobmanager.launchers import ENV_VAR
+
+    tmp_path_factory.getbasetemp()  # pytest's own temp root stays where it is
+    private = tempfile.mkdtemp(prefix="harness-tmp-")
+    monkeypatch.setenv(ENV_VAR, "local")
+    monkeypatch.setenv("TMPDIR", private)
+    monkeypatch.setattr(tempfile, "tempdir", private)
+    ports, dirs, children = _own_listening_ports(), _absflow_tmp(), child_processes()
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        extra_ports, extra_dirs = _own_listening_ports() - ports, _absflow_tmp() - dirs
+        extra_children = child_processes() - children
+        if not (extra_ports or extra_dirs or extra_children) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not extra_children, f"task processes left behind: {sorted(extra_children)}"
+    assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
+    assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
+    shutil.rmtree(private, ignore_errors=True)
 
 
 # -- S3 (moto) -----------------------------------------------------------------------------
