@@ -36,6 +36,7 @@ log = logging.getLogger("absflow.launcher")
 __all__ = ["LocalProcessLauncher", "LocalStage", "TaskExited"]
 
 POLL_SECONDS = 0.01
+CLOSE_SECONDS = 10.0
 # Settings only a Spark session can honour, with their defaults.
 SPARK_ONLY = {"local_master": None, "executor_wait": JobConfig().executor_wait}
 
@@ -53,6 +54,7 @@ class LocalProcessLauncher:
     def __init__(self) -> None:
         self.host = HOST
         self.local_hosts = {HOST, "localhost"}
+        self.stages: list[LocalStage] = []
 
     def prepare(self, tasks: int, config: JobConfig, say: Callable[[str], None]) -> None:
         check_config(config)
@@ -61,10 +63,19 @@ class LocalProcessLauncher:
         """Local processes need no slots."""
 
     def start(self, plan: JobPlan, env: TaskEnvironment, group: str) -> LocalStage:
-        return LocalStage(plan, env, group).start()
+        stage = LocalStage(plan, env, group).start()
+        self.stages.append(stage)
+        return stage
 
     def close(self) -> None:
-        """Every stage reaps its own processes."""
+        """No task process outlives the run: each stage's are released, and ended if
+        they do not exit within CLOSE_SECONDS (a stage reaps its own processes)."""
+        for stage in self.stages:
+            if not stage.join(CLOSE_SECONDS):
+                log.warning("task processes of %s did not exit; ending them", stage.group)
+                stage.cancel()
+                stage.join(CLOSE_SECONDS)
+        self.stages.clear()
 
 
 def check_config(config: JobConfig) -> None:
@@ -209,6 +220,14 @@ class LocalStage:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
 
+    def release(self) -> None:
+        """Let the task processes exit (a task that is done waits for this: its last
+        messages are read before its connections drop)."""
+        for proc in list(self.procs):
+            self._close_stdin(proc)
+
     def join(self, timeout: float) -> bool:
+        """Release the processes and wait up to ``timeout`` until all are reaped."""
+        self.release()
         self.thread.join(timeout)
         return not self.thread.is_alive()

@@ -6,8 +6,11 @@ The job manager writes the attempt (``cloudpickle`` of ``(plan, env)``, length-p
 to the process's stdin; the task binds its gates on 127.0.0.1, writes its endpoints as
 one JSON line to FD, reads every task's endpoints (a JSON list, one line) from stdin,
 and runs (``runtime.task_entry.run_task``). The job manager keeps stdin open while the
-attempt runs: end of file means it is gone, and the task process ends itself at once
-(no orphan survives a killed driver).
+attempt runs: end of file before the task is done means the job manager is gone (or
+ended the attempt), and the task process ends itself at once (no orphan survives a
+killed driver). A task that is done waits for that end of file before it exits, as a
+pooled Spark worker outlives its task: its last messages (Finished, Closed) are read by
+the job manager before its connections drop (an exiting process may reset them).
 """
 
 from __future__ import annotations
@@ -38,11 +41,28 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes:
     return data
 
 
-def _end_with_driver(stream: BinaryIO) -> None:
-    """Watchdog thread: stdin at end of file means the job manager is gone."""
-    while stream.read(4096):
-        pass
-    os.kill(os.getpid(), signal.SIGKILL)
+class Watchdog:
+    """Reads stdin to its end (a thread): before the task is done, the end kills the
+    process; after, it lets the process exit."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.done = threading.Event()
+        self.released = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="absflow-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        while self.stream.read(4096):
+            pass
+        if not self.done.is_set():
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.released.set()
+
+    def exit_when_released(self) -> None:
+        self.done.set()
+        self.released.wait()
 
 
 def main(argv: list[str]) -> int:
@@ -54,6 +74,7 @@ def main(argv: list[str]) -> int:
     stdin = sys.stdin.buffer
     plan, env = cloudpickle.loads(read_attempt(stdin))
     out = os.fdopen(fd, "wb", buffering=0)
+    watchdog = Watchdog(stdin)
 
     def exchange(message: str) -> list[str]:
         out.write(message.encode() + b"\n")
@@ -61,11 +82,12 @@ def main(argv: list[str]) -> int:
         line = stdin.readline()
         if not line:
             raise EOFError("the job manager closed the task's stdin during the endpoint exchange")
-        threading.Thread(target=_end_with_driver, args=(stdin,), daemon=True).start()
+        watchdog.start()
         peers: list[str] = json.loads(line)
         return peers
 
     run_task(plan, env, index, HOST, exchange)
+    watchdog.exit_when_released()
     return 0
 
 

@@ -143,6 +143,18 @@ def harness(
     shutil.rmtree(private, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _launcher_by_marker(request: pytest.FixtureRequest) -> None:
+    """Tests marked ``harness`` run on the test harness (the ``harness`` fixture); in such
+    a module, a test also marked ``integration`` stays on local Spark (``no_leaks``)."""
+    if request.node.get_closest_marker("harness") is None:
+        return
+    if request.node.get_closest_marker("integration") is not None:
+        request.getfixturevalue("no_leaks")
+    else:
+        request.getfixturevalue("harness")
+
+
 # -- S3 (moto) -----------------------------------------------------------------------------
 S3_BUCKET = "absflow-test"
 

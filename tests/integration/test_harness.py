@@ -22,7 +22,7 @@ from runtime.sources import GeneratorSource
 from runtime.testing import ABORT, EOF, ListSink, TestingSource, TestingSourceAbort, run_local
 from tests.conftest import child_processes
 
-pytestmark = [pytest.mark.harness, pytest.mark.usefixtures("harness")]
+pytestmark = [pytest.mark.harness]  # the harness fixture: see tests/conftest.py
 
 
 def keyed_sums(n: int, rate: float | None = None, **config: Any) -> Dataflow:
