@@ -34,34 +34,21 @@ def spark() -> Iterator[Any]:
     launcher._stop_owned()
 
 
-def _listening_ports() -> set[int]:
-    ports: set[int] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                next(fh)
-                for line in fh:
-                    parts = line.split()
-                    if parts[3] == "0A":  # LISTEN
-                        ports.add(int(parts[1].rsplit(":", 1)[1], 16))
-        except OSError:
-            pass
-    return ports
-
-
 def _absflow_tmp() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "absflow-*")))
 
 
 @pytest.fixture
 def no_leaks(spark: Any) -> Iterator[None]:
-    """After the test: no port our tasks or job manager bound is still listening, and
-    no absflow temp dir is left (Spark's own pooled workers hold no absflow socket)."""
-    ports, dirs = _listening_ports(), _absflow_tmp()
+    """After the test: no port our tasks or job manager bound is still listening (ports
+    held by this process and its descendants: other programs on the machine do not
+    count), and no absflow temp dir is left (Spark's own pooled workers hold no absflow
+    socket)."""
+    ports, dirs = _own_listening_ports(), _absflow_tmp()
     yield
     deadline = time.monotonic() + 5.0
     while True:
-        extra_ports, extra_dirs = _listening_ports() - ports, _absflow_tmp() - dirs
+        extra_ports, extra_dirs = _own_listening_ports() - ports, _absflow_tmp() - dirs
         if not (extra_ports or extra_dirs) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -69,25 +56,41 @@ def no_leaks(spark: Any) -> Iterator[None]:
     assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
 
 
-def child_processes(parent: int | None = None) -> set[int]:
-    """PIDs of the living children (zombies excluded) of ``parent`` (default: this process)."""
-    me, found = str(parent or os.getpid()), set()
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every living process (zombies excluded)."""
+    parents: dict[int, int] = {}
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
             with open(stat) as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[1] == me and fields[0] != "Z":
-            found.add(int(stat.split("/")[2]))
+        if fields[0] != "Z":
+            parents[int(stat.split("/")[2])] = int(fields[1])
+    return parents
+
+
+def child_processes(parent: int | None = None) -> set[int]:
+    """PIDs of the living children (zombies excluded) of ``parent`` (default: this process)."""
+    me = parent or os.getpid()
+    return {pid for pid, ppid in _parents().items() if ppid == me}
+
+
+def descendants() -> set[int]:
+    """This process's living descendants (Spark's JVM and its Python workers included)."""
+    parents, frontier = _parents(), {os.getpid()}
+    found: set[int] = set()
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+        found |= frontier
     return found
 
 
 def _own_listening_ports() -> set[int]:
-    """Listening ports of sockets this process or one of its children holds (other
+    """Listening ports of sockets this process or one of its descendants holds (other
     programs on the machine may open and close ports meanwhile)."""
     inodes: set[str] = set()
-    for pid in [os.getpid(), *child_processes()]:
+    for pid in [os.getpid(), *descendants()]:
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
