@@ -49,8 +49,10 @@ class Watchdog:
         self.stream = stream
         self.done = threading.Event()
         self.released = threading.Event()
+        self.started = False
 
     def start(self) -> None:
+        self.started = True
         threading.Thread(target=self._watch, name="absflow-watchdog", daemon=True).start()
 
     def _watch(self) -> None:
@@ -60,21 +62,27 @@ class Watchdog:
             os.kill(os.getpid(), signal.SIGKILL)
         self.released.set()
 
-    def exit_when_released(self) -> None:
+    def exit_when_released(self, timeout: float | None = None) -> None:
+        """The task is done: wait (up to ``timeout``) until the job manager releases it."""
         self.done.set()
-        self.released.wait()
+        if self.started:
+            self.released.wait(timeout)
 
 
-def main(argv: list[str]) -> int:
+# A task that failed has reported why (Failed): the job manager ends the attempt on that
+# report. The process waits this long for it before it exits with an error anyway.
+FAILED_GRACE = 2.0
+
+
+def main(argv: list[str], watchdog: Watchdog) -> int:
     import cloudpickle
 
     from runtime.task_entry import run_task
 
     index, fd = int(argv[0]), int(argv[1])
-    stdin = sys.stdin.buffer
+    stdin = watchdog.stream
     plan, env = cloudpickle.loads(read_attempt(stdin))
     out = os.fdopen(fd, "wb", buffering=0)
-    watchdog = Watchdog(stdin)
 
     def exchange(message: str) -> list[str]:
         out.write(message.encode() + b"\n")
@@ -92,10 +100,12 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    dog = Watchdog(sys.stdin.buffer)
     try:
-        code = main(sys.argv[1:])
+        code = main(sys.argv[1:], dog)
     except BaseException:  # the task reported what it could; the job manager sees the exit
         traceback.print_exc()
+        dog.exit_when_released(FAILED_GRACE)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

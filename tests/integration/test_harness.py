@@ -18,7 +18,7 @@ from jobmanager.failures import FailureCause
 from jobmanager.faults import Kill, RaiseAt
 from runtime import Dataflow, GraphError, TaskFailedError
 from runtime.errors import AbsflowError
-from runtime.sources import GeneratorSource
+from runtime.sources import GeneratorSource, Source, SourceReader
 from runtime.testing import ABORT, EOF, ListSink, TestingSource, TestingSourceAbort, run_local
 from tests.conftest import child_processes
 
@@ -86,6 +86,32 @@ def test_a_user_function_raising_names_its_step() -> None:
     assert info.value.operator == "divide" and "ZeroDivisionError" in str(info.value)
 
 
+class _BrokenReader(SourceReader):
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        raise OSError("the disk is gone")
+
+    def snapshot(self) -> Any:
+        return 0
+
+    def restore(self, state: Any) -> None:
+        pass
+
+
+class BrokenSource(Source):
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        return _BrokenReader()
+
+
+def test_a_task_error_outside_user_functions_fails_the_job_naming_the_task() -> None:
+    """The task reports the error, then its process exits with an error code."""
+    flow = Dataflow("broken", parallelism=1)
+    flow.source(BrokenSource(), name="disk").collect("o")
+    with pytest.raises(TaskFailedError) as info:
+        run_local(flow)
+    assert "a task failed in operator 'disk[0]'" in str(info.value)
+    assert "OSError: the disk is gone" in str(info.value)
+
+
 def test_injected_raise_at_record_names_the_step() -> None:
     with pytest.raises(TaskFailedError) as info:
         run_local(keyed_sums(2000), faults=[RaiseAt("sum", record=100)])
@@ -143,7 +169,7 @@ def test_list_sink_needs_a_list() -> None:
 DRIVER = """
 import sys, time
 from runtime import Dataflow
-from runtime.sources import GeneratorSource
+from runtime.sources import GeneratorSource, Source, SourceReader
 from runtime.testing import run_local
 flow = Dataflow("forever", parallelism=2)
 flow.source(GeneratorSource(lambda i: i, None, rate=1000), name="n").collect("o")
