@@ -158,7 +158,7 @@ class Closed(Message):
 
 @dataclass(frozen=True, slots=True)
 class LoopStatus(Message):
-    """The answer to ``LoopProbe(round)``: records this task has sent on its output
+    """The answer to ``LoopProbe(round, tag)``: records this task has sent on its output
     channels and received (processed) from its input channels in this attempt."""
 
     CODE: ClassVar[int] = 10
@@ -167,6 +167,7 @@ class LoopStatus(Message):
     round: int
     sent: int
     received: int
+    tag: int = 0
 
 
 # -- job manager -> task ------------------------------------------------------------
@@ -212,11 +213,22 @@ class Alive(Message):
 
 @dataclass(frozen=True, slots=True)
 class LoopProbe(Message):
-    """Termination detection (jobs with loops, after every source ended): answer with
-    ``LoopStatus`` for ``round``."""
+    """A wave of Mattern's four counters: answer with ``LoopStatus`` for ``round`` and
+    ``tag``. Tag 0: termination detection (jobs with loops, after every source ended);
+    tag n > 0: the drain before synchronous checkpoint n (every source halted)."""
 
     CODE: ClassVar[int] = 25
     round: int
+    tag: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Halt(Message):
+    """Sources only, synchronous snapshots: emit nothing more until checkpoint
+    ``checkpoint_id`` completes or is aborted (the job drains, then every task snapshots)."""
+
+    CODE: ClassVar[int] = 27
+    checkpoint_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +261,7 @@ _TYPES: dict[int, type[Message]] = {
         Alive,
         LoopProbe,
         KillSelf,
+        Halt,
     )
 }
 

@@ -12,6 +12,9 @@ Every message is exactly one ZeroMQ frame::
 * ``KIND_BARRIER``: payload is msgpack ``[checkpoint_id, timestamp, final]``.
 * ``KIND_END_OF_INPUT``: empty payload.
 * ``KIND_CANCEL``: payload is msgpack ``checkpoint_id``.
+* ``KIND_WATERMARK``: payload is msgpack ``[timestamp, idle]``: no record with a
+  timestamp <= ``timestamp`` follows on this channel (unless late); ``idle`` says the
+  sender holds no watermark back until it sends a watermark with ``idle`` false.
 
 Records crossing tasks must be msgpack types (None, bool, int, float, str,
 bytes, list/tuple, dict). The decoder uses ``use_list=False``: every sequence
@@ -40,6 +43,7 @@ KIND_DATA: Final = 0
 KIND_BARRIER: Final = 1
 KIND_END_OF_INPUT: Final = 2
 KIND_CANCEL: Final = 3
+KIND_WATERMARK: Final = 4
 
 KIND_MASK: Final = 0x0F
 FLAG_LZ4: Final = 0x10
@@ -78,7 +82,17 @@ class CancelBarrier:
     checkpoint_id: int
 
 
-Event = Barrier | EndOfInput | CancelBarrier
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Event time on this channel has reached ``timestamp`` (a number of the job's event
+    time unit; ``float('inf')`` once the channel's input has ended). ``idle``: the sender
+    is idle and stops holding back its receivers' watermark until its next non-idle one."""
+
+    timestamp: float
+    idle: bool = False
+
+
+Event = Barrier | EndOfInput | CancelBarrier | Watermark
 
 
 def encode_data(channel: int, records: list[Any], compress_min_bytes: int = 65536) -> bytes:
@@ -109,6 +123,9 @@ def encode_event(channel: int, event: Event) -> bytes:
         return _header_pack(channel, KIND_END_OF_INPUT)
     if isinstance(event, CancelBarrier):
         return _header_pack(channel, KIND_CANCEL) + _packb(event.checkpoint_id)
+    if isinstance(event, Watermark):
+        mark = (event.timestamp, event.idle)
+        return _header_pack(channel, KIND_WATERMARK) + _packb(mark, use_bin_type=True)
     raise TypeError(f"not a data-plane event: {event!r}")
 
 
@@ -166,7 +183,7 @@ def count_records(frame: bytes | memoryview) -> int:
 
 
 def decode_event(frame: bytes | memoryview) -> Event:
-    """Decode a control frame (barrier, end-of-input or cancel).
+    """Decode a control frame (barrier, end-of-input, cancel or watermark).
 
     Raises:
         MalformedFrameError: the frame is a data frame or has an unknown kind.
@@ -182,4 +199,7 @@ def decode_event(frame: bytes | memoryview) -> Event:
         return EndOfInput()
     if kind == KIND_CANCEL:
         return CancelBarrier(_unpackb(view))
+    if kind == KIND_WATERMARK:
+        timestamp, idle = _unpackb(view, use_list=False)
+        return Watermark(timestamp, idle)
     raise MalformedFrameError(f"frame kind {kind} is not a control event")

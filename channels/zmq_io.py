@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import zmq
 
+from channels.debloat import BatchSizer
 from channels.messages import Event, encode_data, encode_event
 
 BACKPRESSURE_POLL_MS: Final = 50
@@ -44,11 +45,15 @@ def _is_ipv6(endpoint_or_host: str) -> bool:
     return "[" in endpoint_or_host or endpoint_or_host.count(":") > 2
 
 
-def _push(context: zmq.Context[Any], endpoint: str, sndhwm: int) -> zmq.Socket[Any]:
+def _push(
+    context: zmq.Context[Any], endpoint: str, sndhwm: int, sndbuf: int = 0
+) -> zmq.Socket[Any]:
     socket: zmq.Socket[Any] = context.socket(zmq.PUSH)
     try:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, sndhwm)
+        if sndbuf > 0:  # the kernel's share of the queue (0: the OS default, autotuned)
+            socket.setsockopt(zmq.SNDBUF, sndbuf)
         if _is_ipv6(endpoint):
             socket.setsockopt(zmq.IPV6, 1)
         socket.connect(endpoint)
@@ -68,11 +73,16 @@ class InputGate:
 
     __slots__ = ("_endpoint", "_socket")
 
-    def __init__(self, context: zmq.Context[Any], host: str, rcvhwm: int = 64) -> None:
+    def __init__(
+        self, context: zmq.Context[Any], host: str, rcvhwm: int = 64, rcvbuf: int = 0
+    ) -> None:
+        """``rcvbuf``: the kernel's receive buffer per connection, bytes (0: the OS's)."""
         socket: zmq.Socket[Any] = context.socket(zmq.PULL)
         try:
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.RCVHWM, rcvhwm)
+            if rcvbuf > 0:
+                socket.setsockopt(zmq.RCVBUF, rcvbuf)
             if ":" in host:
                 socket.setsockopt(zmq.IPV6, 1)
             port = socket.bind_to_random_port(_tcp_endpoint(host))
@@ -136,6 +146,7 @@ class OutputChannel:
         "_pending",
         "_poller",
         "_priority",
+        "_sizer",
         "_socket",
         "batches_sent",
         "bytes_sent",
@@ -153,11 +164,16 @@ class OutputChannel:
         compress_min_bytes: int = 65536,
         on_backpressure: Callable[[], None] | None = None,
         priority_endpoint: str | None = None,
+        sndbuf: int = 0,
+        sizer: BatchSizer | None = None,
     ) -> None:
-        """``priority_endpoint``: the target's priority gate, for ``send_priority``."""
+        """``priority_endpoint``: the target's priority gate, for ``send_priority``;
+        ``sndbuf``: the kernel's send buffer, bytes (0: the OS's); ``sizer``: batches
+        sized from the channel's throughput (bounded in-flight data; ``batch_size`` is
+        then the largest batch)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        socket = _push(context, endpoint, sndhwm)
+        socket = _push(context, endpoint, sndhwm, sndbuf)
         self._socket = socket
         self._priority: zmq.Socket[Any] | None = None
         if priority_endpoint is not None:
@@ -169,7 +185,8 @@ class OutputChannel:
         self._poller = zmq.Poller()
         self._poller.register(socket, zmq.POLLOUT)
         self._channel_id = channel_id
-        self._batch_size = batch_size
+        self._sizer = sizer
+        self._batch_size = sizer.batch_size if sizer is not None else batch_size
         self._compress_min_bytes = compress_min_bytes
         self._on_backpressure = on_backpressure
         self._pending: list[Any] = []
@@ -182,6 +199,11 @@ class OutputChannel:
     @property
     def channel_id(self) -> int:
         return self._channel_id
+
+    @property
+    def batch_size(self) -> int:
+        """Records per full batch now (changes with the throughput under a sizer)."""
+        return self._batch_size
 
     @property
     def pending_count(self) -> int:
@@ -214,6 +236,8 @@ class OutputChannel:
                 self.records_sent += batch_size
                 self.bytes_sent += len(frame)
                 self.batches_sent += 1
+                if self._sizer is not None:
+                    self._batch_size = self._sizer.on_batch(batch_size, time.monotonic())
                 return
             self._first_pending_at = time.monotonic()
         pending.extend(records)
@@ -222,6 +246,7 @@ class OutputChannel:
         while len(pending) >= batch_size:
             self._send_batch(pending[:batch_size])
             del pending[:batch_size]
+            batch_size = self._batch_size
         if pending:
             # The remainder came from this call: all earlier records fit in sent batches.
             self._first_pending_at = time.monotonic()
@@ -285,6 +310,8 @@ class OutputChannel:
         self.records_sent += len(batch)
         self.bytes_sent += len(frame)
         self.batches_sent += 1
+        if self._sizer is not None:
+            self._batch_size = self._sizer.on_batch(len(batch), time.monotonic())
 
     def _send(self, frame: bytes) -> None:
         try:

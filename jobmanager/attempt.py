@@ -322,7 +322,9 @@ class Attempt:
             case P.Closed():
                 self.tasks[msg.task_index].closed = True
             case P.LoopStatus():
-                if self.termination is not None:
+                if msg.tag:  # a drain wave of a synchronous checkpoint
+                    self.coordinator.on_status(msg)
+                elif self.termination is not None:
                     self.termination.on_status(msg)
             case P.Failed():
                 return self._on_failed(msg)

@@ -15,6 +15,7 @@ from typing import Any
 
 from channels import control as P
 from channels.control import CheckpointFailureReason
+from jobmanager.termination import LoopTermination
 from runtime.config import JobConfig, SnapshotMode
 from runtime.plan import JobPlan, step_state
 from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
@@ -31,6 +32,9 @@ class PendingCheckpoint:
     final: bool
     not_yet_acked: set[int]
     acks: dict[int, P.Ack] = field(default_factory=dict)
+    drain: LoopTermination | None = None
+    """Synchronous snapshots: the waves proving the halted job drained (then triggered)."""
+    drained_mono: float | None = None
 
 
 @dataclass
@@ -63,7 +67,14 @@ _COUNTED = frozenset(
 class CheckpointCoordinator:
     """Triggers checkpoint n every ``checkpoint_interval`` by sending Trigger(n) to the
     source tasks only, completes n when every task acked, aborts it on timeout,
-    decline or failure. ``send(task_index, message)`` reaches one task."""
+    decline or failure. ``send(task_index, message)`` reaches one task.
+
+    Synchronous snapshots (Naiad's, the paper's baseline) first halt: Halt(n) to every
+    source, then four-counter waves over every task until two agree that nothing is in
+    flight anywhere (``on_status``), and only then Trigger(n): the barriers cross empty
+    channels, every task snapshots, and the sources resume when n completes or aborts.
+    The checkpoint's metrics say how long the job was halted (``halt_ms``: halt to
+    completion) and how long the drain took (``drain_ms``)."""
 
     def __init__(
         self,
@@ -96,6 +107,7 @@ class CheckpointCoordinator:
 
     # -- triggering ----------------------------------------------------------------------
     def on_tick(self) -> None:
+        self._advance_drains()
         now = self.clock()
         for cp in list(self.pending.values()):
             if now - cp.trigger_mono > self.config.checkpoint_timeout:
@@ -123,16 +135,60 @@ class CheckpointCoordinator:
         self.next_id += 1
         now = time.time()
         self.last_trigger = self.clock()
-        self.pending[n] = PendingCheckpoint(n, now, self.last_trigger, final, set(self.all_tasks))
+        cp = PendingCheckpoint(n, now, self.last_trigger, final, set(self.all_tasks))
+        self.pending[n] = cp
         if final:
             self.final_triggered = True
+        elif self.config.snapshot_mode is SnapshotMode.SYNCHRONOUS:
+            self._halt(cp)
+            return n
         for index in self.sources:
             self.send(index, P.Trigger(n, now, final))
         return n
 
+    def _halt(self, cp: PendingCheckpoint) -> None:
+        """Synchronous snapshots: halt every source, then drain (see ``_drained``)."""
+        tasks = sorted(self.all_tasks)
+        cp.drain = LoopTermination(tasks, self.send, clock=self.clock, tag=cp.checkpoint_id)
+        for index in self.sources:
+            self.send(index, P.Halt(cp.checkpoint_id))
+        cp.drain.start()
+        if self.config.debug_skip_drain:  # tests only: trigger at once (waves only measure)
+            self._trigger_drained(cp)
+
+    def _trigger_drained(self, cp: PendingCheckpoint) -> None:
+        cp.drained_mono = self.clock()
+        log.debug(
+            "checkpoint %d: drained %.1f ms after the halt",
+            cp.checkpoint_id,
+            (cp.drained_mono - cp.trigger_mono) * 1000,
+        )
+        for index in self.sources:
+            self.send(index, P.Trigger(cp.checkpoint_id, time.time(), False))
+
+    def on_status(self, status: P.LoopStatus) -> None:
+        """An answer to a drain wave of a synchronous checkpoint."""
+        cp = self.pending.get(status.tag)
+        if cp is not None and cp.drain is not None:
+            cp.drain.on_status(status)
+
+    def _advance_drains(self) -> None:
+        for cp in list(self.pending.values()):
+            drain = cp.drain
+            drained = drain is not None and not drain.terminated and drain.on_tick()
+            if drained and cp.drained_mono is None:
+                self._trigger_drained(cp)
+
     def on_sources_ended(self) -> None:
         """All sources read their input: the final checkpoint commits all remaining output."""
         if not self.final_triggered:
+            for cp in list(self.pending.values()):
+                if cp.drain is not None and cp.drained_mono is None:  # not triggered yet
+                    self.abort(
+                        cp.checkpoint_id,
+                        CheckpointFailureReason.SUBSUMED,
+                        "the sources ended: the final checkpoint follows",
+                    )
             self.trigger(final=True)
 
     # -- acks ------------------------------------------------------------------------------
@@ -166,12 +222,23 @@ class CheckpointCoordinator:
         per_task: dict[str, Any] = {}
         for index, ack in sorted(cp.acks.items()):
             task_id = self.plan.tasks[index].task_id
-            per_task[task_id] = ack.metrics
+            per_task[task_id] = dict(ack.metrics)
             if ack.state is not None:
                 tasks[task_id] = TaskStateHandle.decode(ack.state)
         metrics = summarize(per_task)
         metrics["mode"] = mode_label(self.config)
         metrics["duration_ms"] = round(duration_ms, 3)
+        if cp.drain is not None:  # synchronous: the sources stayed halted until now
+            metrics["halt_ms"] = round(duration_ms, 3)
+            drained = cp.drained_mono if cp.drained_mono is not None else done
+            metrics["drain_ms"] = round((drained - cp.trigger_mono) * 1000, 3)
+            for index, status in cp.drain.last_answers.items():  # each task's, drained
+                counts = per_task.get(self.plan.tasks[index].task_id)
+                if counts is not None:
+                    counts["drained_sent"], counts["drained_received"] = (
+                        status.sent,
+                        status.received,
+                    )
         path = None
         if self.storage is not None:
             metadata = CheckpointMetadata(

@@ -1,4 +1,5 @@
-"""Exact termination of bounded jobs with loops: Mattern's four-counter method.
+"""Quiescence by Mattern's four-counter method: exact termination of bounded jobs with
+loops, and the drain before a synchronous (Naiad-style) checkpoint.
 
 Once every source has ended no new record can enter the job, but records may
 still circulate in a loop, for ever or for thousands of rounds. The job manager
@@ -9,6 +10,10 @@ output batches) count as sent and not yet received. Two consecutive complete wav
 with ``sent == received`` and the same totals prove that nothing was in flight
 between them: the loop is empty and stays empty (the sources have ended). Only
 then does the final checkpoint start. Never a timeout, never an idle period.
+
+The same waves prove a job drained before a synchronous checkpoint: every source is
+halted, so once two waves agree nothing is in flight on any channel and every task
+can snapshot (``tag`` = the checkpoint id keeps those waves apart from termination's).
 
 Driver side, job-manager thread only.
 """
@@ -53,8 +58,10 @@ class LoopTermination:
         send: Callable[[int, P.Message], None],
         interval: float = 0.005,
         clock: Callable[[], float] = time.monotonic,
+        tag: int = 0,
     ) -> None:
         self.tasks = list(tasks)
+        self.tag = tag
         self.send = send
         self.interval = interval
         self.resend_after = 1.0
@@ -65,6 +72,8 @@ class LoopTermination:
         self.answers: dict[int, P.LoopStatus] = {}
         self.waves: list[Wave] = []
         self.wave_sent_at = -float("inf")
+        self.last_answers: dict[int, P.LoopStatus] = {}
+        """The answers of the last complete wave (once ``terminated``: the proof's)."""
 
     def start(self) -> None:
         """Every source ended; the first wave goes out at the next ``on_tick`` (called
@@ -74,7 +83,7 @@ class LoopTermination:
             log.info("every source ended: detecting when no record is left in the loops")
 
     def on_status(self, status: P.LoopStatus) -> None:
-        if status.round == self.round and not self.terminated:
+        if status.round == self.round and status.tag == self.tag and not self.terminated:
             self.answers[status.task_index] = status
 
     def on_tick(self) -> bool:
@@ -88,6 +97,7 @@ class LoopTermination:
                 sum(a.received for a in self.answers.values()),
             )
             self.waves.append(wave)
+            self.last_answers = self.answers
             if len(self.waves) % 100 == 1:
                 log.info(
                     "termination wave %d: sent %d, received %d",
@@ -114,7 +124,7 @@ class LoopTermination:
             self.wave_sent_at = now
             for index in self.tasks:
                 if index not in self.answers:
-                    self.send(index, P.LoopProbe(self.round))
+                    self.send(index, P.LoopProbe(self.round, self.tag))
         return False
 
     @property
@@ -127,4 +137,4 @@ class LoopTermination:
         self.answers = {}
         self.wave_sent_at = self.clock()
         for index in self.tasks:
-            self.send(index, P.LoopProbe(self.round))
+            self.send(index, P.LoopProbe(self.round, self.tag))

@@ -19,18 +19,23 @@ from typing import Any
 import msgpack
 
 from runtime.errors import OperatorFailure, TaskCancelled
+from runtime.event_time import TimestampAssigner
 from runtime.graph import Step, StepKind
-from runtime.operators import Operator, build_operator
+from runtime.operators import Operator, OperatorContext, build_operator
 from runtime.plan import JobPlan, TaskSpec, step_state
 from runtime.sinks import SinkContext
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
+from runtime.watermarks import NO_WATERMARK
 from statebackend.metadata import OperatorLayout
 from statebackend.restore import RestorePlan, RestoreTarget
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.task")
+
+Emit = Callable[[list[Any]], None]
+"""Write records that leave the chain outside ``process`` (timers, watermarks, finish)."""
 
 SinkOutputSender = Callable[[str, int, list[Any]], None]
 """``send(sink step, checkpoint id, records)``: committed collect() output to the driver."""
@@ -63,8 +68,10 @@ class OperatorChain:
         attempt: int,
         send_sink_output: SinkOutputSender,
         faults: TaskFaults,
+        debug_drop_event_time: bool = False,
     ) -> None:
         self.plan, self.spec, self.attempt = plan, spec, attempt
+        self._drop_event_time = debug_drop_event_time
         self._send_sink_output = send_sink_output
         self._faults = faults
         self.steps = plan.chain_steps(spec)
@@ -74,8 +81,14 @@ class OperatorChain:
         """The step whose records leave the task on its output channels."""
         self.reader: SourceReader | None = None
         self.operators: list[Operator] = []
-        self._processes: list[Callable[[list[Any]], list[Any]]] = []
+        self._processes: list[Callable[[list[Any], int], list[Any]]] = []
         self._sink_position = -1
+        self.emit: Emit = lambda records: None
+        """Set by the task: partition and write records that leave the chain."""
+        self.watermark = NO_WATERMARK
+        """The chain's event time: the last watermark its operators were given."""
+        self.assigner: TimestampAssigner | None = None
+        self._timed: list[int] = []  # positions of operators that want processing time
         self.records_out = 0
         """Records into the sink (sink chains) or onto the output channels (others)."""
 
@@ -100,9 +113,20 @@ class OperatorChain:
                     self._sink_sender(step.name),
                     producer=self._producer(position),
                 )
-            op = build_operator(step, spec.subtask, self.plan.max_parallelism, ctx)
+            op = build_operator(
+                step, spec.subtask, self.plan.max_parallelism, ctx, self._drop_event_time
+            )
+            op.open(OperatorContext(spec.subtask, self.plan.max_parallelism, ctx))
             self.operators.append(self._faults.wrap(op))
         self._processes = [op.process for op in self.operators]
+        for i, op in enumerate(self.operators):
+            if isinstance(op, TimestampAssigner):
+                self.assigner = op
+                if self.reader is not None and i == 0:
+                    op.split_of = self.reader.current_split
+                    op.ended_splits = self.reader.take_ended_splits
+            if op.wants_processing_time:
+                self._timed.append(i)
         if self.steps[-1].kind is StepKind.SINK:
             self._sink_position = len(self.operators) - 1
 
@@ -122,8 +146,9 @@ class OperatorChain:
         return send_to_driver
 
     # -- the per-record path -------------------------------------------------------------
-    def process(self, batch: list[Any]) -> list[Any]:
-        """Run a batch through the operators; returns what leaves the chain.
+    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
+        """Run a batch from input ``side`` through the operators; returns what leaves the
+        chain. (The head operator is told the side; the rest take the previous output.)
 
         Raises OperatorFailure naming the step whose function raised.
         """
@@ -133,7 +158,8 @@ class OperatorChain:
             for process in self._processes:
                 if i == sink_at:
                     self.records_out += len(batch)
-                batch = process(batch)
+                batch = process(batch, side)
+                side = 0
                 if not batch:
                     return batch
                 i += 1
@@ -143,6 +169,74 @@ class OperatorChain:
             raise OperatorFailure(self.operators[i].name, err) from err
         self.records_out += len(batch)
         return batch
+
+    def _run_from(self, start: int, batch: list[Any]) -> list[Any]:
+        """Records emitted by operator ``start - 1`` (a timer, a watermark, finish):
+        through the rest of the chain; what leaves it is returned (off the hot path)."""
+        processes = self._processes
+        sink_at = self._sink_position
+        i = start
+        try:
+            while i < len(processes) and batch:
+                if i == sink_at:
+                    self.records_out += len(batch)
+                batch = processes[i](batch, 0)
+                i += 1
+        except (TaskCancelled, OperatorFailure):
+            raise
+        except Exception as err:
+            raise OperatorFailure(self.operators[i].name, err) from err
+        if i == len(processes) and sink_at < 0:
+            self.records_out += len(batch)
+        return batch
+
+    def _call(self, i: int, call: Callable[[Operator], list[Any]]) -> None:
+        """``call`` operator ``i``; what it emits runs through the operators after it
+        and leaves through ``emit``."""
+        op = self.operators[i]
+        try:
+            emitted = call(op)
+        except (TaskCancelled, OperatorFailure):
+            raise
+        except Exception as err:
+            raise OperatorFailure(op.name, err) from err
+        if emitted:
+            out = self._run_from(i + 1, emitted)
+            if out:
+                self.emit(out)
+
+    def _each(self, start: int, call: Callable[[Operator], list[Any]]) -> None:
+        """`_call` each operator from ``start`` on, in chain order (so records emitted
+        by one reach the next before the next is called)."""
+        for i in range(start, len(self.operators)):
+            self._call(i, call)
+
+    # -- event time ----------------------------------------------------------------------
+    def advance_watermark(self, watermark: float, start: int = 0) -> bool:
+        """Event time reached ``watermark`` (from the input side, or the assigner at
+        ``start - 1``): timers and windows fire, what they emit leaves through ``emit``.
+        Returns whether it advanced (never backwards)."""
+        if watermark <= self.watermark:
+            return False
+        self.watermark = watermark
+        self._each(start, lambda op: op.on_watermark(watermark))
+        return True
+
+    def poll_watermark(self) -> Any:
+        """A source chain after a batch: the assigner's watermark to send (a
+        ``Watermark``) after advancing the operators behind it; None if nothing to send."""
+        assigner = self.assigner
+        if assigner is None:
+            return None
+        event = assigner.poll()
+        if event is not None and not event.idle:
+            self.advance_watermark(event.timestamp, self.operators.index(assigner) + 1)
+        return event
+
+    def on_processing_time(self, now: float) -> None:
+        """Processing-time timers and windows (called between batches)."""
+        for i in self._timed:
+            self._call(i, lambda op: op.on_processing_time(now))
 
     # -- checkpoints ---------------------------------------------------------------------
     def capture(self, checkpoint_id: int, with_state: bool) -> Capture:
@@ -177,9 +271,18 @@ class OperatorChain:
         return Capture(snapshots, layout, keys)
 
     def finish(self) -> None:
-        """All input has ended (before the final checkpoint)."""
-        for op in self.operators:
-            op.finish()
+        """All input has ended (before the final checkpoint): what operators emit now
+        leaves through ``emit``."""
+        self._each(0, lambda op: op.finish())
+
+    def notify_aborted(self, checkpoint_id: int) -> None:
+        op_name = ""
+        try:
+            for op in self.operators:
+                op_name = op.name
+                op.notify_checkpoint_aborted(checkpoint_id)
+        except Exception as err:
+            raise OperatorFailure(op_name, err) from err
 
     def notify_complete(self, checkpoint_id: int) -> None:
         op_name = ""
@@ -229,6 +332,7 @@ class OperatorChain:
                     for handle in handles
                     for blob in storage.read_keyed_state(n, handle, op.name, keyed.key_groups)
                 )
+                op.after_keyed_restore()
         return states
 
     def apply_operator_states(self, states: dict[str, Any]) -> None:
@@ -238,6 +342,8 @@ class OperatorChain:
             state = states.get(op.name)
             if op.step.kind is StepKind.SINK or state is not None:
                 op.restore_state(state)
+        restored = [op.watermark for op in self.operators if op.uses_event_time]
+        self.watermark = max(restored, default=NO_WATERMARK)
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self, graceful: bool) -> None:

@@ -144,8 +144,9 @@ class TaskCheckpointer:
         self.final_checkpoint: int | None = None
         self.completed_final = False
         self._aborted: set[int] = set()  # checkpoints whose pending writes are moot
-        # Synchronous snapshots (the paper's baseline): state is written before the task
-        # goes on, and a source emits nothing from its snapshot until the checkpoint ends.
+        # Synchronous snapshots (Naiad's, the paper's baseline): a source halts on Halt(n)
+        # and emits nothing until n ends; once the job manager proved the job drained, the
+        # barriers cross empty channels and every task writes its state before it goes on.
         self.synchronous = synchronous
         self.overtake = overtake
         self.on_log_opened: Callable[[], None] | None = None
@@ -257,6 +258,16 @@ class TaskCheckpointer:
             self.end_of_all_inputs()
         elif self.synchronous:
             self._halted_for = trigger.checkpoint_id
+
+    def halt(self, checkpoint_id: int) -> None:
+        """A source under synchronous snapshots: emit nothing from now until checkpoint
+        ``checkpoint_id`` completes or is aborted (its trigger follows once the job drained)."""
+        if not self.synchronous:
+            raise BarrierProtocolError(
+                f"task {self.task.task_id}: halt for checkpoint {checkpoint_id}, but snapshots "
+                "are not synchronous"
+            )
+        self._halted_for = checkpoint_id
 
     @property
     def halted(self) -> bool:

@@ -20,7 +20,7 @@ class SnapshotMode(enum.Enum):
     EXACTLY_ONCE = "exactly_once"  # aligned ABS: block channels until all barriers arrived
     AT_LEAST_ONCE = "at_least_once"  # barriers counted, nothing blocked (replay may duplicate)
     UNALIGNED = "unaligned"  # Chandy-Lamport: snapshot at the first barrier, log channel state
-    SYNCHRONOUS = "synchronous"  # the paper's baseline: sources halt, drain, snapshot, resume
+    SYNCHRONOUS = "synchronous"  # Naiad's (the paper's baseline): halt all, drain, snapshot, resume
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,12 @@ class JobConfig:
     batch_size: int = 1000
     buffer_timeout: float = 0.01
     channel_hwm: int = 8  # batches queued per channel side: bounds barrier latency and memory
+    # Bounded in-flight data (Flink's buffer debloating): batches sized so that what a
+    # channel can queue drains within this many seconds at its measured throughput
+    # (None: fixed batches of batch_size); the kernel's share: socket buffers of
+    # socket_buffer bytes (0: the OS's autotuned ones, megabytes on loopback).
+    max_inflight_time: float | None = 0.1
+    socket_buffer: int = 16 * 1024
     spill_threshold: int = 32 * 1024 * 1024
     compress_min_bytes: int = 64 * 1024
     heartbeat_interval: float = 0.5
@@ -64,6 +70,8 @@ class JobConfig:
     timeout: float | None = None  # give up (cancel) after this many seconds
     allow_non_restored_state: bool = False  # restore_from may drop state of removed steps
     debug_drop_in_flight_log: bool = False  # tests only: restore loops without their back-edge log
+    debug_drop_event_time: bool = False  # tests only: restore without timers and watermarks
+    debug_skip_drain: bool = False  # tests only: synchronous snapshots without waiting to drain
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False, hash=False)
     launcher: str | None = None  # "spark" | "local"; None: $ABSFLOW_LAUNCHER, else spark
 
@@ -91,6 +99,18 @@ class JobConfig:
                     f"aligned_timeout applies to aligned exactly-once checkpoints; snapshot_mode "
                     f"{SnapshotMode(self.snapshot_mode).value!r} has no alignment: drop aligned_timeout."
                 )
+        if self.max_inflight_time is not None and not (
+            isinstance(self.max_inflight_time, int | float) and self.max_inflight_time > 0
+        ):
+            raise GraphError(
+                f"max_inflight_time must be > 0 seconds (or None for fixed batches), "
+                f"got {self.max_inflight_time!r}."
+            )
+        if not isinstance(self.socket_buffer, int) or self.socket_buffer < 0:
+            raise GraphError(
+                f"socket_buffer must be an int >= 0 (bytes; 0 for the OS default), "
+                f"got {self.socket_buffer!r}."
+            )
         if self.checkpoint_interval is not None and not self.checkpoint_interval > 0:
             raise GraphError(
                 f"checkpoint_interval must be > 0 seconds (or None for off), got {self.checkpoint_interval!r}."

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from channels.partitioners import DEFAULT_MAX_PARALLELISM
-from runtime.config import JobConfig, SnapshotMode
+from runtime.config import JobConfig
 from runtime.errors import GraphError
 from runtime.graph import (
     EdgeKind,
@@ -31,9 +31,14 @@ from runtime.graph import (
     check_parallelism,
     check_picklable,
 )
+from runtime.graph_checks import check_mode_fits
+from runtime.keyed_process import process_args
 from runtime.plan import JobPlan, build_plan
 from runtime.sinks import CollectSink, PrintSink, Sink
 from runtime.sources import Source
+from runtime.timestamps import check_assigner_args, check_assigner_position, check_event_time
+from runtime.window_kinds import WindowKind
+from runtime.windowed_stream import WindowedStream
 
 if TYPE_CHECKING:
     from jobmanager.result import JobResult
@@ -129,6 +134,27 @@ class Stream:
         step = flow.graph.add_step(step_name, StepKind.UNION, self.step.parallelism)
         for stream in (self, *others):
             flow.graph.connect(stream.step, step, stream.partitioning)
+        return Stream(flow, step)
+
+    def assign_timestamps(
+        self,
+        ts_fn: Callable[[Any], float],
+        max_delay: float = 0,
+        idle_timeout: float | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Event time: ``ts_fn(record)`` is a record's timestamp (a number); watermarks
+        trail the largest timestamp seen by ``max_delay`` (bounded out-of-orderness), per
+        source subtask and split. A subtask or split that reads nothing for
+        ``idle_timeout`` seconds stops holding the watermark back until it reads again.
+        Call it on the stream a source returns (the step is fused into the source's task).
+        """
+        flow = self.flow
+        step_name = flow.graph.unique_name(name, "assign_timestamps")
+        check_assigner_args(step_name, max_delay, idle_timeout)
+        args = {"max_delay": max_delay, "idle_timeout": idle_timeout}
+        step = self._then(StepKind.ASSIGN_TIMESTAMPS, ts_fn, step_name, None, args)
+        check_assigner_position(flow.graph, step)
         return Stream(flow, step)
 
     # -- loops ------------------------------------------------------------------------
@@ -283,6 +309,20 @@ class KeyedStream:
     ) -> Stream:
         return self._keyed(StepKind.FILTER, fn, name, parallelism)
 
+    def window(
+        self,
+        kind: WindowKind,
+        name: str | None = None,
+        allowed_lateness: float = 0,
+        late_output: str | None = None,
+        timestamp: Callable[[Any], Any] | None = None,
+        parallelism: int | None = None,
+    ) -> WindowedStream:
+        """Cut each key's records into windows (runtime.window_kinds); see WindowedStream."""
+        return WindowedStream(
+            self, kind, name, allowed_lateness, late_output, timestamp, parallelism
+        )
+
     def reduce(
         self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None
     ) -> Stream:
@@ -302,16 +342,23 @@ class KeyedStream:
 
     def process(
         self,
-        fn: Callable[[Any, Any, Any], Iterable[Any] | None],
+        fn: Callable[..., Iterable[Any] | None],
         name: str | None = None,
         parallelism: int | None = None,
+        on_timer: Callable[[Any, float, Any, Any], Iterable[Any] | None] | None = None,
+        timestamp: Callable[[Any], float] | None = None,
     ) -> Stream:
         """General keyed function ``fn(key, record, state)`` returning records to emit (or None).
 
         ``state`` is scoped to the record's key: ``state.value`` (get/set, None if unset),
         ``state.list(name)``, ``state.map(name)`` (mutable, created empty), ``state.clear()``.
+        With a fourth parameter, ``fn(key, record, state, ctx)`` also gets timers and
+        event time (``runtime.keyed_process.ProcessContext``); ``on_timer(key, ts, state,
+        ctx)`` is called once per timer. ``timestamp``: where a record's event timestamp
+        is, when records were reshaped since ``assign_timestamps``.
         """
-        return self._keyed(StepKind.PROCESS, fn, name, parallelism)
+        args = process_args(fn, name or "process", on_timer, timestamp)
+        return self._keyed(StepKind.PROCESS, fn, name, parallelism, args)
 
 
 class Dataflow:
@@ -361,7 +408,8 @@ class Dataflow:
     def validate(self, config: JobConfig | None = None) -> None:
         """Raise GraphError naming the first problem; called by explain() and run()."""
         self.graph.validate()
-        _check_mode_fits(self.graph, config or self.config)
+        check_event_time(self.graph)
+        check_mode_fits(self.graph, config or self.config)
         for step in self.graph.steps:
             if step.parallelism > self.max_parallelism and step.kind.keyed:
                 raise GraphError(
@@ -392,21 +440,3 @@ class Dataflow:
 
         config = self.config.replace(**overrides) if overrides else self.config
         return run_job(self.plan(config), config, restore_from=restore_from, faults=list(faults))
-
-
-def _check_mode_fits(graph: LogicalGraph, config: JobConfig) -> None:
-    """Loops checkpoint with cyclic ABS (aligned regular inputs, logged back-edges)."""
-    if not config.records_channel_state:
-        return
-    loop = next((s for s in graph.steps if s.kind is StepKind.ITERATE), None)
-    if loop is not None:
-        what = (
-            "snapshot_mode='unaligned'"
-            if config.snapshot_mode is SnapshotMode.UNALIGNED
-            else "aligned_timeout"
-        )
-        raise GraphError(
-            f"loop '{loop.name}': {what} is not supported on dataflows with loops (their "
-            "back-edge logs need aligned regular inputs); use snapshot_mode='exactly_once' "
-            "(cyclic ABS, the default) or 'at_least_once', without aligned_timeout."
-        )

@@ -43,10 +43,12 @@ class StepKind(enum.Enum):
     AGGREGATE = "aggregate"
     PROCESS = "process"
     SINK = "sink"
+    ASSIGN_TIMESTAMPS = "assign_timestamps"  # event timestamps and watermarks, at a source
+    WINDOW = "window"  # keyed windows (runtime.windows)
 
     @property
     def keyed(self) -> bool:
-        return self in (StepKind.REDUCE, StepKind.AGGREGATE, StepKind.PROCESS)
+        return self in (StepKind.REDUCE, StepKind.AGGREGATE, StepKind.PROCESS, StepKind.WINDOW)
 
 
 @dataclass(slots=True)

@@ -1,38 +1,77 @@
-"""Operators as they run inside a task: each turns a batch (list) into a batch.
+"""Operators as they run inside a task: the operator protocol and its registry.
 
-The per-record path lives here: list comprehensions and tight loops over a batch,
-no per-record objects. Keyed operators keep their state in a
-``statebackend.keyed.KeyedStateBackend`` dict that is snapshotted per checkpoint.
+Every step of a chain (after a source) is an `Operator`. The protocol, in the order a
+task calls it (task-loop thread only):
+
+* ``open(ctx)`` — once, before anything else (sinks open their files here);
+* ``restore_state(state)`` — only when restoring (and always for sinks);
+* ``process(batch, side) -> records`` — the per-record path, once per batch; ``side``
+  is the logical input the batch came from (0 unless the step has several inputs);
+* ``on_watermark(wm) -> records`` — event time advanced to ``wm`` (never backwards);
+* ``on_processing_time(now) -> records`` — called about every ``timer_interval``
+  when the operator ``wants_processing_time``;
+* ``snapshot_state(id)`` / ``notify_checkpoint_complete(id)`` /
+  ``notify_checkpoint_aborted(id)`` — checkpoints;
+* ``finish() -> records`` — all input ended (before the final checkpoint);
+* ``close()`` — graceful shutdown only.
+
+``build_operator`` looks the step's kind up in the registry (``register``); event-time
+operators (windows, joins, timers) live in their own modules and register there.
+Keyed operators keep their state in a ``statebackend.keyed.KeyedStateBackend``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from channels.partitioners import key_group_for, key_group_range
 from runtime.graph import Step, StepKind
 from runtime.sinks import Sink, SinkContext
+from runtime.watermarks import NO_WATERMARK
 from statebackend.keyed import KeyedStateBackend
 
 _MISSING = object()
 
 
-class Operator:
-    """One step of a chain in one subtask. Task-loop thread only.
+@dataclass(frozen=True, slots=True)
+class OperatorContext:
+    """Where an operator runs: its subtask, the job's key groups, its sink context."""
 
-    Lifecycle: open -> restore_state? -> process* / snapshot_state* /
-    notify_checkpoint_complete* -> finish -> close.
-    """
+    subtask: int
+    max_parallelism: int
+    sink: SinkContext | None = None
+    debug_drop_event_time: bool = False
+    """Tests only: restore without timers and watermarks (the companion of exactly-once)."""
+
+
+class Operator:
+    """One step of a chain in one subtask (see the module docstring for the protocol)."""
 
     keyed_state: KeyedStateBackend | None = None
+    uses_event_time = False
+    """Whether watermarks mean anything to it (it gets ``on_watermark`` calls)."""
+    wants_processing_time = False
+    """Whether it gets ``on_processing_time`` calls (processing-time timers, windows)."""
 
-    def __init__(self, step: Step) -> None:
+    def __init__(self, step: Step, ctx: OperatorContext) -> None:
         self.step = step
         self.name = step.name
+        self.watermark = NO_WATERMARK
 
-    def process(self, batch: list[Any]) -> list[Any]:
+    def open(self, ctx: OperatorContext) -> None:
+        pass
+
+    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
         return batch
+
+    def on_watermark(self, watermark: float) -> list[Any]:
+        self.watermark = watermark
+        return []
+
+    def on_processing_time(self, now: float) -> list[Any]:
+        return []
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
         """The operator's own (non-keyed) state for checkpoint ``checkpoint_id``."""
@@ -44,49 +83,79 @@ class Operator:
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         pass
 
-    def finish(self) -> None:
-        pass
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """The job manager aborted ``checkpoint_id``: what its snapshot covered will not
+        be committed by it (a later checkpoint's complete covers it)."""
+
+    def finish(self) -> list[Any]:
+        return []
 
     def close(self) -> None:
         pass
 
+    def after_keyed_restore(self) -> None:
+        """The keyed state was restored (before ``restore_state``): rebuild indexes."""
 
+
+OperatorFactory = Callable[[Step, OperatorContext], Operator]
+_REGISTRY: dict[StepKind, OperatorFactory] = {}
+
+
+def register(*kinds: StepKind) -> Callable[[OperatorFactory], OperatorFactory]:
+    """Class decorator: the runtime operator of steps of ``kinds``."""
+
+    def add(factory: OperatorFactory) -> OperatorFactory:
+        for kind in kinds:
+            _REGISTRY[kind] = factory
+        return factory
+
+    return add
+
+
+register(StepKind.UNION, StepKind.ITERATE)(Operator)  # records pass through unchanged
+
+
+@register(StepKind.MAP)
 class MapOperator(Operator):
-    def __init__(self, step: Step) -> None:
-        super().__init__(step)
+    def __init__(self, step: Step, ctx: OperatorContext) -> None:
+        super().__init__(step, ctx)
         fn = step.fn
-        self.process = lambda batch: [fn(r) for r in batch]  # type: ignore[method-assign]
+        self.process = lambda batch, side=0: [fn(r) for r in batch]  # type: ignore[method-assign]
 
 
+@register(StepKind.FLAT_MAP)
 class FlatMapOperator(Operator):
-    def __init__(self, step: Step) -> None:
-        super().__init__(step)
+    def __init__(self, step: Step, ctx: OperatorContext) -> None:
+        super().__init__(step, ctx)
         fn = step.fn
-        self.process = lambda batch: [x for r in batch for x in fn(r)]  # type: ignore[method-assign]
+        self.process = lambda batch, side=0: [x for r in batch for x in fn(r)]  # type: ignore[method-assign]
 
 
+@register(StepKind.FILTER)
 class FilterOperator(Operator):
-    def __init__(self, step: Step) -> None:
-        super().__init__(step)
+    def __init__(self, step: Step, ctx: OperatorContext) -> None:
+        super().__init__(step, ctx)
         fn = step.fn
-        self.process = lambda batch: [r for r in batch if fn(r)]  # type: ignore[method-assign]
+        self.process = lambda batch, side=0: [r for r in batch if fn(r)]  # type: ignore[method-assign]
 
 
 class KeyedOperator(Operator):
-    def __init__(self, step: Step, subtask: int, max_parallelism: int) -> None:
-        super().__init__(step)
+    def __init__(self, step: Step, ctx: OperatorContext) -> None:
+        super().__init__(step, ctx)
         assert step.key_fn is not None
         self.key_fn: Callable[[Any], Any] = step.key_fn
+        n = ctx.max_parallelism
         self.keyed_state = KeyedStateBackend(
             step.name,
-            max_parallelism,
-            key_group_range(subtask, step.parallelism, max_parallelism),
-            lambda key: key_group_for(key, max_parallelism),
+            n,
+            key_group_range(ctx.subtask, step.parallelism, n),
+            lambda key: key_group_for(key, n),
         )
 
 
+@register(StepKind.REDUCE)
 class ReduceOperator(KeyedOperator):
-    def process(self, batch: list[Any]) -> list[Any]:
+    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
         assert self.keyed_state is not None
         state = self.keyed_state.value_state()
         key_fn, fn, get = self.key_fn, self.step.fn, state.get
@@ -101,8 +170,9 @@ class ReduceOperator(KeyedOperator):
         return out
 
 
+@register(StepKind.AGGREGATE)
 class AggregateOperator(KeyedOperator):
-    def process(self, batch: list[Any]) -> list[Any]:
+    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
         assert self.keyed_state is not None
         state = self.keyed_state.value_state()
         key_fn, add, get = self.key_fn, self.step.fn, state.get
@@ -167,37 +237,26 @@ class KeyedStateHandle:
                 states.pop(self._key, None)
 
 
-class ProcessOperator(KeyedOperator):
-    def __init__(self, step: Step, subtask: int, max_parallelism: int) -> None:
-        super().__init__(step, subtask, max_parallelism)
-        assert self.keyed_state is not None
-        self.handle = KeyedStateHandle(self.keyed_state)
-
-    def process(self, batch: list[Any]) -> list[Any]:
-        key_fn, fn, handle = self.key_fn, self.step.fn, self.handle
-        out: list[Any] = []
-        extend = out.extend
-        for r in batch:
-            k = key_fn(r)
-            handle._key = k
-            emitted = fn(k, r, handle)
-            if emitted is not None:
-                extend(emitted)
-        return out
-
-
+@register(StepKind.SINK)
 class SinkOperator(Operator):
-    def __init__(self, step: Step, ctx: SinkContext) -> None:
-        super().__init__(step)
+    """A sink: ``snapshot_state`` is its pre-commit, ``notify_checkpoint_complete`` its
+    commit, ``notify_checkpoint_aborted`` tells it a pre-commit will not be committed
+    by that checkpoint, ``restore_state`` recovers (rolls back what no checkpoint covers)."""
+
+    def __init__(self, step: Step, ctx: OperatorContext) -> None:
+        super().__init__(step, ctx)
         self.sink: Sink = step.fn
-        self.sink.open(ctx)
         write = self.sink.write_batch
 
-        def process(batch: list[Any]) -> list[Any]:
+        def process(batch: list[Any], side: int = 0) -> list[Any]:
             write(batch)
             return []
 
         self.process = process  # type: ignore[method-assign]
+
+    def open(self, ctx: OperatorContext) -> None:
+        assert ctx.sink is not None
+        self.sink.open(ctx.sink)
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
         return self.sink.snapshot_state(checkpoint_id)
@@ -208,33 +267,32 @@ class SinkOperator(Operator):
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.sink.notify_checkpoint_complete(checkpoint_id)
 
-    def finish(self) -> None:
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        aborted = getattr(self.sink, "notify_checkpoint_aborted", None)
+        if aborted is not None:
+            aborted(checkpoint_id)
+
+    def finish(self) -> list[Any]:
         self.sink.finish()
+        return []
 
     def close(self) -> None:
         self.sink.close()
 
 
 def build_operator(
-    step: Step, subtask: int, max_parallelism: int, sink_ctx: SinkContext | None
+    step: Step,
+    subtask: int,
+    max_parallelism: int,
+    sink_ctx: SinkContext | None = None,
+    debug_drop_event_time: bool = False,
 ) -> Operator:
-    """The runtime operator of a (non-source) step."""
-    kind = step.kind
-    if kind is StepKind.MAP:
-        return MapOperator(step)
-    if kind is StepKind.FLAT_MAP:
-        return FlatMapOperator(step)
-    if kind is StepKind.FILTER:
-        return FilterOperator(step)
-    if kind is StepKind.UNION or kind is StepKind.ITERATE:
-        return Operator(step)  # records pass through unchanged
-    if kind is StepKind.REDUCE:
-        return ReduceOperator(step, subtask, max_parallelism)
-    if kind is StepKind.AGGREGATE:
-        return AggregateOperator(step, subtask, max_parallelism)
-    if kind is StepKind.PROCESS:
-        return ProcessOperator(step, subtask, max_parallelism)
-    if kind is StepKind.SINK:
-        assert sink_ctx is not None
-        return SinkOperator(step, sink_ctx)
-    raise ValueError(f"no runtime operator for {step.describe()}")
+    """The runtime operator of a (non-source) step, from the registry; not opened yet."""
+    import runtime.event_time  # registers the event-time operators
+    import runtime.keyed_process
+    import runtime.windows  # noqa: F401
+
+    factory = _REGISTRY.get(step.kind)
+    if factory is None:
+        raise ValueError(f"no runtime operator for {step.describe()}")
+    return factory(step, OperatorContext(subtask, max_parallelism, sink_ctx, debug_drop_event_time))

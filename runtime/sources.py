@@ -32,6 +32,15 @@ class SourceReader:
         """Seek to a position returned by ``snapshot`` (called before the first read)."""
         raise NotImplementedError
 
+    def current_split(self) -> Any:
+        """The split the last batch came from (one watermark per split); None for a
+        reader that is one split."""
+        return None
+
+    def take_ended_splits(self) -> list[Any]:
+        """Splits that ended since the last call (they stop holding the watermark)."""
+        return []
+
     def close(self) -> None:
         pass
 
@@ -189,6 +198,8 @@ class _TextFileReader(SourceReader):
         self.split = 0
         self.pos: int | None = None  # byte position of the next line to read in the split
         self.fh: Any = None
+        self._last_split = 0
+        self._ended: list[Any] = []
 
     def _open(self) -> bool:
         while self.split < len(self.splits):
@@ -211,6 +222,7 @@ class _TextFileReader(SourceReader):
         if self.fh is not None:
             self.fh.close()
             self.fh = None
+        self._ended.append(self.split)
         self.split += 1
         self.pos = None
 
@@ -218,6 +230,7 @@ class _TextFileReader(SourceReader):
         if self.fh is None and not self._open():
             return None
         end = self.splits[self.split][2]
+        self._last_split = self.split
         fh, enc = self.fh, self.encoding
         out: list[Any] = []
         pos = self.pos
@@ -233,6 +246,13 @@ class _TextFileReader(SourceReader):
         if pos >= end:
             self._next_split()
         return out
+
+    def current_split(self) -> Any:
+        return self._last_split
+
+    def take_ended_splits(self) -> list[Any]:
+        ended, self._ended = self._ended, []
+        return ended
 
     def snapshot(self) -> Any:
         return [self.split, self.pos]

@@ -6,18 +6,13 @@ channels. Barriers, end-of-input and cancel markers arrive in band; the barrier
 handler (``runtime.barriers``) decides when to block a channel and when to snapshot.
 Control messages (trigger, complete, abort, cancel) arrive from the job manager.
 
-`Task` owns and wires the objects that do the work:
-
-* `OperatorChain` (``runtime.chain``) — the operators, the per-batch path;
-* `BlockedChannels` (``runtime.inputs``) — buffers and replays blocked channels;
-* a barrier handler — `BarrierAligner` or `BarrierTracker`, the one source of truth
-  of which channels are blocked;
-* `TaskCheckpointer` (``runtime.checkpointer``) — capture, forward, (log back-edges,)
-  write, ack;
-* `FeedbackQueue` (``runtime.feedback``) — a loop head's back-edge frames, always read;
-* `ControlClient` (``runtime.control_client``) — the job manager's socket, heartbeats;
-* `TaskFaults` (``runtime.task_faults``), `ScratchDir` (``runtime.scratch``);
-* `TaskIO` (``runtime.task_io``) — sockets and the wait, fakes in unit tests.
+`Task` owns and wires the objects that do the work: `OperatorChain` (the operators,
+the per-batch path); `InputSide` (decodes frames into typed elements, the input
+watermark); `BlockedChannels` (buffers and replays blocked channels); a barrier handler
+(`BarrierAligner` or `BarrierTracker`, the one source of truth of which channels are
+blocked); `TaskCheckpointer` (capture, forward, log back-edges, write, ack);
+`FeedbackQueue` (a loop head's back-edge frames); `ControlClient` (the job manager's
+socket, heartbeats); `TaskFaults`, `ScratchDir`; `TaskIO` (sockets, fakes in tests).
 
 Lifecycle: construct (no I/O) -> ``open()`` (temp dir, sockets, operators, restore)
 -> ``run()`` -> ``close(graceful)``. Threading: everything runs on the task-loop
@@ -34,16 +29,7 @@ from typing import Any
 
 from channels import control as P
 from channels.control import CheckpointFailureReason
-from channels.messages import (
-    HEADER,
-    KIND_DATA,
-    KIND_MASK,
-    Barrier,
-    CancelBarrier,
-    decode_event,
-    decode_records,
-)
-from channels.partitioners import Partitioner
+from channels.messages import HEADER, KIND_MASK, Barrier, CancelBarrier, Watermark, decode_records
 from runtime.barriers import BarrierHandler, BarrierProtocolError
 from runtime.chain import OperatorChain
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
@@ -57,6 +43,8 @@ from runtime.errors import (
     TaskCancelled,
 )
 from runtime.feedback import FeedbackQueue
+from runtime.graph import StepKind
+from runtime.input_side import InputSide, input_sides
 from runtime.inputs import BlockedChannels
 from runtime.overtaking import OvertakingInput
 from runtime.plan import JobPlan, TaskSpec
@@ -64,7 +52,9 @@ from runtime.scratch import ScratchDir
 from runtime.snapshot_modes import handler_for, in_flight_log_for, overtaking_input_for
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
-from runtime.task_io import Output, TaskIO
+from runtime.task_io import TaskIO
+from runtime.task_outputs import TaskOutputs
+from runtime.watermarks import END_OF_TIME
 from statebackend.restore import plan_restore
 
 log = logging.getLogger("absflow.task")
@@ -86,10 +76,22 @@ class Task:
         self.control = ControlClient(
             io.control_socket, cfg.heartbeat_interval, cfg.heartbeat_timeout
         )
-        self.chain = OperatorChain(plan, spec, env.attempt, self._send_sink_output, self.faults)
+        self.chain = OperatorChain(
+            plan,
+            spec,
+            env.attempt,
+            self._send_sink_output,
+            self.faults,
+            cfg.debug_drop_event_time,
+        )
+        self.out = TaskOutputs()
+        self.chain.emit = self.out.emit
+        # Event time: watermarks are sent only by jobs that assign timestamps.
+        self.event_time = any(s.kind is StepKind.ASSIGN_TIMESTAMPS for s in plan.steps)
+        self.input_side = InputSide(self, input_sides(plan, spec), spec.regular_inputs)
+        self._dispatch = self.input_side.dispatch
         self.storage = env.open_storage(env.checkpoint_root) if env.checkpoint_root else None
-        self.outputs: list[tuple[Partitioner, list[Output]]] = []
-        self.channels: list[Output] = []  # every output channel, filled by open()
+        self.channels = self.out.channels  # every output channel, filled by open()
 
         self._handler: BarrierHandler | None = None
         self.inputs = (
@@ -140,7 +142,6 @@ class Task:
 
         # Metrics (and the counters of loop termination detection).
         self.records_in = 0
-        self.records_sent = 0  # records written to output channels
         self.first_record_at = 0.0
         self.peak_rss = 0
 
@@ -151,18 +152,7 @@ class Task:
         self.peak_rss = rss_bytes()
         self.scratch.open()
         self.control.open()
-        for out in self.spec.outputs:
-            chans = [
-                self.io.output(
-                    ch,
-                    self.plan.channels[ch].target_task,
-                    self._on_backpressure,
-                    back_edge=self.plan.channels[ch].back_edge,
-                )
-                for ch in out.channels
-            ]
-            self.channels.extend(chans)
-            self.outputs.append((out.partitioner(len(chans), self.spec, self.plan), chans))
+        self.out.open(self.io, self.plan, self.spec, self._on_backpressure)
         self.chain.open()
         self.checkpointer.start()
         gate = self.io.gate
@@ -193,6 +183,7 @@ class Task:
                 where = f"checkpoint {env.restore_metadata.checkpoint_id} in {env.restore_root}"
                 raise TaskCancelled(f"restoring {where} failed: {err}") from err
         self.chain.apply_operator_states(states)
+        self.input_side.valve.restore(self.chain.watermark)
 
     # -- control plane -----------------------------------------------------------------
     def _send_sink_output(self, step: str, checkpoint_id: int, records: list[Any]) -> None:
@@ -206,10 +197,13 @@ class Task:
         for msg in self.control.take():
             if isinstance(msg, P.Trigger):
                 self.checkpointer.trigger_source(msg)
+            elif isinstance(msg, P.Halt):
+                self.checkpointer.halt(msg.checkpoint_id)
             elif isinstance(msg, P.Complete):
                 self.checkpointer.complete(msg.checkpoint_id)
             elif isinstance(msg, P.Abort):
                 self.checkpointer.aborted(msg.checkpoint_id)
+                self.chain.notify_aborted(msg.checkpoint_id)
                 if self._handler is not None:
                     self._handler.abort(
                         msg.checkpoint_id, CheckpointFailureReason.from_wire(msg.reason)
@@ -218,7 +212,9 @@ class Task:
                 t = self.identity
                 received = 0 if self.chain.reader is not None else self.records_in
                 self.control.send(
-                    P.LoopStatus(t.index, t.attempt, msg.round, self.records_sent, received)
+                    P.LoopStatus(
+                        t.index, t.attempt, msg.round, self.out.records_sent, received, msg.tag
+                    )
                 )
 
     def _on_backpressure(self) -> None:
@@ -240,6 +236,8 @@ class Task:
 
     def _housekeeping(self, now: float) -> None:
         self.control.heartbeat(now, self._heartbeat)
+        if self.chain._timed:
+            self.chain.on_processing_time(time.time())
         if self.checkpointer.writes_pending:
             self.checkpointer.collect_writes()
 
@@ -248,47 +246,53 @@ class Task:
         self.control.heartbeat_soon()  # report it at once (start-up and recovery times)
 
     # -- data path -----------------------------------------------------------------------
-    def push(self, batch: list[Any]) -> None:
+    def push(self, batch: list[Any], side: int = 0) -> None:
         """Run a batch through the chain and write the result to the outputs."""
-        batch = self.chain.process(batch)
-        if not batch:
-            return
-        sent = 0
-        for partitioner, chans in self.outputs:
-            for target, part in partitioner.partition(batch):
-                chans[target].write(part)
-                sent += len(part)
-        self.records_sent += sent
+        batch = self.chain.process(batch, side)
+        if batch:
+            self.out.emit(batch)
+
+    def _send_watermark(self, event: Watermark) -> None:
+        if self.event_time:  # jobs without event time send no watermarks
+            self.out.send_watermark(event)
 
     def _blocked_channels(self) -> frozenset[int]:
         handler = self._handler
         return handler.blocked_channels if handler is not None else frozenset()
 
-    def _dispatch(self, channel: int, kind: int, frame: bytes) -> None:
-        """Deliver one frame of an unblocked channel: a batch, or an in-band event."""
+    # -- the input side's elements (runtime.input_side.InputElements) ---------------------
+    def on_batch(self, channel: int, side: int, batch: list[Any], frame: bytes) -> None:
         handler = self._handler
-        if kind == KIND_DATA:
-            batch = decode_records(frame)
-            if not self.records_in:
-                self._first_record()
-            self.records_in += len(batch)
-            if self.overtaking is None and handler and channel in handler.logging_channels:
-                self.faults.while_logging(handler.logging_checkpoint or 0)
-                self.checkpointer.log(frame, len(batch))
-            self.push(batch)
-            return
-        if handler is None:
-            raise BarrierProtocolError(
-                f"task {self.spec.task_id} has no input channels but got an event on {channel}"
-            )
-        event = decode_event(frame)
-        if isinstance(event, Barrier):
-            self.faults.before_barrier(handler, event.checkpoint_id)
-            handler.on_barrier(channel, event)
-        elif isinstance(event, CancelBarrier):
-            handler.on_cancel(channel, event)
-        else:
-            handler.on_end_of_input(channel)
+        if not self.records_in:
+            self._first_record()
+        self.records_in += len(batch)
+        if self.overtaking is None and handler and channel in handler.logging_channels:
+            self.faults.while_logging(handler.logging_checkpoint or 0)
+            self.checkpointer.log(frame, len(batch))
+        self.push(batch, side)
+
+    def _event_handler(self, channel: int) -> BarrierHandler:
+        if self._handler is None:
+            raise BarrierProtocolError(f"task {self.spec.task_id}: event on {channel}, no inputs")
+        return self._handler
+
+    def on_barrier(self, channel: int, barrier: Barrier) -> None:
+        handler = self._event_handler(channel)
+        self.faults.before_barrier(handler, barrier.checkpoint_id)
+        handler.on_barrier(channel, barrier)
+
+    def on_cancel(self, channel: int, cancel: CancelBarrier) -> None:
+        self._event_handler(channel).on_cancel(channel, cancel)
+
+    def on_end_of_input(self, channel: int) -> None:
+        self._event_handler(channel).on_end_of_input(channel)
+
+    def on_watermark(self, watermark: float) -> None:
+        if self.chain.advance_watermark(watermark):
+            self._send_watermark(Watermark(watermark))
+
+    def on_idle(self) -> None:
+        self._send_watermark(Watermark(self.chain.watermark, idle=True))
 
     # -- loops -------------------------------------------------------------------------
     def run(self) -> None:
@@ -339,13 +343,11 @@ class Task:
         }
 
     def _flush_all(self) -> None:
-        for ch in self.channels:
-            ch.flush()
+        self.out.flush()
 
     def _source_loop(self, reader: SourceReader) -> None:
         control, checkpointer, cfg = self.control, self.checkpointer, self.config
         batch_size, timeout = cfg.batch_size, cfg.buffer_timeout
-        channels = self.channels
         source_ended = False
         while not checkpointer.completed_final:
             if control.has_messages():
@@ -359,6 +361,8 @@ class Task:
                 batch = reader.read_batch(batch_size)
                 if batch is None:
                     source_ended = True
+                    if self.chain.advance_watermark(END_OF_TIME):  # event time is over
+                        self._send_watermark(Watermark(END_OF_TIME))
                     self._flush_all()
                     self.control.send(P.SourceEnded(self.identity.index, self.identity.attempt))
                 elif batch:
@@ -366,8 +370,10 @@ class Task:
                         self._first_record()
                     self.records_in += len(batch)
                     self.push(batch)
-                for ch in channels:
-                    ch.flush_if_older(now, timeout)
+                mark = self.chain.poll_watermark() if not source_ended else None
+                if mark is not None:
+                    self._send_watermark(mark)
+                self.out.flush_if_older(now, timeout)
             else:
                 self._flush_all()
                 if control.wait(int(timeout * 1000) or 1):
@@ -381,7 +387,7 @@ class Task:
         for frame in replay:
             channel, kind = HEADER.unpack_from(frame)
             if self.back_edges:  # it was in flight around the loop, as sent
-                self.records_sent += len(decode_records(frame))
+                self.out.records_sent += len(decode_records(frame))
             self._dispatch(channel, kind & KIND_MASK, frame)
         handler = self._handler
         # A loop head also waits for the end of input to come around its back-edges.
@@ -422,11 +428,9 @@ class Task:
             for frame in gate.recv_frames(64):
                 on_frame(frame)
         if not busy and not gate_ready:
-            for ch in self.channels:  # idle: send partial batches now
-                ch.flush()
+            self.out.flush()  # idle: send partial batches now
         now = time.monotonic()
-        for ch in self.channels:
-            ch.flush_if_older(now, timeout)
+        self.out.flush_if_older(now, timeout)
         self._housekeeping(now)
 
     def close(self, graceful: bool) -> None:
@@ -440,8 +444,7 @@ class Task:
             if queue is not None:
                 queue.close()
         self.scratch.close()  # before Closed: the job manager may end the process after it
-        for ch in self.channels:
-            ch.close(linger_ms=1000 if graceful else 0)
+        self.out.close(graceful)
         t = self.identity
         self.control.send_quietly(P.Closed(t.index, t.attempt))
         self.control.close(linger_ms=2000 if graceful else 500)

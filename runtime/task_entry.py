@@ -58,7 +58,8 @@ def run_task(
     graceful = False
     try:
         hwm = env.config.channel_hwm
-        gate = InputGate(zctx, host, rcvhwm=hwm) if spec.regular_inputs else None
+        rcvbuf = env.config.socket_buffer
+        gate = InputGate(zctx, host, rcvhwm=hwm, rcvbuf=rcvbuf) if spec.regular_inputs else None
         feedback = InputGate(zctx, host, rcvhwm=hwm) if spec.back_edge_inputs else None
         if spec.regular_inputs and env.config.barriers_overtake:
             priority = InputGate(zctx, host, rcvhwm=1000)

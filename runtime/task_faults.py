@@ -38,15 +38,15 @@ class RaiseAtRecord(Operator):
     """Raises once the wrapped operator has seen ``record`` records."""
 
     def __init__(self, inner: Operator, record: int) -> None:
-        super().__init__(inner.step)
+        self.step, self.name, self.watermark = inner.step, inner.name, inner.watermark
         self.inner, self.limit, self.seen = inner, record, 0
         self.keyed_state = inner.keyed_state
 
-    def process(self, batch: list[Any]) -> list[Any]:
+    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
         if self.seen + len(batch) >= self.limit:
             raise InjectedFailure(f"injected failure at record {self.limit} of '{self.name}'")
         self.seen += len(batch)
-        return self.inner.process(batch)
+        return self.inner.process(batch, side)
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self.inner, item)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from channels.debloat import BatchSizer
 from channels.messages import Event
 from channels.zmq_io import InputGate, OutputChannel
 from runtime.config import JobConfig
@@ -150,6 +151,15 @@ class ZmqTaskIO:
             compress_min_bytes=cfg.compress_min_bytes,
             on_backpressure=on_backpressure,
             priority_endpoint=None if back_edge else self._priority_endpoints.get(target_task),
+            sndbuf=cfg.socket_buffer,
+            sizer=None
+            if cfg.max_inflight_time is None or back_edge
+            else BatchSizer(
+                cfg.batch_size,
+                slots=2 * cfg.channel_hwm + 1,
+                target=cfg.max_inflight_time,
+                min_batch=min(16, cfg.batch_size),
+            ),
         )
 
     @property

@@ -181,6 +181,11 @@ class KeyedStateBackend:
         wanted = StateKind(kind)
         return [self._states[name] for name, k in self._kinds.items() if k is wanted]
 
+    def named_states(self, kind: str) -> list[tuple[str, dict[Any, Any]]]:
+        """``(name, live dict)`` of every state of ``kind``."""
+        wanted = StateKind(kind)
+        return [(name, self._states[name]) for name, k in self._kinds.items() if k is wanted]
+
     def snapshot(self) -> bytes:
         """Serialize all states now (synchronous part): a consistent, immutable blob.
 

@@ -22,6 +22,19 @@ from tests.integration.standalone import StandaloneCluster
 
 SLOTS_NEEDED = 18  # the biggest test job (diamond) has 16 tasks, +2 spare slots for restarts
 
+# This test session's own temp dir, inherited (TMPDIR) by Spark's JVM and its Python
+# workers: the leak check sees this session's absflow dirs only, also while another
+# test session runs on the same machine.
+SESSION_TMP = tempfile.mkdtemp(prefix="abstest-")
+os.environ["TMPDIR"] = SESSION_TMP
+tempfile.tempdir = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tmp() -> Iterator[str]:
+    yield SESSION_TMP
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
@@ -34,74 +47,42 @@ def spark() -> Iterator[Any]:
     launcher._stop_owned()
 
 
-def _absflow_tmp() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "absflow-*")))
-
-
-@pytest.fixture
-def no_leaks(spark: Any) -> Iterator[None]:
-    """After the test: no port our tasks or job manager bound is still listening (ports
-    held by this process and its descendants: other programs on the machine do not
-    count), and no absflow temp dir is left (Spark's own pooled workers hold no absflow
-    socket)."""
-    ports, dirs = _own_listening_ports(), _absflow_tmp()
-    yield
-    deadline = time.monotonic() + 5.0
-    while True:
-        extra_ports, extra_dirs = _own_listening_ports() - ports, _absflow_tmp() - dirs
-        if not (extra_ports or extra_dirs) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
-    assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
-
-
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every living process (zombies excluded)."""
-    parents: dict[int, int] = {}
+def _our_processes() -> set[int]:
+    """This process and its descendants (Spark's JVM, its Python workers, our tasks)."""
+    children: dict[int, list[int]] = {}
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
             with open(stat) as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(stat.split("/")[2])] = int(fields[1])
-    return parents
+            continue  # gone meanwhile
+        pid = int(stat.split("/")[2])
+        children.setdefault(int(fields[1]), []).append(pid)
+    ours, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        ours.add(pid)
+        todo.extend(children.get(pid, ()))
+    return ours
 
 
-def child_processes(parent: int | None = None) -> set[int]:
-    """PIDs of the living children (zombies excluded) of ``parent`` (default: this process)."""
-    me = parent or os.getpid()
-    return {pid for pid, ppid in _parents().items() if ppid == me}
-
-
-def descendants() -> set[int]:
-    """This process's living descendants (Spark's JVM and its Python workers included)."""
-    parents, frontier = _parents(), {os.getpid()}
-    found: set[int] = set()
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
-        found |= frontier
-    return found
-
-
-def _own_listening_ports() -> set[int]:
-    """Listening ports of sockets this process or one of its descendants holds (other
-    programs on the machine may open and close ports meanwhile)."""
-    inodes: set[str] = set()
-    for pid in [os.getpid(), *descendants()]:
+def _socket_inodes(pids: set[int]) -> set[str]:
+    inodes = set()
+    for pid in pids:
         try:
-            fds = os.listdir(f"/proc/{pid}/fd")
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
         except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
+            continue  # gone meanwhile
+    return inodes
+
+
+def _listening_ports() -> set[int]:
+    """Ports that this process or one of its descendants listens on (not another test
+    session's on the same machine)."""
+    ours = _socket_inodes(_our_processes())
     ports: set[int] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -109,33 +90,60 @@ def _own_listening_ports() -> set[int]:
                 next(fh)
                 for line in fh:
                     parts = line.split()
-                    if parts[3] == "0A" and parts[9] in inodes:
+                    if parts[3] == "0A" and parts[9] in ours:  # LISTEN, a socket of ours
                         ports.add(int(parts[1].rsplit(":", 1)[1], 16))
         except OSError:
             pass
     return ports
 
 
-@pytest.fixture
-def harness(
-    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    """Jobs of the test run on the local launcher (``runtime.testing``: task processes
-    without Spark, ``ABSFLOW_LAUNCHER=local``). After the test: no task process, port or
-    absflow temp dir is left. The test gets a temp dir of its own (``TMPDIR``, also the
-    tasks'), so that other programs' absflow dirs in /tmp do not count."""
-    from jobmanager.launchers import ENV_VAR
+def _absflow_tmp() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "absflow-*")))
 
-    tmp_path_factory.getbasetemp()  # pytest's own temp root stays where it is
-    private = tempfile.mkdtemp(prefix="harness-tmp-")
-    monkeypatch.setenv(ENV_VAR, "local")
-    monkeypatch.setenv("TMPDIR", private)
-    monkeypatch.setattr(tempfile, "tempdir", private)
-    ports, dirs, children = _own_listening_ports(), _absflow_tmp(), child_processes()
+
+@pytest.fixture
+def no_leaks(spark: Any) -> Iterator[None]:
+    """After the test: no port our tasks or job manager bound is still listening, and
+    no absflow temp dir is left (Spark's own pooled workers hold no absflow socket)."""
+    ports, dirs = _listening_ports(), _absflow_tmp()
     yield
     deadline = time.monotonic() + 5.0
     while True:
-        extra_ports, extra_dirs = _own_listening_ports() - ports, _absflow_tmp() - dirs
+        extra_ports, extra_dirs = _listening_ports() - ports, _absflow_tmp() - dirs
+        if not (extra_ports or extra_dirs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
+    assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
+
+
+def child_processes(parent: int | None = None) -> set[int]:
+    """PIDs of the living children (zombies excluded) of ``parent`` (default: this process)."""
+    me, found = str(parent or os.getpid()), set()
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[1] == me and fields[0] != "Z":
+            found.add(int(stat.split("/")[2]))
+    return found
+
+
+@pytest.fixture
+def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Jobs of the test run on the local launcher (``runtime.testing``: task processes
+    without Spark, ``ABSFLOW_LAUNCHER=local``). After the test: no task process, port or
+    absflow temp dir is left."""
+    from jobmanager.launchers import ENV_VAR
+
+    monkeypatch.setenv(ENV_VAR, "local")
+    ports, dirs, children = _listening_ports(), _absflow_tmp(), child_processes()
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        extra_ports, extra_dirs = _listening_ports() - ports, _absflow_tmp() - dirs
         extra_children = child_processes() - children
         if not (extra_ports or extra_dirs or extra_children) or time.monotonic() > deadline:
             break
@@ -143,7 +151,6 @@ def harness(
     assert not extra_children, f"task processes left behind: {sorted(extra_children)}"
     assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
     assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
-    shutil.rmtree(private, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

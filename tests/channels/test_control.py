@@ -45,6 +45,7 @@ MESSAGES: list[P.Message] = [
     P.Failed(5, 0, "map", 1, "ZeroDivisionError: division by zero", "Traceback ...\n  ...", False),
     P.Closed(5, 1),
     P.LoopStatus(3, 1, 7, 12_345, 12_340),
+    P.LoopStatus(3, 1, 8, 5, 5, 42),
     P.Trigger(11, 1_700_000_001.5, False),
     P.Trigger(12, 1_700_000_002.0, True),
     P.Complete(11),
@@ -52,6 +53,8 @@ MESSAGES: list[P.Message] = [
     P.Cancel("attempt 2 failed"),
     P.Alive(),
     P.LoopProbe(7),
+    P.LoopProbe(8, 42),
+    P.Halt(42),
     P.KillSelf(9, "Kill('count[1]', after_checkpoint=2)"),
 ]
 

@@ -14,11 +14,13 @@ from channels.messages import (
     KIND_CANCEL,
     KIND_DATA,
     KIND_END_OF_INPUT,
+    KIND_WATERMARK,
     Barrier,
     CancelBarrier,
     EndOfInput,
     Event,
     MalformedFrameError,
+    Watermark,
     count_records,
     decode_event,
     decode_header,
@@ -99,6 +101,10 @@ def test_channel_id_range() -> None:
         (Barrier(2**40, 0.0, final=True), KIND_BARRIER),
         (EndOfInput(), KIND_END_OF_INPUT),
         (CancelBarrier(17), KIND_CANCEL),
+        (Watermark(1_700_000_000_123), KIND_WATERMARK),
+        (Watermark(12.5, idle=True), KIND_WATERMARK),
+        (Watermark(float("inf")), KIND_WATERMARK),
+        (Watermark(float("-inf"), idle=True), KIND_WATERMARK),
     ],
 )
 def test_event_round_trip(event: Event, kind: int) -> None:
@@ -107,6 +113,7 @@ def test_event_round_trip(event: Event, kind: int) -> None:
     decoded = decode_event(frame)
     assert decoded == event
     assert type(decoded.final if isinstance(decoded, Barrier) else True) is bool
+    assert type(decoded.idle if isinstance(decoded, Watermark) else True) is bool
 
 
 def test_serialization_error_names_record_and_fix() -> None:

@@ -1,7 +1,7 @@
-"""Snapshot modes on the test harness (one test on local Spark) with real SIGKILLs: unaligned checkpoints, aligned ones
-with a timeout and synchronous ones give output equal to a failure-free run, record for
-record; the channel state the first two log is what makes that so (the companion drops
-it on restore)."""
+"""Snapshot modes on the test harness (one test on local Spark) with real SIGKILLs:
+unaligned checkpoints, aligned ones with a timeout and synchronous ones give output equal
+to a failure-free run, record for record; the channel state the first two log is what
+makes that so (the companion drops it on restore)."""
 
 from __future__ import annotations
 
@@ -174,3 +174,39 @@ def test_every_snapshot_is_a_consistent_cut(mode: str, tmp_path: Path) -> None:
         assert overtaken == 0
     else:
         assert overtaken > 0, "no barrier overtook a record: the invariant held trivially"
+
+
+def snapshots_after_the_drain(directory: Path) -> tuple[int, int]:
+    """(tasks' snapshots checked, snapshots of tasks that processed records after the
+    job was proven drained): synchronous checkpoints record each task's counts when the
+    drain was proven, and every ack the task's counts at its snapshot."""
+    storage = CheckpointStorage(str(directory))
+    checked = moved = 0
+    for n_id in storage.checkpoint_ids():
+        for task, m in storage.read_metadata(n_id).task_metrics.items():
+            if "drained_received" in m and not task.startswith("numbers"):
+                checked += 1
+                moved += m["records_in"] != m["drained_received"]
+    return checked, moved
+
+
+def test_no_task_processes_a_record_during_a_synchronous_snapshot(tmp_path: Path) -> None:
+    """Naiad's baseline: every source halts, the job drains, then every task snapshots.
+    A task's count at its snapshot equals its count when the drain was proven."""
+    n = 40_000
+    result = backlogged(n, "synchronous", tmp_path).run()
+    assert sorted(result.output("out")) == list(range(n))
+    checked, moved = snapshots_after_the_drain(tmp_path)
+    assert checked >= 4 and moved == 0, (checked, moved, result.summary())
+    assert all(c["halt_ms"] >= c["drain_ms"] for c in result.checkpoints if not c["final"])
+
+
+def test_without_the_drain_tasks_snapshot_while_records_move(tmp_path: Path) -> None:
+    """The companion: trigger at the halt (only the sources paused, the old baseline) and
+    the slow tasks are still working off their backlog when their barrier comes."""
+    n = 40_000
+    flow = backlogged(n, "synchronous", tmp_path)
+    result = flow.run(debug_skip_drain=True)
+    assert sorted(result.output("out")) == list(range(n))
+    checked, moved = snapshots_after_the_drain(tmp_path)
+    assert checked and moved > 0, (checked, moved)

@@ -26,7 +26,7 @@ from channels.messages import (
     encode_data,
     encode_event,
 )
-from runtime.barriers import BarrierAligner
+from runtime.barriers import BarrierAligner, BarrierProtocolError
 from runtime.chain import Capture
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import JobConfig, TaskEnvironment
@@ -497,6 +497,20 @@ def test_synchronous_snapshots_write_before_going_on_and_halt_a_source() -> None
     assert not cp.halted  # an aborted checkpoint releases the source too
     cp.trigger_source(P.Trigger(5, 0.0, True))
     assert not cp.halted  # the final checkpoint ends the source's output anyway
+
+
+def test_a_halt_stops_a_source_until_its_checkpoint_ends() -> None:
+    log: Log = []
+    cp = checkpointer(log, FakeStorage(log), synchronous=True)
+    cp.halt(6)
+    assert cp.halted and log == []  # halted before any snapshot: the job drains first
+    cp.trigger_source(P.Trigger(6, 0.0, False))
+    assert cp.halted
+    cp.complete(6)
+    assert not cp.halted
+    aligned = checkpointer(log, FakeStorage(log))
+    with pytest.raises(BarrierProtocolError, match="not synchronous"):
+        aligned.halt(7)
 
 
 def test_a_write_into_a_checkpoint_the_job_manager_removed_is_no_warning(

@@ -1,0 +1,74 @@
+"""Bounded in-flight data per channel: Flink's buffer debloating, for our batches.
+
+A barrier waits behind every record queued ahead of it on a channel: the sender's
+high-water mark, the receiver's, and the kernel's socket buffers. With fixed batches that
+queue holds ``slots x batch_size`` records whatever the channel's speed, so on a slow
+(backpressured) channel an aligned barrier waits seconds at every hop. `BatchSizer`
+sizes each channel's batches from its measured throughput so that what the channel can
+queue drains within ``target`` seconds::
+
+    batch = clamp(throughput x target / slots, min_batch, max_batch)
+
+Throughput is measured where the sender sees it: records sent per second over windows
+of at least ``window`` seconds, time blocked on a full queue included, so under
+backpressure it is the receiver's drain rate for this channel. It is smoothed (EWMA) and
+only ever changes between two batches. A fast channel keeps ``max_batch`` (its queue
+drains within the target anyway); only slow ones get smaller batches. The kernel's
+share is bounded separately, by the socket buffer sizes (``JobConfig.socket_buffer``).
+
+Per batch, not per record: `on_batch` is called once per data frame sent. Threading:
+one sizer per output channel, on the task-loop thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class BatchSizer:
+    """The batch size of one output channel, re-computed once per measuring window."""
+
+    max_batch: int
+    slots: int
+    """Batches the channel can queue (both high-water marks, plus the one being built)."""
+    target: float
+    """Seconds the queued records may take to drain (``max_inflight_time``)."""
+    min_batch: int = 16
+    window: float = 0.1
+    smoothing: float = 0.5
+    batch_size: int = 0
+    throughput: float = 0.0
+    """Records per second, smoothed; 0 until the first window closed."""
+    _window_start: float = -1.0
+    _window_records: int = 0
+
+    def __post_init__(self) -> None:
+        if self.target <= 0 or self.slots < 1 or not 1 <= self.min_batch <= self.max_batch:
+            raise ValueError(
+                f"BatchSizer needs target > 0, slots >= 1 and 1 <= min_batch <= max_batch, "
+                f"got target={self.target}, slots={self.slots}, "
+                f"min_batch={self.min_batch}, max_batch={self.max_batch}"
+            )
+        self.batch_size = self.max_batch
+
+    def on_batch(self, records: int, now: float) -> int:
+        """``records`` were sent at ``now`` (monotonic seconds); returns the batch size
+        to use from now on."""
+        if self._window_start < 0:
+            self._window_start = now
+            return self.batch_size
+        self._window_records += records
+        elapsed = now - self._window_start
+        if elapsed < self.window:
+            return self.batch_size
+        rate = self._window_records / elapsed
+        self.throughput = (
+            rate
+            if self.throughput == 0.0
+            else self.smoothing * rate + (1.0 - self.smoothing) * self.throughput
+        )
+        self._window_start, self._window_records = now, 0
+        size = int(self.throughput * self.target / self.slots)
+        self.batch_size = max(self.min_batch, min(self.max_batch, size))
+        return self.batch_size

@@ -1,0 +1,60 @@
+"""BatchSizer: batches sized so that a channel's queue drains within the target."""
+
+from __future__ import annotations
+
+import pytest
+
+from channels.debloat import BatchSizer
+
+
+def feed(sizer: BatchSizer, rate: float, seconds: float, start: float = 0.0) -> float:
+    """Send at ``rate`` records/s in the sizer's current batches; returns the end time."""
+    now = start
+    sizer.on_batch(0, now)
+    while now < start + seconds:
+        size = sizer.batch_size
+        now += size / rate
+        sizer.on_batch(size, now)
+    return now
+
+
+def test_a_fast_channel_keeps_full_batches() -> None:
+    sizer = BatchSizer(max_batch=1000, slots=17, target=0.1)
+    feed(sizer, rate=1_000_000, seconds=1.0)
+    assert sizer.batch_size == 1000
+    assert sizer.throughput == pytest.approx(1_000_000, rel=0.01)
+
+
+def test_a_slow_channel_queues_at_most_the_target_time() -> None:
+    sizer = BatchSizer(max_batch=1000, slots=17, target=0.1)
+    feed(sizer, rate=20_000, seconds=2.0)
+    # 17 queued batches drain within 0.1 s at 20k records/s: 117 records each
+    assert sizer.batch_size == 117
+    assert sizer.slots * sizer.batch_size / 20_000 <= 0.1
+
+
+def test_the_size_follows_the_throughput_both_ways() -> None:
+    sizer = BatchSizer(max_batch=1000, slots=9, target=0.1)
+    end = feed(sizer, rate=9_000, seconds=2.0)
+    assert sizer.batch_size == 100
+    feed(sizer, rate=900_000, seconds=2.0, start=end)
+    assert sizer.batch_size == 1000
+
+
+def test_never_below_the_minimum_and_only_per_window() -> None:
+    sizer = BatchSizer(max_batch=1000, slots=17, target=0.1, min_batch=16)
+    feed(sizer, rate=10, seconds=5.0)
+    assert sizer.batch_size == 16
+    fresh = BatchSizer(max_batch=1000, slots=17, target=0.1)
+    fresh.on_batch(0, 0.0)
+    assert fresh.on_batch(5, 0.05) == 1000  # the window (0.1 s) has not closed yet
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"target": 0.0}, {"slots": 0}, {"min_batch": 0}, {"min_batch": 2000}],
+)
+def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
+    settings = {"max_batch": 1000, "slots": 17, "target": 0.1, **kwargs}
+    with pytest.raises(ValueError, match="BatchSizer needs"):
+        BatchSizer(**settings)  # type: ignore[arg-type]

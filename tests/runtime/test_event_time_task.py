@@ -1,0 +1,191 @@
+"""Watermarks through a task on fakes (no Spark): the input side's min over channels,
+sides of a union, ended channels, idleness, broadcast on every output channel, and the
+build-time errors of event time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from channels.messages import Barrier, EndOfInput, Watermark
+from runtime.config import JobConfig, TaskEnvironment
+from runtime.dataflow import Dataflow
+from runtime.errors import GraphError
+from runtime.input_side import InputSide, input_sides
+from runtime.plan import JobPlan
+from runtime.sources import CollectionSource
+from runtime.task import Task
+from tests.runtime.test_task import FakeIO, data, event
+
+
+def ts(record: Any) -> Any:
+    return record[1]
+
+
+def first(record: Any) -> Any:
+    return record[0]
+
+
+def sided(key: Any, record: Any, state: Any, ctx: Any) -> list[Any]:
+    return [(key, record[1], ctx.timestamp, ctx.watermark)]
+
+
+def merge_plan() -> JobPlan:
+    """Two sources with timestamps -> union "merge" (x1) -> hash -> process (x2)."""
+    flow = Dataflow("et", parallelism=1)
+    a = flow.source(CollectionSource([("a", 1)]), name="a").assign_timestamps(ts, name="ts_a")
+    b = flow.source(CollectionSource([("b", 2)]), name="b").assign_timestamps(ts, name="ts_b")
+    (
+        a.union(b, name="merge")
+        .key_by(first)
+        .process(sided, name="proc", parallelism=2)
+        .collect("out")
+    )
+    return flow.plan()
+
+
+def merge_task(tmp_path: Path) -> tuple[Task, FakeIO]:
+    plan = merge_plan()
+    spec = next(t for t in plan.tasks if t.task_id == "merge[0]")
+    env = TaskEnvironment(
+        jm_endpoint="fake://jm",
+        attempt=0,
+        config=JobConfig(heartbeat_interval=3600),
+        checkpoint_root=None,
+        restore_root=None,
+        restore_metadata=None,
+        run_id="test",
+    )
+    io = FakeIO()
+    return Task(plan, spec, env, io, "127.0.0.1"), io
+
+
+def test_input_sides_follow_the_logical_edges() -> None:
+    plan = merge_plan()
+    spec = next(t for t in plan.tasks if t.task_id == "merge[0]")
+    assert input_sides(plan, spec) == {spec.inputs[0]: 0, spec.inputs[1]: 1}
+
+
+def test_a_task_forwards_the_min_watermark_on_every_output_channel(tmp_path: Path) -> None:
+    task, io = merge_task(tmp_path)
+    task.open()
+    final = Barrier(1, 0.0, final=True)
+    io.gate.frames.extend(
+        [
+            data(0, ("a", 5)),
+            event(0, Watermark(4)),  # channel 1 still holds it at -inf
+            event(1, Watermark(2)),  # -> 2
+            event(1, Watermark(9)),  # -> 4
+            event(1, Watermark(1)),  # backwards on its channel: nothing
+            event(0, Watermark(3, idle=True)),  # channel 0 idle: -> 9
+            event(0, Watermark(6)),  # resumes: holds again, but never backwards
+            event(0, final),
+            event(0, EndOfInput()),  # (blocked behind the final barrier until aligned)
+            event(1, Watermark(12)),  # min(6, 12): nothing
+            event(1, final),
+            event(1, EndOfInput()),  # every input ended: end of event time
+        ]
+    )
+    task.run()
+    sent = [(name, e) for name, e in io.log if name == "forward"]
+    marks = [e.timestamp for _, e in sent if isinstance(e, Watermark)]
+    # each watermark goes to both output channels (the hash edge has two)
+    assert marks == [m for m in (2, 4, 9, float("inf")) for _ in range(2)]
+    assert task.input_side.watermark == float("inf")
+    task.close(graceful=True)
+
+
+def test_a_task_with_every_input_idle_forwards_idleness(tmp_path: Path) -> None:
+    task, io = merge_task(tmp_path)
+    task.open()
+    for ch in (0, 1):
+        task.input_side.dispatch(ch, 4, event(ch, Watermark(7, idle=True)))
+    idle = [e for name, e in io.log if isinstance(e, Watermark)]
+    assert idle == [Watermark(float("-inf"), idle=True)] * 2
+    task.input_side.dispatch(0, 4, event(0, Watermark(8)))  # active again
+    assert [e for name, e in io.log if isinstance(e, Watermark)][-2:] == [Watermark(8)] * 2
+    task.close(graceful=False)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    def on_batch(self, channel: int, side: int, batch: list[Any], frame: bytes) -> None:
+        self.got.append(("batch", channel, side, batch))
+
+    def on_barrier(self, channel: int, barrier: Barrier) -> None:
+        self.got.append(("barrier", channel, barrier.checkpoint_id))
+
+    def on_cancel(self, channel: int, cancel: Any) -> None:
+        self.got.append(("cancel", channel))
+
+    def on_end_of_input(self, channel: int) -> None:
+        self.got.append(("end", channel))
+
+    def on_watermark(self, watermark: float) -> None:
+        self.got.append(("watermark", watermark))
+
+    def on_idle(self) -> None:
+        self.got.append(("idle",))
+
+
+def test_the_input_side_hands_typed_elements_in_channel_order() -> None:
+    target = Recorder()
+    side = InputSide(target, {3: 0, 4: 1}, [3, 4])
+    for frame in [
+        data(4, "x"),
+        event(3, Watermark(10)),
+        event(4, Barrier(7, 0.0)),
+        event(4, Watermark(20)),
+        event(3, EndOfInput()),
+    ]:
+        side.dispatch(frame[0], frame[4] & 0x0F, frame)
+    assert target.got == [
+        ("batch", 4, 1, ["x"]),
+        ("barrier", 4, 7),
+        ("watermark", 10),
+        ("watermark", 20),  # channel 3 ended: channel 4 alone
+        ("end", 3),
+    ]
+
+
+def build(**kw: Any) -> Dataflow:
+    flow = Dataflow("bad")
+    src = flow.source(CollectionSource([("a", 1)]), name="src")
+    if kw.get("after_map"):
+        src.map(lambda r: r, name="m").assign_timestamps(ts, name="late_ts")
+    else:
+        src.assign_timestamps(ts, max_delay=kw.get("max_delay", 0), name="ts").collect("out")
+    return flow
+
+
+def test_build_time_errors_name_the_step() -> None:
+    with pytest.raises(GraphError, match=r"step 'ts': max_delay must be a number >= 0.*-1"):
+        build(max_delay=-1)
+    with pytest.raises(
+        GraphError, match=r"step 'late_ts': assign_timestamps\(...\) must follow a source"
+    ):
+        build(after_map=True)
+    flow = Dataflow("bad2")
+    src = flow.source(CollectionSource([("a", 1)]), name="src")
+    with pytest.raises(GraphError, match=r"step 'ts2': idle_timeout"):
+        src.assign_timestamps(ts, idle_timeout=0, name="ts2")
+
+
+def test_an_abort_from_the_job_manager_reaches_the_operators(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from channels import control as P
+    from runtime.operators import Operator
+
+    told: list[int] = []
+    monkeypatch.setattr(Operator, "notify_checkpoint_aborted", lambda self, n: told.append(n))
+    task, io = merge_task(tmp_path)
+    task.open()
+    io.jm.tell(P.Abort(5, "EXPIRED"))
+    task._serve_control()
+    assert told == [5] * len(task.chain.operators)
+    task.close(graceful=False)
