@@ -73,6 +73,8 @@ class Heartbeat(Message):
     records_out: int
     rss_bytes: int
     first_record_at: float  # wall clock of the first record this attempt processed, 0 if none
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``statebackend.metrics.TaskMetrics.encode()`` (empty from an older task)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,9 @@ Every message is exactly one ZeroMQ frame::
 * ``KIND_WATERMARK``: payload is msgpack ``[timestamp, idle]``: no record with a
   timestamp <= ``timestamp`` follows on this channel (unless late); ``idle`` says the
   sender holds no watermark back until it sends a watermark with ``idle`` false.
+* ``KIND_SUPERSTEP``: payload is msgpack ``[superstep, contribution]``: the sender has
+  sent everything of that superstep of an iteration (``runtime.iterations``) on this
+  channel; ``contribution`` is its share of the superstep's in-band global sum.
 
 Records crossing tasks must be msgpack types (None, bool, int, float, str,
 bytes, list/tuple, dict). The decoder uses ``use_list=False``: every sequence
@@ -44,6 +47,7 @@ KIND_BARRIER: Final = 1
 KIND_END_OF_INPUT: Final = 2
 KIND_CANCEL: Final = 3
 KIND_WATERMARK: Final = 4
+KIND_SUPERSTEP: Final = 5
 
 KIND_MASK: Final = 0x0F
 FLAG_LZ4: Final = 0x10
@@ -203,3 +207,20 @@ def decode_event(frame: bytes | memoryview) -> Event:
         timestamp, idle = _unpackb(view, use_list=False)
         return Watermark(timestamp, idle)
     raise MalformedFrameError(f"frame kind {kind} is not a control event")
+
+
+def encode_superstep(channel: int, superstep: int, contribution: float) -> bytes:
+    """The marker that closes ``superstep`` of an iteration on one channel."""
+    return _header_pack(channel, KIND_SUPERSTEP) + _packb((superstep, contribution))
+
+
+def decode_superstep(frame: bytes | memoryview) -> tuple[int, float]:
+    """``(superstep, contribution)`` of a superstep marker.
+
+    Raises:
+        MalformedFrameError: the frame is not a superstep marker.
+    """
+    if len(frame) < _HEADER_SIZE or frame[4] & KIND_MASK != KIND_SUPERSTEP:
+        raise MalformedFrameError(f"frame of {len(frame)} bytes is not a superstep marker")
+    superstep, contribution = _unpackb(memoryview(frame)[_HEADER_SIZE:], use_list=False)
+    return int(superstep), float(contribution)

@@ -134,7 +134,8 @@ class OutputChannel:
     Sends block under backpressure (see ``write``). ``close`` does not flush.
 
     Counters (read by metrics): ``records_sent``, ``batches_sent`` (data
-    frames), ``events_sent``, ``bytes_sent`` (all frames, headers included).
+    frames), ``events_sent``, ``bytes_sent`` (all frames, headers included),
+    ``blocked_seconds`` (time sends waited on a full channel: backpressure).
     """
 
     __slots__ = (
@@ -149,6 +150,7 @@ class OutputChannel:
         "_sizer",
         "_socket",
         "batches_sent",
+        "blocked_seconds",
         "bytes_sent",
         "events_sent",
         "records_sent",
@@ -195,6 +197,7 @@ class OutputChannel:
         self.bytes_sent = 0
         self.batches_sent = 0
         self.events_sent = 0
+        self.blocked_seconds = 0.0
 
     @property
     def channel_id(self) -> int:
@@ -324,12 +327,16 @@ class OutputChannel:
         on_backpressure = self._on_backpressure
         socket = self._socket
         poll = self._poller.poll
-        while True:
-            if on_backpressure is not None:
-                on_backpressure()
-            poll(BACKPRESSURE_POLL_MS)
-            try:
-                socket.send(frame, zmq.NOBLOCK)
-            except zmq.Again:
-                continue
-            return
+        blocked_at = time.monotonic()
+        try:
+            while True:
+                if on_backpressure is not None:
+                    on_backpressure()
+                poll(BACKPRESSURE_POLL_MS)
+                try:
+                    socket.send(frame, zmq.NOBLOCK)
+                except zmq.Again:
+                    continue
+                return
+        finally:
+            self.blocked_seconds += time.monotonic() - blocked_at

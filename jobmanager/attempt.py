@@ -15,13 +15,15 @@ import signal
 from channels import control as P
 from channels.control import CheckpointFailureReason
 from jobmanager.coordinator import CheckpointCoordinator, CompletedCheckpoint
-from jobmanager.failures import Failure, FailureCause, classify_stage_error
+from jobmanager.failures import Failure, FailureCause, classify_stage_error, stage_reason
 from jobmanager.faults import DriverKill
 from jobmanager.liveness import ctrl_c_deferred
 from jobmanager.services import RunServices, Stage, TaskInfo
+from jobmanager.stop import begin_stop
 from jobmanager.termination import LoopTermination
 from runtime.config import JobConfig
 from runtime.plan import JobPlan
+from statebackend.metrics import AckMetrics, TaskMetrics, decode
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.jobmanager")
@@ -67,6 +69,7 @@ class Attempt:
         self.failure: Failure | None = None  # set by run()
         self.killed_at: float | None = None  # wall clock of an injected kill
         self.stage_done_at: float | None = None
+        self.stopping_with: int | None = None  # the savepoint's checkpoint id while stopping
         self.coordinator = CheckpointCoordinator(
             plan,
             config,
@@ -121,6 +124,7 @@ class Attempt:
                     return failure
             now = self.clock()
             self._observe(now)
+            self._check_stop()
             if self.all_finished:
                 stage.join(10.0)
                 return None
@@ -161,6 +165,13 @@ class Attempt:
                     self.number, min(firsts), self.submit_wall
                 )
                 self.run_services.faults.on_first_record(now)
+
+    def _check_stop(self) -> None:
+        """A stop with savepoint was requested: act once every task registered."""
+        if self.stopping_with is None and self.all_registered_at is not None:
+            stop = self.run_services.stop
+            if stop.requested:
+                self.stopping_with = begin_stop(self.plan, self.coordinator, stop, self.number)
 
     def _check(self, now: float, stage: Stage) -> Failure | None:
         """Everything that can end the attempt besides a task's own report."""
@@ -237,10 +248,12 @@ class Attempt:
         if now - self.submitted <= REGISTRATION_TIMEOUT:
             return None
         missing = [t.task_id for i, t in self.tasks.items() if i not in self.registered]
+        # Start-up is part of the fault domain: the restart strategy decides, as for any
+        # other failure (a worker lost or hung while starting may well start next time).
         return Failure(
             FailureCause.REGISTRATION_TIMEOUT,
-            error=f"tasks {missing} did not register within {REGISTRATION_TIMEOUT:.0f} s",
-            permanent="the cluster did not start the tasks; check the executors' logs",
+            error=f"tasks {missing} did not register within {REGISTRATION_TIMEOUT:.0f} s "
+            "(check the executors' logs)",
         )
 
     def _check_stage(self, now: float, stage: Stage) -> Failure | None:
@@ -249,7 +262,13 @@ class Attempt:
             self.stage_done_at = now
             if err is not None:
                 text = str(err)
-                return Failure(classify_stage_error(text), error=_first_lines(text))
+                error = _first_lines(text)
+                if self.all_registered_at is None:  # say it: the tasks were still starting
+                    error = (
+                        f"while the tasks were starting ({len(self.registered)} of "
+                        f"{len(self.tasks)} registered): {stage_reason(text)}\n{error}"
+                    )
+                return Failure(classify_stage_error(text), error=error)
         if self.stage_done_at is not None and now - self.stage_done_at > STAGE_END_GRACE:
             unfinished = [t.task_id for t in self.tasks.values() if not t.finished]
             return Failure(FailureCause.STAGE_ENDED_EARLY, error=f"unfinished: {unfinished}")
@@ -279,6 +298,7 @@ class Attempt:
             len(m.restarts),
             m.completed[-1].duration_ms if m.completed else None,
         )
+        self.run_services.dashboard.publish(self)
 
     # -- dispatch --------------------------------------------------------------------------
     def on_message(self, msg: P.Message) -> Failure | None:
@@ -294,11 +314,10 @@ class Attempt:
             case P.Ack():
                 t = self.tasks[msg.task_index]
                 t.last_seen = now
-                t.records_in = max(t.records_in, int(msg.metrics.get("records_in", 0)))
-                t.records_out = max(t.records_out, int(msg.metrics.get("records_out", 0)))
-                self.run_services.metrics.on_snapshot(
-                    msg.task_index, msg.checkpoint_id, msg.metrics
-                )
+                figures = decode(AckMetrics, msg.metrics)
+                t.records_in = max(t.records_in, figures.records_in)
+                t.records_out = max(t.records_out, figures.records_out)
+                self.run_services.metrics.on_snapshot(msg.task_index, msg.checkpoint_id, figures)
                 self.coordinator.on_ack(msg)
             case P.Decline():
                 self.coordinator.on_decline(msg)
@@ -316,9 +335,8 @@ class Attempt:
             case P.Finished():
                 t = self.tasks[msg.task_index]
                 t.finished = True
-                t.metrics.update(msg.metrics)
-                t.records_in = msg.metrics.get("records_in", t.records_in)
-                t.records_out = msg.metrics.get("records_out", t.records_out)
+                t.metrics = decode(TaskMetrics, msg.metrics)
+                t.records_in, t.records_out = t.metrics.records_in, t.metrics.records_out
             case P.Closed():
                 self.tasks[msg.task_index].closed = True
             case P.LoopStatus():
@@ -341,6 +359,8 @@ class Attempt:
         t.peak_rss = max(t.peak_rss, msg.rss_bytes)
         if msg.first_record_at and not t.first_record_at:
             t.first_record_at = msg.first_record_at
+        if msg.metrics:
+            t.metrics = decode(TaskMetrics, msg.metrics)
         self.send(msg.task_index, P.Alive())
 
     def _on_failed(self, msg: P.Failed) -> Failure:

@@ -1,10 +1,12 @@
 """Command line of the job manager:
 
     python -m jobmanager checkpoints DIR [--show N] [--storage-option KEY=VALUE ...]
+    python -m jobmanager stop JOB [--timeout S] [--no-wait]
     python -m jobmanager package [--out DIR] [--env]
     python -m jobmanager submit --master URL [--deploy-mode M] [--env E] [--conf K=V] script.py ...
 
-``package`` and ``submit`` live in ``jobmanager.submit``. ``checkpoints`` reads a
+``package`` and ``submit`` live in ``jobmanager.submit``, ``stop`` (stop a job running
+on this machine with a savepoint) in ``jobmanager.stop_command``. ``checkpoints`` reads a
 checkpoint root through ``statebackend.storage.CheckpointStorage`` without changing it:
 lists its checkpoints, or prints one checkpoint's metadata and verifies its state files.
 DIR is a path or a URL (``s3://bucket/prefix``); the storage options a URL needs
@@ -26,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from jobmanager import submit
+from jobmanager import stop_command, submit
 from statebackend.errors import StateError
 from statebackend.metadata import CheckpointMetadata, TaskStateHandle
 from statebackend.storage import METADATA, CheckpointInfo, CheckpointStatus, CheckpointStorage
@@ -127,22 +129,23 @@ def storage_option(text: str) -> tuple[str, Any]:
 def _row(info: CheckpointInfo) -> list[Any]:
     meta = info.metadata
     if meta is None:
-        return [info.checkpoint_id, info.status.value, *([None] * 11)]
+        return [info.checkpoint_id, info.status.value, *([None] * 12)]
     metrics = meta.metrics
     return [
         info.checkpoint_id,
         info.status.value,
         meta.final,
-        metrics.get("mode"),
+        meta.savepoint,
+        metrics.mode or None,
         meta.attempt,
         _time(meta.trigger_time),
         meta.duration_ms,
-        metrics.get("state_bytes"),
-        metrics.get("tasks", len(meta.task_metrics)),
-        metrics.get("max_alignment_ms"),
-        metrics.get("spilled_bytes"),
-        metrics.get("backedge_bytes"),
-        metrics.get("channel_state_bytes"),
+        metrics.state_bytes,
+        metrics.tasks or len(meta.task_metrics),
+        metrics.max_alignment_ms,
+        metrics.spilled_bytes,
+        metrics.backedge_bytes,
+        metrics.channel_state_bytes,
     ]
 
 
@@ -159,6 +162,7 @@ def list_checkpoints(directory: str, out: TextIO, options: dict[str, Any] | None
                 "id",
                 "status",
                 "final",
+                "savepoint",
                 "mode",
                 "attempt",
                 "triggered",
@@ -189,17 +193,18 @@ def _print_metadata(meta: CheckpointMetadata, path: str, out: TextIO) -> None:
     out.write(f"checkpoint {meta.checkpoint_id} of job {meta.job!r} in {path}\n")
     out.write(
         f"  attempt {_cell(meta.attempt)}, final {_cell(meta.final)}, "
+        f"savepoint {_cell(meta.savepoint)}, "
         f"max parallelism {_cell(meta.max_parallelism)}\n"
     )
     out.write(f"  triggered {_time(meta.trigger_time)}, completed {_time(meta.completed_time)}\n\n")
     out.write("summary\n")
     width = max(len(k) for k in SUMMARY_METRICS)
     for key in SUMMARY_METRICS:
-        value = meta.metrics.get(key)
+        value = getattr(meta.metrics, key)
         out.write(f"  {key.ljust(width)}  {'-' if value is None else value}\n")
 
     out.write(f"\ntasks ({len(meta.task_metrics)})\n")
-    rows = [[task, *(m.get(k) for k in TASK_METRICS)] for task, m in meta.task_metrics.items()]
+    rows = [[task, *(getattr(m, k) for k in TASK_METRICS)] for task, m in meta.task_metrics.items()]
     out.write(table(["task", *TASK_METRICS], rows) + "\n")
 
     out.write(f"\nstate files ({len(meta.tasks)})\n")
@@ -264,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--show", metavar="N", type=int, help="print checkpoint N in detail and verify it"
     )
     submit.add_parsers(commands)
+    stop_command.add_parser(commands)
     return parser
 
 
@@ -274,6 +280,8 @@ def main(
     out = out or sys.stdout
     err = err or sys.stderr
     args = build_parser().parse_args(argv)
+    if args.command == "stop":
+        return stop_command.run(args, out, err)
     if args.command != "checkpoints":
         return submit.run(args, out, err)
     options = dict(args.storage_option)

@@ -7,11 +7,11 @@ whole run, across restarts, so files of a failed attempt never mix with a new on
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from channels import control as P
 from channels.control import CheckpointFailureReason
@@ -19,6 +19,7 @@ from jobmanager.termination import LoopTermination
 from runtime.config import JobConfig, SnapshotMode
 from runtime.plan import JobPlan, step_state
 from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
+from statebackend.metrics import AckMetrics, CheckpointSummary, decode, summarize
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.coordinator")
@@ -35,6 +36,7 @@ class PendingCheckpoint:
     drain: LoopTermination | None = None
     """Synchronous snapshots: the waves proving the halted job drained (then triggered)."""
     drained_mono: float | None = None
+    savepoint: bool = False  # the final checkpoint of a stop: kept, never retired
 
 
 @dataclass
@@ -42,8 +44,11 @@ class CompletedCheckpoint:
     checkpoint_id: int
     final: bool
     duration_ms: float
-    metrics: dict[str, Any]
+    metrics: CheckpointSummary
     path: str | None
+    trigger_time: float = 0.0  # wall clock
+    task_metrics: Mapping[str, AckMetrics] = field(default_factory=dict)
+    savepoint: bool = False
 
 
 @dataclass
@@ -130,12 +135,14 @@ class CheckpointCoordinator:
             return
         self.trigger(final=False)
 
-    def trigger(self, final: bool) -> int:
+    def trigger(self, final: bool, savepoint: bool = False) -> int:
         n = self.next_id
         self.next_id += 1
         now = time.time()
         self.last_trigger = self.clock()
-        cp = PendingCheckpoint(n, now, self.last_trigger, final, set(self.all_tasks))
+        cp = PendingCheckpoint(
+            n, now, self.last_trigger, final, set(self.all_tasks), savepoint=savepoint
+        )
         self.pending[n] = cp
         if final:
             self.final_triggered = True
@@ -182,14 +189,26 @@ class CheckpointCoordinator:
     def on_sources_ended(self) -> None:
         """All sources read their input: the final checkpoint commits all remaining output."""
         if not self.final_triggered:
-            for cp in list(self.pending.values()):
-                if cp.drain is not None and cp.drained_mono is None:  # not triggered yet
-                    self.abort(
-                        cp.checkpoint_id,
-                        CheckpointFailureReason.SUBSUMED,
-                        "the sources ended: the final checkpoint follows",
-                    )
+            self._abort_undrained("the sources ended: the final checkpoint follows")
             self.trigger(final=True)
+
+    def _abort_undrained(self, why: str) -> None:
+        """Synchronous checkpoints still draining (their sources halted, not triggered)."""
+        for cp in list(self.pending.values()):
+            if cp.drain is not None and cp.drained_mono is None:
+                self.abort(cp.checkpoint_id, CheckpointFailureReason.SUBSUMED, why)
+
+    def stop_with_savepoint(self) -> int | None:
+        """A graceful stop: the sources end at one consistent point (the final barrier,
+        exactly as at the end of their input), the sinks commit on its completion, and the
+        checkpoint is kept as a savepoint. Its id, or None when the final checkpoint was
+        triggered already (the input ended first: that one becomes the savepoint)."""
+        if self.final_triggered:
+            for cp in self.pending.values():
+                cp.savepoint = cp.savepoint or cp.final
+            return None
+        self._abort_undrained("a stop with savepoint: the final checkpoint follows")
+        return self.trigger(final=True, savepoint=True)
 
     # -- acks ------------------------------------------------------------------------------
     def on_ack(self, ack: P.Ack) -> CompletedCheckpoint | None:
@@ -219,25 +238,27 @@ class CheckpointCoordinator:
         done = self.clock()
         duration_ms = (done - cp.trigger_mono) * 1000
         tasks: dict[str, TaskStateHandle] = {}
-        per_task: dict[str, Any] = {}
+        per_task: dict[str, AckMetrics] = {}
         for index, ack in sorted(cp.acks.items()):
             task_id = self.plan.tasks[index].task_id
-            per_task[task_id] = dict(ack.metrics)
+            per_task[task_id] = decode(AckMetrics, ack.metrics)
             if ack.state is not None:
                 tasks[task_id] = TaskStateHandle.decode(ack.state)
-        metrics = summarize(per_task)
-        metrics["mode"] = mode_label(self.config)
-        metrics["duration_ms"] = round(duration_ms, 3)
+        metrics = summarize(per_task, mode_label(self.config), duration_ms)
         if cp.drain is not None:  # synchronous: the sources stayed halted until now
-            metrics["halt_ms"] = round(duration_ms, 3)
             drained = cp.drained_mono if cp.drained_mono is not None else done
-            metrics["drain_ms"] = round((drained - cp.trigger_mono) * 1000, 3)
+            metrics = dataclasses.replace(
+                metrics,
+                halt_ms=round(duration_ms, 3),
+                drain_ms=round((drained - cp.trigger_mono) * 1000, 3),
+            )
             for index, status in cp.drain.last_answers.items():  # each task's, drained
-                counts = per_task.get(self.plan.tasks[index].task_id)
-                if counts is not None:
-                    counts["drained_sent"], counts["drained_received"] = (
-                        status.sent,
-                        status.received,
+                task_id = self.plan.tasks[index].task_id
+                if task_id in per_task:
+                    per_task[task_id] = dataclasses.replace(
+                        per_task[task_id],
+                        drained_sent=status.sent,
+                        drained_received=status.received,
                     )
         path = None
         if self.storage is not None:
@@ -254,6 +275,7 @@ class CheckpointCoordinator:
                 task_metrics=per_task,
                 metrics=metrics,
                 steps=self._steps_with_state(tasks),
+                savepoint=cp.savepoint,
             )
             try:
                 path = self.storage.write_metadata(metadata)
@@ -267,7 +289,16 @@ class CheckpointCoordinator:
                     pending=cp,
                 )
                 return None
-        completed = CompletedCheckpoint(cp.checkpoint_id, cp.final, duration_ms, metrics, path)
+        completed = CompletedCheckpoint(
+            cp.checkpoint_id,
+            cp.final,
+            duration_ms,
+            metrics,
+            path,
+            cp.trigger_time,
+            per_task,
+            savepoint=cp.savepoint,
+        )
         self.completed.append(completed)
         self.last_completion = done
         self.consecutive_failures = 0
@@ -345,31 +376,3 @@ def mode_label(config: JobConfig) -> str:
     if config.aligned_timeout is not None and config.snapshot_mode is SnapshotMode.EXACTLY_ONCE:
         return f"aligned_timeout={config.aligned_timeout:g}s"
     return config.snapshot_mode.value if isinstance(config.snapshot_mode, SnapshotMode) else "?"
-
-
-def summarize(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Checkpoint-level figures from the tasks' ack metrics."""
-
-    def values(key: str) -> list[float]:
-        return [float(m[key]) for m in per_task.values() if key in m]
-
-    def mx(key: str) -> float:
-        return round(max(values(key), default=0.0), 3)
-
-    return {
-        "tasks": len(per_task),
-        "max_start_delay_ms": mx("start_delay_ms"),
-        "max_alignment_ms": mx("alignment_ms"),
-        "mean_alignment_ms": round(
-            sum(values("alignment_ms")) / max(1, len(values("alignment_ms"))), 3
-        ),
-        "max_sync_ms": mx("sync_ms"),
-        "max_async_ms": mx("async_ms"),
-        "state_bytes": int(sum(values("state_bytes"))),
-        "spilled_bytes": int(sum(values("spilled_bytes"))),
-        "keys": int(sum(values("keys"))),
-        "backedge_records": int(sum(values("backedge_records"))),
-        "backedge_bytes": int(sum(values("backedge_bytes"))),
-        "channel_state_records": int(sum(values("channel_state_records"))),
-        "channel_state_bytes": int(sum(values("channel_state_bytes"))),
-    }

@@ -77,6 +77,17 @@ def classify_stage_error(text: str) -> FailureCause:
     return FailureCause.STAGE_FAILED
 
 
+def stage_reason(text: str) -> str:
+    """The line of a failed stage's error text that says what happened (Py4J's first line,
+    "An error occurred while calling ...", does not)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for marker in ("exited unexpectedly", "crashed", "failure reason:", "Exception:", "Error:"):
+        for line in lines:
+            if marker in line and not line.startswith("at "):
+                return line[:300]
+    return lines[0][:300] if lines else "no error text"
+
+
 class FailureHistory:
     """Tells a deterministic failure: the same operator failing with the same exception
     type and message after the same restore point twice in a row. Restarting again would

@@ -3,6 +3,7 @@ argparse checks, and a clean Ctrl-C.
 
 
     --kill-task count[1] --after 3s     (or 500ms, chk2, alignment, snapshot)
+    --kill-task pagerank[1] --after superstep:5   (iterations: as superstep 5 starts)
     --chaos K [--seed S]                K random kills; the example compares with a clean run
 
 A malformed value or a task the job does not have ends the program with a usage
@@ -24,6 +25,7 @@ from runtime.plan import JobPlan
 
 _SECONDS = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?")
 _CHECKPOINT = re.compile(r"chk(\d+)")
+_SUPERSTEP = re.compile(r"superstep:(\d+)")
 _DURING = ("alignment", "snapshot", "backedge_log")
 
 
@@ -34,6 +36,7 @@ class When:
     seconds: float | None = None
     checkpoint: int | None = None
     during: str | None = None
+    superstep: int | None = None  # iterations only (runtime.iterations)
 
 
 def parse_when(text: str) -> When:
@@ -45,12 +48,16 @@ def parse_when(text: str) -> When:
         if int(m.group(1)) < 1:
             raise argparse.ArgumentTypeError(f"{text!r}: checkpoints are numbered from 1 (chk1)")
         return When(checkpoint=int(m.group(1)))
+    if m := _SUPERSTEP.fullmatch(spec):
+        if int(m.group(1)) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: supersteps are numbered from 1")
+        return When(superstep=int(m.group(1)))
     if m := _SECONDS.fullmatch(spec):
         value = float(m.group(1))
         return When(seconds=value / 1000 if m.group(2) == "ms" else value)
     raise argparse.ArgumentTypeError(
         f"{text!r} is not a moment: use seconds (2s, 0.5s, 500ms), a checkpoint (chk3), "
-        f"'alignment', 'snapshot' or 'backedge_log'"
+        f"'alignment', 'snapshot', 'backedge_log' or (iterations) superstep:K"
     )
 
 
@@ -77,8 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="WHEN",
         type=parse_when,
         default=None,
-        help="when: 2s, 500ms, chk3 (right after checkpoint 3), alignment, snapshot or "
-        "backedge_log (a loop head, while it logs its back-edges)",
+        help="when: 2s, 500ms, chk3 (right after checkpoint 3), alignment, snapshot, "
+        "backedge_log (a loop head, while it logs its back-edges) or, in iterations, "
+        "superstep:K (as superstep K starts)",
     )
     group.add_argument(
         "--chaos",
@@ -103,6 +111,8 @@ def faults_from(parser: argparse.ArgumentParser, args: Any, plan: JobPlan) -> li
             known = ", ".join(t.task_id for t in plan.tasks)
             parser.error(f"--kill-task {args.kill_task}: {err}; the job's tasks are: {known}")
         when: When = args.after or When(seconds=1.0)
+        if when.superstep is not None:
+            parser.error("--after superstep:K applies to iterations (examples/pagerank.py)")
         if when.during == "backedge_log" and not task.back_edge_inputs:
             heads = ", ".join(t.task_id for t in plan.tasks if t.back_edge_inputs) or "none"
             parser.error(
@@ -132,8 +142,29 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, interval: float = 
         "--checkpoint-interval", type=float, default=interval, help="seconds; 0 turns them off"
     )
     parser.add_argument(
-        "--checkpoint-dir", default=None, help="keep checkpoints here (default: a temp dir)"
+        "--checkpoint-dir",
+        default=None,
+        help="keep checkpoints and savepoints here (default: a temp dir)",
     )
+    parser.add_argument(
+        "--restore-from",
+        default=None,
+        metavar="PATH",
+        help="resume from a savepoint or checkpoint (chk-<n>, or a root: its latest)",
+    )
+
+
+def report_stop(result: Any) -> bool:
+    """Print how a job stopped with a savepoint (SIGTERM, Ctrl-C, `python -m jobmanager
+    stop`) can resume; True when it stopped (its output is then only a part)."""
+    if not result.stopped:
+        return False
+    print(result.summary())
+    if result.savepoint:
+        print(
+            f"\nstopped with savepoint {result.savepoint}; resume with --restore-from {result.savepoint}"
+        )
+    return True
 
 
 def checkpoint_config(args: Any) -> dict[str, object]:

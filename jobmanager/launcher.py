@@ -116,39 +116,46 @@ def _load_task_code(_: Any) -> list[int]:
     return [os.getpid()]
 
 
-WARM_UP_ATTEMPTS = 3
-
-
 def warm_up(
     sc: Any,
     n: int,
     say: Callable[[str], None] = log.info,
     load: Callable[[Any], list[int]] = _load_task_code,
-    attempts: int = WARM_UP_ATTEMPTS,
-) -> None:
+) -> bool:
     """Start ``n`` Python workers at once and import the task code in them, so the
     first barrier stage (and a restart) takes pooled workers instead of forking.
+    Returns whether it did.
 
-    A worker lost during the warm-up (e.g. under load) fails Spark's barrier stage; it
-    is tried again, ``attempts`` times in all, then fails with a WorkerStartError.
+    It is only a head start: a worker lost meanwhile (killed, crashed, out of memory)
+    is no reason to fail the job, nor to retry here: the job's attempts start their own
+    workers, and a failure there goes through the job's restart strategy like any other.
+    Only an error no restart can fix (the workers cannot import the task code) fails,
+    as a WorkerStartError that quotes it.
     """
-    for attempt in range(1, attempts + 1):
-        try:
-            sc.parallelize(range(n), n).barrier().mapPartitions(load).collect()
-            return
-        except (
-            Exception
-        ) as err:  # Py4JJavaError: "Could not recover from a failed barrier ResultStage"
-            reason = describe_stage_error(err)
-            if attempt == attempts:
-                raise WorkerStartError(
-                    f"starting {n} Spark Python workers failed {attempts} times; the last time: "
-                    f"{reason}. Check that the executors can run {sys.executable} and import "
-                    f"absflow, and that the machine is not out of memory."
-                ) from err
-            say(
-                f"starting Python workers failed ({reason}); trying again ({attempt + 1} of {attempts})"
-            )
+    try:
+        sc.parallelize(range(n), n).barrier().mapPartitions(load).collect()
+        return True
+    except Exception as err:  # Py4JJavaError: "Could not recover from a failed barrier ..."
+        text = str(err)
+        if "ModuleNotFoundError" in text or "ImportError" in text:
+            raise WorkerStartError(
+                f"the Spark Python workers cannot import absflow's task code "
+                f"({_import_error(text)}). Check that the executors run {sys.executable} (or "
+                "an interpreter with absflow and its dependencies installed) and that "
+                "PYTHONPATH or --py-files ship the job's modules."
+            ) from err
+        say(
+            f"warming up Python workers failed ({describe_stage_error(err)}); "
+            "the job starts its own"
+        )
+        return False
+
+
+def _import_error(text: str) -> str:
+    lines = [
+        x.strip() for x in text.splitlines() if "ModuleNotFoundError" in x or "ImportError" in x
+    ]
+    return lines[-1][:300] if lines else "ImportError"
 
 
 def available_slots(sc: Any) -> int:

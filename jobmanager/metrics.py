@@ -23,6 +23,7 @@ from jobmanager.result import JobResult, Restart
 from runtime.graph import StepKind
 from runtime.plan import JobPlan
 from runtime.sinks import CollectSink
+from statebackend.metrics import AckMetrics, TaskMetrics
 
 log = logging.getLogger("absflow.jobmanager")
 
@@ -55,7 +56,7 @@ class TaskFigures(Protocol):
     records_out: int
     peak_rss: int
     first_record_at: float
-    metrics: dict[str, Any]
+    metrics: TaskMetrics
 
 
 def sink_task_indexes(plan: JobPlan) -> set[int]:
@@ -89,11 +90,9 @@ class RunMetrics:
         self.base = self.committed_at.get(restored, RecordCounts()) if restored else RecordCounts()
         self._at_snapshot.clear()
 
-    def on_snapshot(self, task_index: int, checkpoint_id: int, ack_metrics: dict[str, Any]) -> None:
+    def on_snapshot(self, task_index: int, checkpoint_id: int, ack_metrics: AckMetrics) -> None:
         """A task acked ``checkpoint_id`` with its counts at the snapshot."""
-        if "records_in" not in ack_metrics or "records_out" not in ack_metrics:
-            return
-        counts = RecordCounts(int(ack_metrics["records_in"]), int(ack_metrics["records_out"]))
+        counts = RecordCounts(ack_metrics.records_in, ack_metrics.records_out)
         self._at_snapshot.setdefault(checkpoint_id, {})[task_index] = counts
 
     def on_checkpoint_completed(self, cp: CompletedCheckpoint) -> None:
@@ -134,11 +133,11 @@ class RunMetrics:
         )
         if finished:
             for t in tasks.values():
-                figures = dict(t.metrics)
-                if t.first_record_at:
-                    figures.setdefault("first_record_at", t.first_record_at)
+                figures = t.metrics.encode()
+                if t.first_record_at and not figures["first_record_at"]:
+                    figures["first_record_at"] = t.first_record_at
                 self.task_metrics[t.task_id] = figures
-                self.peak_rss[t.task_id] = max(t.peak_rss, int(t.metrics.get("peak_rss", 0)))
+                self.peak_rss[t.task_id] = max(t.peak_rss, t.metrics.peak_rss)
 
     def _own(self, tasks: Mapping[int, TaskFigures]) -> RecordCounts:
         return RecordCounts(
@@ -193,7 +192,7 @@ class RunMetrics:
             "checkpoint_id": c.checkpoint_id,
             "final": c.final,
             "duration_ms": c.duration_ms,
-            **c.metrics,
+            **c.metrics.encode(),
         }
         counts = self.committed_at.get(c.checkpoint_id)
         if counts is not None:
@@ -205,15 +204,20 @@ class RunMetrics:
 class CommittedOutputs:
     """Records the collect sinks committed, one batch per (sink step, subtask, checkpoint):
     the first copy wins, so a re-commit after a restore is dropped; batches committed
-    after the restored checkpoint are forgotten (the sources replay them)."""
+    after the restored checkpoint are forgotten (the sources replay them). A run restored
+    from another run's checkpoint ``committed_up_to`` drops the batches of checkpoints up to
+    it: the sinks recommit them on restore, but that run returned them already."""
 
-    def __init__(self, plan: JobPlan) -> None:
+    def __init__(self, plan: JobPlan, committed_up_to: int = 0) -> None:
         self.collect_sinks = [
             s.name for s in plan.steps if s.kind is StepKind.SINK and isinstance(s.fn, CollectSink)
         ]
         self._batches: dict[tuple[str, int, int], list[Any]] = {}
+        self.committed_up_to = committed_up_to
 
     def add(self, step: str, subtask: int, checkpoint_id: int, records: Iterable[Any]) -> None:
+        if checkpoint_id <= self.committed_up_to:
+            return
         self._batches.setdefault((step, subtask, checkpoint_id), list(records))
 
     def drop_after(self, checkpoint_id: int | None) -> None:

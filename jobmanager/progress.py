@@ -17,6 +17,7 @@ class Progress:
         self.start = time.monotonic()
         self.next_draw = 0.0
         self.width = 0
+        self.ui_url = ""  # the dashboard, shown at the end of the line
 
     def update(
         self,
@@ -40,6 +41,7 @@ class Progress:
         line = (
             f"in {records_in:,}  out {records_out:,}  {rate:,.0f} rec/s  {elapsed:.1f} s"
             f"{chk if checkpoints else ''}{f'  restarts {restarts}' if restarts else ''}"
+            f"{f'  ui {self.ui_url}' if self.ui_url else ''}"
         )
         self.width = max(self.width, len(line))
         self.stream.write("\r" + line.ljust(self.width))
@@ -52,6 +54,13 @@ class Progress:
         if self.enabled:
             self.stream.write("\r" + text.ljust(self.width) + "\n")
             self.stream.flush()
+
+    def announce(self, text: str) -> None:
+        """A line the user should see whether or not the progress line is on (the
+        dashboard's address): on the progress stream and in the log."""
+        log.info("%s", text)
+        self.stream.write(("\r" if self.enabled else "") + text.ljust(self.width) + "\n")
+        self.stream.flush()
 
     def close(self) -> None:
         if self.enabled and self.width:

@@ -52,6 +52,9 @@ class JobResult:
     unfired_faults: list[str] = field(default_factory=list)  # injected kills the job outran
     replayed_in: int = 0  # read again after restores (beyond the committed records_in)
     replayed_out: int = 0  # given to the sinks again after restores
+    ui_url: str | None = None  # the job on the dashboard (up until the driver exits)
+    stopped: bool = False  # ended by a stop request (SIGTERM, Ctrl-C, `jobmanager stop`)
+    savepoint: str | None = None  # the savepoint the stop left: run(restore_from=savepoint)
 
     def output(self, name: str | None = None) -> list[Any]:
         """Records of the collect sink ``name`` (may be omitted when there is one)."""
@@ -78,6 +81,10 @@ class JobResult:
             f"job '{self.name}': {self.records_in:,} records in, {self.records_out:,} out "
             f"(committed) in {self.duration:.2f} s ({self.records_per_second:,.0f} records/s)"
         ]
+        if self.savepoint is not None:
+            lines.append(f"  stopped with savepoint {self.savepoint}")
+        elif self.stopped:
+            lines.append("  stopped (no checkpointing: no savepoint)")
         if self.restarts:
             lines.append(
                 f"  replayed after restores: {self.replayed_in:,} records in, "

@@ -34,6 +34,8 @@ from jobmanager.progress import Progress
 from jobmanager.restart import default_strategy
 from jobmanager.result import JobResult, Restart
 from jobmanager.services import RunServices
+from jobmanager.stop import JobEntry, StopRequest, stop_signals
+from jobmanager.web import Dashboard
 from runtime.config import JobConfig, TaskEnvironment, TaskFault
 from runtime.errors import (
     AbsflowError,
@@ -107,10 +109,11 @@ class JobManager:
         self.first_checkpoint_id = self.next_checkpoint_id
         self.task_faults = relative_to_run(self.task_faults, self.first_checkpoint_id)
         self.metrics = RunMetrics(plan)
-        self.outputs = CommittedOutputs(plan)
+        self.outputs = CommittedOutputs(plan, restored)
         self.faults = FaultSchedule(self.driver_kills)
         self.history = FailureHistory()
         self.progress = Progress(config.progress)
+        self.stop = StopRequest()  # _run() replaces it with one the CLI can reach
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> JobResult:
@@ -144,8 +147,15 @@ class JobManager:
             self._remove_owned_dirs()
             raise
         self.endpoint = f"tcp://{host}:{port}"
+        entry = JobEntry(self.plan.name, self.storage.root if self.storage else None)
         try:
             self.run_id = uuid.uuid4().hex[:8]
+            self.stop = StopRequest(entry.stop_file)
+            dashboard = Dashboard(self.plan, self.config, self.metrics)
+            url = dashboard.open(self.progress.say)
+            if url is not None:
+                self.progress.announce(f"job '{self.plan.name}': dashboard at {url}")
+                self.progress.ui_url = url
             self.services = RunServices(
                 link=RouterLink(self.router),
                 liveness=Liveness(
@@ -155,8 +165,18 @@ class JobManager:
                 metrics=self.metrics,
                 outputs=self.outputs,
                 progress=self.progress,
+                dashboard=dashboard,
+                stop=self.stop,
             )
-            return self._attempts(self.launcher, time.monotonic())
+            try:
+                with entry, stop_signals(self.stop, self.plan.name):
+                    result = self._attempts(self.launcher, time.monotonic())
+            except BaseException as err:
+                dashboard.finish("failed", f"{type(err).__name__}: {err}")
+                raise
+            dashboard.finish("finished")
+            result.ui_url = dashboard.url
+            return result
         finally:
             with ctrl_c_deferred():
                 self.launcher.close()
@@ -194,14 +214,37 @@ class JobManager:
         unfired = self.faults.unfired(now, self.metrics.checkpoints_completed)
         for note in unfired:
             log.warning("fault did not fire: %s", note)
+        savepoint = self._savepoint()
         owned = self.storage is not None and self.storage.root in self.owned_dirs
-        return self.metrics.result(
+        result = self.metrics.result(
             self.plan.name,
             self.outputs.outputs(),
             now - started,
             None if owned or self.storage is None else self.storage.root,
             unfired,
         )
+        result.stopped = self.stop.reason is not None and (
+            savepoint is not None or not self.config.checkpointing
+        )
+        result.savepoint = savepoint
+        return result
+
+    def _savepoint(self) -> str | None:
+        """The savepoint this run ended with (the path of its chk-<n>), or None. One in a
+        temp checkpoint root the run created is kept: it is the user's only copy."""
+        done = self.metrics.completed
+        if self.storage is None or not done or not done[-1].savepoint:
+            return None
+        if self.storage.root in self.owned_dirs:
+            self.owned_dirs.remove(self.storage.root)
+            log.warning(
+                "the savepoint is in the temporary checkpoint root %s (kept); pass "
+                "checkpoint_dir= to choose where savepoints go",
+                self.storage.root,
+            )
+        path = self.storage.location(done[-1].checkpoint_id)
+        log.warning("job '%s' stopped with savepoint %s", self.plan.name, path)
+        return path
 
     def _recover(
         self, failure: Failure, number: int, restore: RestorePoint | None, failed_at: float

@@ -16,6 +16,8 @@ from channels import control as P
 from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.liveness import Liveness, send_signal
 from jobmanager.metrics import CommittedOutputs, RunMetrics
+from jobmanager.stop import StopRequest
+from statebackend.metrics import TaskMetrics
 
 __all__ = ["ControlLink", "Progress", "RunServices", "Stage", "TaskInfo"]
 
@@ -37,7 +39,7 @@ class TaskInfo:
     first_record_at: float = 0.0  # wall clock; 0 until the task reports one
     finished: bool = False
     closed: bool = False
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: TaskMetrics = field(default_factory=TaskMetrics)  # the last heartbeat's
 
     @property
     def operator(self) -> str:
@@ -79,6 +81,21 @@ class Progress(Protocol):
     ) -> None: ...
 
 
+class Publisher(Protocol):
+    """Where an attempt publishes its state for the dashboard (``jobmanager.web``); called
+    on every turn of the attempt's loop, it throttles itself."""
+
+    def publish(self, attempt: Any) -> None: ...
+
+
+class _NoDashboard:
+    def publish(self, attempt: Any) -> None:
+        pass
+
+
+NO_DASHBOARD: Publisher = _NoDashboard()
+
+
 @dataclass
 class RunServices:
     """What every attempt of a run shares."""
@@ -92,3 +109,5 @@ class RunServices:
     signal_process: Callable[[int, int], None] = send_signal
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
+    dashboard: Publisher = field(default_factory=lambda: NO_DASHBOARD)
+    stop: StopRequest = field(default_factory=StopRequest)

@@ -112,6 +112,7 @@ class OperatorChain:
                     self.attempt,
                     self._sink_sender(step.name),
                     producer=self._producer(position),
+                    job=self.plan.name,
                 )
             op = build_operator(
                 step, spec.subtask, self.plan.max_parallelism, ctx, self._drop_event_time

@@ -58,6 +58,7 @@ from runtime.snapshot_modes import InFlightLog
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output
 from statebackend.metadata import TaskStateHandle
+from statebackend.metrics import AckMetrics
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.spill import SpillBuffer
 from statebackend.storage import CheckpointStorage
@@ -415,7 +416,9 @@ class TaskCheckpointer:
     ) -> None:
         t = self.task
         state = None if handle is None else handle.encode()
-        self._send(P.Ack(t.index, t.attempt, checkpoint_id, state, metrics))
+        # Typed on the way out: a key the schema does not have fails here, in the tests.
+        figures = AckMetrics(**metrics).encode()
+        self._send(P.Ack(t.index, t.attempt, checkpoint_id, state, figures))
 
     def decline(self, checkpoint_id: int, reason: CheckpointFailureReason, detail: str) -> None:
         t = self.task

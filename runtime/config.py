@@ -65,6 +65,9 @@ class JobConfig:
     heartbeat_interval: float = 0.5
     heartbeat_timeout: float = 15.0
     progress: bool | None = None  # None: only when stderr is a terminal
+    ui: bool = True  # the web dashboard, REST API and /metrics (jobmanager.web)
+    ui_host: str = "127.0.0.1"  # "0.0.0.0" exposes the (read-only) dashboard to the network
+    ui_port: int = 8081  # taken: another free port is used (and printed); 0: any free port
     local_master: str | None = None  # embedded SparkSession master (default local[n])
     executor_wait: float = 60.0  # on a cluster: how long to wait for executors to register
     timeout: float | None = None  # give up (cancel) after this many seconds
@@ -130,6 +133,10 @@ class JobConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise GraphError(f"{name} must be an int >= 1, got {value!r}.")
+        if not isinstance(self.ui_port, int) or not 0 <= self.ui_port <= 65535:
+            raise GraphError(f"ui_port must be a TCP port 0..65535 (0: any), got {self.ui_port!r}.")
+        if not isinstance(self.ui_host, str) or not self.ui_host:
+            raise GraphError(f"ui_host must be a host name or address, got {self.ui_host!r}.")
 
     @property
     def records_channel_state(self) -> bool:

@@ -411,6 +411,9 @@ class Dataflow:
         check_event_time(self.graph)
         check_mode_fits(self.graph, config or self.config)
         for step in self.graph.steps:
+            if step.kind is StepKind.SINK:
+                step.fn.validate(step.name)  # e.g. the database is up, the table fits
+        for step in self.graph.steps:
             if step.parallelism > self.max_parallelism and step.kind.keyed:
                 raise GraphError(
                     f"keyed step '{step.name}' has parallelism {step.parallelism} > max_parallelism "

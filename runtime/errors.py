@@ -43,7 +43,8 @@ class UnsupportedSessionError(AbsflowError, RuntimeError):
 
 
 class WorkerStartError(AbsflowError, RuntimeError):
-    """Spark could not start the Python workers that run the tasks."""
+    """The Spark Python workers cannot import the task code (a worker lost while starting
+    is a failure like any other: the restart strategy handles it)."""
 
 
 class JobCancelledError(AbsflowError, RuntimeError):
@@ -53,6 +54,11 @@ class JobCancelledError(AbsflowError, RuntimeError):
 class CheckpointStorageError(AbsflowError, OSError):
     """Checkpoint storage cannot be created or written: found by the driver before the job
     starts, or by a task whose first state write failed (the storage is out of its reach)."""
+
+
+class ConnectorError(AbsflowError, RuntimeError):
+    """A source or sink cannot reach or use its external system (a database, a table, a
+    bucket): the message names the system, the object and the fix."""
 
 
 class PackagingError(AbsflowError, RuntimeError):

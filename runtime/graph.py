@@ -76,6 +76,9 @@ class Step:
     outputs: list[Edge] = field(default_factory=list)
     # Keyed steps: the key function of their (hash) input edges.
     key_fn: Callable[[Any], Any] | None = None
+    # The name was made up (``aggregate_2``), not given: see runtime.step_ids.
+    auto: bool = False
+    signature: str = ""  # an auto-named step's position in the graph (runtime.step_ids)
 
     def describe(self) -> str:
         return f"{self.kind.value} '{self.name}' (parallelism {self.parallelism})"
@@ -115,6 +118,7 @@ class LogicalGraph:
     def __init__(self) -> None:
         self.steps: list[Step] = []
         self._names: set[str] = set()
+        self._auto: set[str] = set()  # names made up by unique_name
 
     def unique_name(self, requested: str | None, default: str) -> str:
         if requested is not None:
@@ -132,6 +136,7 @@ class LogicalGraph:
         while name in self._names:
             name = f"{default}_{k}"
             k += 1
+        self._auto.add(name)
         return name
 
     def add_step(
@@ -151,6 +156,7 @@ class LogicalGraph:
             fn=fn,
             args=args or {},
             key_fn=key_fn,
+            auto=name in self._auto,
         )
         self._names.add(name)
         self.steps.append(step)

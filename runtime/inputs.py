@@ -70,6 +70,11 @@ class BlockedChannels:
         """Bytes the current buffers have spilled to disk."""
         return sum(buf.spilled_bytes for buf in self._buffers.values())
 
+    @property
+    def buffered_total(self) -> int:
+        """Frames waiting in every channel's buffer (a metric: the input queue)."""
+        return sum(len(buf) for buf in self._buffers.values())
+
     def buffered(self, channel: int) -> int:
         """Frames waiting in ``channel``'s buffer."""
         buf = self._buffers.get(channel)

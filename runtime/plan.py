@@ -27,12 +27,14 @@ from channels.partitioners import (
 )
 from runtime.errors import GraphError
 from runtime.graph import EdgeKind, LogicalGraph, Partitioning, Step, StepKind
+from runtime.step_ids import assign_signatures
 from statebackend.metadata import StepState
 
 
 def step_state(step: Step) -> StepState:
-    """``step`` as checkpoints record it (name, kind, parallelism, keyed)."""
-    return StepState(step.name, step.kind.value, step.parallelism, step.kind.keyed)
+    """``step`` as checkpoints record it (name, kind, parallelism, keyed; an auto-named
+    step's signature, see runtime.step_ids)."""
+    return StepState(step.name, step.kind.value, step.parallelism, step.kind.keyed, step.signature)
 
 
 @dataclass(slots=True)
@@ -207,6 +209,7 @@ def build_plan(
     graph: LogicalGraph, name: str, max_parallelism: int, chaining: bool = True
 ) -> JobPlan:
     """Fuse chains, assign tasks, and lay out channels. The graph must be validated."""
+    assign_signatures(graph)
     chains: list[Chain] = []
     chain_of: dict[int, int] = {}
     for step in graph.topological_order():

@@ -13,8 +13,10 @@ back: the sources replay it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,9 @@ from typing import Any
 import msgpack
 
 from channels.errors import RecordSerializationError
+from runtime.transactions import Committer, TxnId
+
+log = logging.getLogger("absflow.sinks")
 
 
 @dataclass
@@ -34,10 +39,24 @@ class SinkContext:
     attempt: int
     send_to_driver: Callable[[int, list[Any]], None]  # (checkpoint id, records)
     producer: str = ""  # the step whose records this sink receives (named in errors)
+    job: str = ""  # the job's name: part of every transaction id
+
+
+def _first(item: tuple[int, Any]) -> int:
+    return item[0]
 
 
 class Sink:
-    """Base sink: subclass and override ``write_batch`` (and the checkpoint hooks if needed)."""
+    """Base sink: subclass and override ``write_batch`` (and the checkpoint hooks if needed).
+
+    Lifecycle (task-loop thread): open -> restore_state (always, None on a fresh start)
+    -> write_batch* / snapshot_state* / notify_checkpoint_complete* /
+    notify_checkpoint_aborted* -> finish -> (final checkpoint) -> close.
+    """
+
+    def validate(self, step_name: str) -> None:
+        """Raise an error naming the system, object and fix if the sink cannot work
+        (called on the driver before the job starts; keep it to a few seconds)."""
 
     def open(self, ctx: SinkContext) -> None:
         self.ctx = ctx
@@ -58,44 +77,119 @@ class Sink:
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: commit what it covers."""
 
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` will never complete."""
+
     def close(self) -> None:
         """Release resources (not called after a crash)."""
 
 
 class TwoPhaseCommitSink(Sink):
-    """Exactly-once sink skeleton: subclasses implement the transaction hooks.
+    """Exactly-once sink skeleton (DESIGN.md §13): subclasses implement the hooks.
 
-    Transactions are identified by the checkpoint id that sealed them.
+    The transaction opened after checkpoint n-1 gets the id ``TxnId(job, step, subtask,
+    n)`` when it begins; barrier m seals it (pre-commit) as pending transaction m, and
+    the snapshot of m holds every pending transaction and the id of the next one. On
+    CHECKPOINT_COMPLETE(m) every pending transaction <= m is committed, in order; on a
+    restore, `recover` commits the restored pending transactions and aborts everything
+    else this subtask left. An aborted checkpoint's transaction stays pending: its
+    records are not replayed, so the next completed checkpoint commits it.
+
+    With ``commit_off_loop`` the commits run on a `Committer` thread (``commit`` must
+    then be thread-safe against ``write_to_transaction``: use its own connection);
+    otherwise on the task loop. ``commit`` must be idempotent either way.
     """
+
+    commit_off_loop = False
 
     def open(self, ctx: SinkContext) -> None:
         super().open(ctx)
         self.pending: dict[int, Any] = {}
-        self.current = self.begin_transaction()
+        self._lock = threading.Lock()  # guards ``pending`` against the committer thread
+        self.next_id = 1  # the checkpoint expected to seal the next transaction
+        self.current: Any = None
+        self._finished = False
+        self.committer: Committer | None = None
+        if self.commit_off_loop:
+            self.committer = Committer(self.commit, self._mark_committed, ctx.step_name)
+
+    def txn_id(self, checkpoint_id: int) -> TxnId:
+        ctx = self.ctx
+        return TxnId(ctx.job, ctx.step_name, ctx.subtask, checkpoint_id)
+
+    def _begin(self) -> Any:
+        self.current = self.begin_transaction(self.txn_id(self.next_id))
+        return self.current
 
     def write_batch(self, records: list[Any]) -> None:
-        self.write_to_transaction(self.current, records)
+        if self.committer is not None and self.committer.failure is not None:
+            self.committer.raise_if_failed()
+        txn = self.current if self.current is not None else self._begin()
+        self.write_to_transaction(txn, records)
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
-        self.pending[checkpoint_id] = self.pre_commit(self.current, checkpoint_id)
-        self.current = self.begin_transaction()
-        return {"pending": [[n, txn] for n, txn in sorted(self.pending.items())]}
+        txn = self.current if self.current is not None else self._begin()
+        sealed = self.pre_commit(txn, checkpoint_id)
+        self.next_id = checkpoint_id + 1
+        with self._lock:
+            self.pending[checkpoint_id] = sealed
+            pending = [[n, h] for n, h in sorted(self.pending.items())]
+        self._begin()
+        return {"pending": pending, "checkpoint": checkpoint_id, "next": self.next_id}
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        for n in sorted(self.pending):
-            if n > checkpoint_id:
-                break
-            self.commit(n, self.pending.pop(n))
+        with self._lock:
+            due = sorted(
+                ((n, h) for n, h in self.pending.items() if n <= checkpoint_id), key=_first
+            )
+        committer = self.committer
+        if committer is None:
+            for n, handle in due:
+                self.commit(n, handle)
+                self._mark_committed(n)
+            return
+        for n, handle in due:
+            committer.submit(n, handle)
+        if self._finished:  # the final checkpoint: the task ends once this returns
+            committer.drain()
+
+    def _mark_committed(self, checkpoint_id: int) -> None:
+        with self._lock:
+            self.pending.pop(checkpoint_id, None)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        # Its transaction stays pending (its records are not replayed) and is committed
+        # by the next completed checkpoint.
+        if checkpoint_id in self.pending:
+            log.info(
+                "sink '%s'[%d]: checkpoint %d aborted; its transaction waits for the next",
+                self.ctx.step_name,
+                self.ctx.subtask,
+                checkpoint_id,
+            )
+
+    def finish(self) -> None:
+        self._finished = True
 
     def restore_state(self, state: Any) -> None:
-        # Everything in the restored snapshot was pre-committed before the checkpoint
-        # completed, so it is committed now (idempotently); newer output is rolled back.
-        for n, txn in (state or {}).get("pending", []):
-            self.commit(int(n), txn)
-        self.abort_uncommitted()
+        state = state or {}
+        pending = [(int(n), handle) for n, handle in state.get("pending", [])]
+        restored = state.get("checkpoint", max((n for n, _ in pending), default=None))
+        self.recover(pending, None if restored is None else int(restored))
+        if restored is not None:
+            self.next_id = int(restored) + 1
+        if self.current is None:
+            self._begin()
+
+    def close(self) -> None:
+        if self.committer is not None:
+            try:
+                self.committer.drain()
+            finally:
+                self.committer.stop()
 
     # -- hooks -------------------------------------------------------------------------
-    def begin_transaction(self) -> Any:
+    def begin_transaction(self, txn_id: TxnId) -> Any:
         raise NotImplementedError
 
     def write_to_transaction(self, txn: Any, records: list[Any]) -> None:
@@ -109,8 +203,13 @@ class TwoPhaseCommitSink(Sink):
         """Make a sealed transaction visible. Must be idempotent."""
         raise NotImplementedError
 
-    def abort_uncommitted(self) -> None:
-        """Roll back output that no restored snapshot covers (on restore)."""
+    def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
+        """On restore from ``checkpoint_id`` (None: a fresh start): commit ``pending``
+        (sealed at or before it, in order) and abort whatever else this subtask's earlier
+        attempts left behind (transactions sealed after it, open ones). Runs on the task
+        loop before the first record; the default commits ``pending`` only."""
+        for n, handle in pending:
+            self.commit(n, handle)
 
 
 class CollectSink(TwoPhaseCommitSink):
@@ -123,7 +222,7 @@ class CollectSink(TwoPhaseCommitSink):
     produced it (a RecordSerializationError: restarting cannot help).
     """
 
-    def begin_transaction(self) -> list[Any]:
+    def begin_transaction(self, txn_id: TxnId) -> list[Any]:
         return []
 
     def write_to_transaction(self, txn: list[Any], records: list[Any]) -> None:
@@ -208,7 +307,7 @@ class FileSink(TwoPhaseCommitSink):
             os.fsync(fh.fileno())
         os.replace(tmp, self.marker)
 
-    def begin_transaction(self) -> Any:
+    def begin_transaction(self, txn_id: TxnId) -> Any:
         path = self._staging("open")
         return {"path": path, "fh": open(path, "w", encoding="utf-8")}
 
@@ -247,11 +346,12 @@ class FileSink(TwoPhaseCommitSink):
         self._write_marker(checkpoint_id, new_length, [*history, [checkpoint_id, new_length]])
         os.remove(handle)
 
-    def restore_state(self, state: Any) -> None:
-        super().restore_state(state)
-        restored = [int(n) for n, _ in (state or {}).get("pending", [])]
-        if restored:
-            self._roll_back_to(max(restored))
+    def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
+        for n, handle in pending:
+            self.commit(n, handle)
+        if pending and checkpoint_id is not None:
+            self._roll_back_to(checkpoint_id)
+        self._abort_uncommitted()
 
     def _roll_back_to(self, checkpoint_id: int) -> None:
         """Output committed by checkpoints newer than the restored one is replayed: drop it."""
@@ -271,7 +371,8 @@ class FileSink(TwoPhaseCommitSink):
             os.fsync(out.fileno())
         self._write_marker(n, length, older)
 
-    def abort_uncommitted(self) -> None:
+    def _abort_uncommitted(self) -> None:
+        """Truncate the part file to its committed length; remove staging files."""
         _, length = self._committed()
         if os.path.exists(self.part) and os.path.getsize(self.part) > length:
             with open(self.part, "ab") as out:
@@ -282,11 +383,12 @@ class FileSink(TwoPhaseCommitSink):
             if (
                 name.startswith(prefix)
                 and name.endswith(".staging")
-                and path != self.current["path"]
+                and (self.current is None or path != self.current["path"])
             ):
                 os.remove(path)
 
     def close(self) -> None:
+        super().close()
         current = getattr(self, "current", None)
         if current is not None and not current["fh"].closed:
             current["fh"].close()

@@ -53,6 +53,7 @@ from runtime.snapshot_modes import handler_for, in_flight_log_for, overtaking_in
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
 from runtime.task_io import TaskIO
+from runtime.task_metrics import measure_task
 from runtime.task_outputs import TaskOutputs
 from runtime.watermarks import END_OF_TIME
 from statebackend.restore import plan_restore
@@ -141,15 +142,14 @@ class Task:
         self._replay: list[bytes] = []  # restored in-flight records, replayed before new input
 
         # Metrics (and the counters of loop termination detection).
-        self.records_in = 0
-        self.first_record_at = 0.0
-        self.peak_rss = 0
+        self.records_in, self.first_record_at, self.peak_rss = 0, 0.0, 0
+        self.bytes_in, self.idle_seconds, self.opened_at = 0, 0.0, 0.0  # runtime.task_metrics
 
     # -- set-up ------------------------------------------------------------------------
     def open(self) -> None:
         """Create the temp dir, connect the sockets, open the operators, register with the
         job manager and restore. A checkpoint that does not fit is reported as fatal."""
-        self.peak_rss = rss_bytes()
+        self.peak_rss, self.opened_at = rss_bytes(), time.monotonic()
         self.scratch.open()
         self.control.open()
         self.out.open(self.io, self.plan, self.spec, self._on_backpressure)
@@ -227,11 +227,16 @@ class Task:
         self._housekeeping(time.monotonic())
 
     def _heartbeat(self) -> P.Heartbeat:
-        rss = rss_bytes()
-        self.peak_rss = max(self.peak_rss, rss)
-        t = self.identity
+        m = measure_task(self)
+        self.peak_rss, t = m.peak_rss, self.identity
         return P.Heartbeat(
-            t.index, t.attempt, self.records_in, self.chain.records_out, rss, self.first_record_at
+            t.index,
+            t.attempt,
+            m.records_in,
+            m.records_out,
+            m.rss_bytes,
+            m.first_record_at,
+            m.encode(),
         )
 
     def _housekeeping(self, now: float) -> None:
@@ -266,6 +271,7 @@ class Task:
         if not self.records_in:
             self._first_record()
         self.records_in += len(batch)
+        self.bytes_in += len(frame)
         if self.overtaking is None and handler and channel in handler.logging_channels:
             self.faults.while_logging(handler.logging_checkpoint or 0)
             self.checkpointer.log(frame, len(batch))
@@ -304,7 +310,7 @@ class Task:
                 self._input_loop()
             self._flush_all()
             t = self.identity
-            self.control.send(P.Finished(t.index, t.attempt, self._final_metrics()))
+            self.control.send(P.Finished(t.index, t.attempt, measure_task(self).encode()))
         except TaskCancelled:
             raise
         except RecordSerializationError as err:  # a restart would meet the same record
@@ -333,15 +339,6 @@ class Task:
             )
         )
 
-    def _final_metrics(self) -> dict[str, Any]:
-        return {
-            "records_in": self.records_in,
-            "records_out": self.chain.records_out,
-            "peak_rss": max(self.peak_rss, rss_bytes()),
-            "spilled_bytes": (self.inputs.spilled_total if self.inputs is not None else 0)
-            + sum(q.spilled_bytes for q in (self.feedback, self.overtaking) if q is not None),
-        }
-
     def _flush_all(self) -> None:
         self.out.flush()
 
@@ -357,7 +354,7 @@ class Task:
                 self._flush_all()
                 if control.wait(int(timeout * 1000) or 1):
                     self._serve_control()
-            elif not source_ended:
+            elif not source_ended and checkpointer.final_checkpoint is None:
                 batch = reader.read_batch(batch_size)
                 if batch is None:
                     source_ended = True
@@ -415,7 +412,9 @@ class Task:
             inputs.replay()
         overtaking = self.overtaking
         busy = replaying or looping or bool(overtaking)
+        waited = time.monotonic()
         gate_ready, control_ready = self.io.wait(0 if busy else max(1, int(timeout * 1000)))
+        self.idle_seconds += 0.0 if busy else time.monotonic() - waited
         if control_ready or self.control.has_messages():
             self._serve_control()
         if self._handler is not None:

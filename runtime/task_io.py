@@ -22,8 +22,13 @@ from runtime.config import JobConfig
 
 
 class Output(Protocol):
-    """One output channel (``channels.zmq_io.OutputChannel``)."""
+    """One output channel (``channels.zmq_io.OutputChannel``); the counters are metrics."""
 
+    bytes_sent: int
+    blocked_seconds: float
+
+    @property
+    def pending_count(self) -> int: ...
     def write(self, records: list[Any]) -> None: ...
     def flush(self) -> None: ...
     def flush_if_older(self, now: float, timeout: float) -> None: ...

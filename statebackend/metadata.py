@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statebackend.errors import CorruptCheckpointError
+from statebackend.metrics import AckMetrics, CheckpointSummary, decode
 
 _LIST_HINT = "list the checkpoints with `python -m jobmanager checkpoints DIR`"
 
@@ -108,28 +109,42 @@ class TaskStateHandle:
 class StepState:
     """A step as far as its state goes: ``kind`` is the step kind's value (``"aggregate"``,
     ``"source"``, ...; empty when a checkpoint written before kinds were recorded is
-    read); ``keyed`` steps can be restored at any parallelism up to max_parallelism."""
+    read); ``keyed`` steps can be restored at any parallelism up to max_parallelism.
+    ``signature`` is set when the step's name was made up by absflow: its position in
+    the graph (``runtime.step_ids``), which a restore checks; "" for a name the user gave."""
 
     name: str
     kind: str
     parallelism: int
     keyed: bool
+    signature: str = ""
+
+    @property
+    def auto(self) -> bool:
+        return bool(self.signature)
 
     def encode(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "name": self.name,
             "kind": self.kind,
             "parallelism": self.parallelism,
             "keyed": self.keyed,
         }
+        if self.signature:
+            body["signature"] = self.signature
+        return body
 
     @classmethod
     def decode(cls, data: Any) -> StepState:
         try:
             return cls(
-                str(data["name"]), str(data["kind"]), int(data["parallelism"]), bool(data["keyed"])
+                str(data["name"]),
+                str(data["kind"]),
+                int(data["parallelism"]),
+                bool(data["keyed"]),
+                str(data.get("signature", "")),
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise CorruptCheckpointError(f"step entry {data!r} is malformed ({err!r})") from err
 
     def describe(self) -> str:
@@ -164,12 +179,14 @@ class CheckpointMetadata:
     max_parallelism: int
     tasks: Mapping[str, TaskStateHandle]
     """By task id; tasks without state (no storage, nothing to write) are absent."""
-    task_metrics: Mapping[str, Mapping[str, Any]]
+    task_metrics: Mapping[str, AckMetrics]
     """By task id: the metrics of its ack (start_delay_ms, alignment_ms, sync_ms, ...)."""
-    metrics: Mapping[str, Any]
-    """Checkpoint-level summary (jobmanager.coordinator.summarize, plus duration_ms)."""
+    metrics: CheckpointSummary
+    """Checkpoint-level summary (statebackend.metrics.summarize)."""
     steps: tuple[StepState, ...] = ()
     """The steps whose state the checkpoint holds, by name."""
+    savepoint: bool = False
+    """Taken by a stop with savepoint: retention never deletes it."""
 
     def step(self, name: str) -> StepState | None:
         return next((s for s in self.steps if s.name == name), None)
@@ -185,9 +202,10 @@ class CheckpointMetadata:
             "duration_ms": self.duration_ms,
             "max_parallelism": self.max_parallelism,
             "tasks": {task: handle.encode() for task, handle in self.tasks.items()},
-            "task_metrics": {task: dict(m) for task, m in self.task_metrics.items()},
-            "metrics": dict(self.metrics),
+            "task_metrics": {task: m.encode() for task, m in self.task_metrics.items()},
+            "metrics": self.metrics.encode(),
             "steps": [s.encode() for s in self.steps],
+            "savepoint": self.savepoint,
         }
         # Through JSON once so the crc covers exactly what a reader gets back.
         decoded: dict[str, Any] = json.loads(json.dumps(body))
@@ -235,11 +253,14 @@ class CheckpointMetadata:
                 duration_ms=float(body["duration_ms"]),
                 max_parallelism=int(body["max_parallelism"]),
                 tasks=tasks,
-                task_metrics={str(t): dict(m) for t, m in body["task_metrics"].items()},
-                metrics=dict(body["metrics"]),
+                task_metrics={
+                    str(t): decode(AckMetrics, m) for t, m in body["task_metrics"].items()
+                },
+                metrics=decode(CheckpointSummary, body["metrics"]),
                 steps=steps_of(tasks)
                 if steps is None
                 else tuple(StepState.decode(s) for s in steps),
+                savepoint=bool(body.get("savepoint", False)),
             )
         except KeyError as err:
             raise CorruptCheckpointError(

@@ -4,7 +4,8 @@ Both are pure functions of a checkpoint's `CheckpointMetadata` and the new job's
 steps (tested without Spark):
 
 * `check_compatible` runs on the driver before the first attempt. State is matched
-  to a step by **name and kind**; a checkpoint whose state has no matching step is
+  to a step by **name and kind**, and, when absflow made the name up (``aggregate_2``),
+  by the step's position in the graph too (its signature, see ``runtime.step_ids``); a checkpoint whose state has no matching step is
   refused unless ``allow_non_restored_state`` (then that state is dropped, as with
   Flink's allowNonRestoredState). Non-keyed state cannot be redistributed, so its
   step must keep its parallelism; keyed state needs the same number of key groups.
@@ -35,6 +36,15 @@ def _unmatched(recorded: StepState, new: StepState | None, job: str) -> str | No
         return (
             f"state of {recorded.kind} step '{recorded.name}' has no {recorded.kind} step of "
             f"that name in job '{job}' ('{new.name}' is a {new.kind} step there)"
+        )
+    if recorded.signature and new.signature and new.signature != recorded.signature:
+        return (
+            f"state of {recorded.kind or 'the'} step '{recorded.name}': that name was made up "
+            f"by absflow (build order), and in job '{job}' it belongs to a step in another "
+            f"position of the graph (a stateful step was inserted, removed or moved before "
+            f"it), so the state would load into the wrong step; pass name='{recorded.name}' "
+            f"to the step that should get this state, and name your other stateful "
+            "steps (an explicit name is a step's id across versions)"
         )
     return None
 
@@ -88,9 +98,11 @@ def check_compatible(
         if problem is not None:
             unfit.append(problem)
     unfit += _logged_records_unfit(metadata, by_name)
-    where = f"checkpoint {metadata.checkpoint_id} of job '{metadata.job}'"
-    if unfit or (unmatched and not allow_non_restored_state):
-        problems = list(unfit)
+    where = f"{_what(metadata)} {metadata.checkpoint_id} of job '{metadata.job}'"
+    other_job = _other_job(metadata, job)
+    if other_job or unfit or (unmatched and not allow_non_restored_state):
+        problems = [other_job] if other_job else []
+        problems += unfit
         if not allow_non_restored_state:
             problems += [f"{why}; {_ALLOW_HINT}" for why in unmatched]
         raise IncompatibleCheckpointError(
@@ -99,6 +111,23 @@ def check_compatible(
     for why in unmatched:
         log.warning("restoring %s: %s; dropped (allow_non_restored_state=True)", where, why)
     return dropped
+
+
+def _what(metadata: CheckpointMetadata) -> str:
+    return "savepoint" if metadata.savepoint else "checkpoint"
+
+
+def _other_job(metadata: CheckpointMetadata, job: str) -> str | None:
+    """Why a checkpoint of another job is refused (even when its steps would fit: two
+    jobs share step names like 'source' or 'collect' easily), or None."""
+    if metadata.job == job:
+        return None
+    return (
+        f"it was written by job '{metadata.job}', not '{job}': restore a checkpoint or "
+        f"savepoint of '{job}' (list them with `python -m jobmanager checkpoints DIR`), or, "
+        f"if this job is '{metadata.job}' changed or renamed, keep its name: "
+        f"Dataflow('{metadata.job}', ...)"
+    )
 
 
 def _logged_records_unfit(

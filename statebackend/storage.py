@@ -269,9 +269,10 @@ class CheckpointStorage:
         self.fs.remove_tree(directory)
 
     def retain(self, keep: int) -> list[int]:
-        """Keep the newest ``keep`` completed checkpoints; delete older completed ones
-        and incomplete ``chk-*`` directories older than the newest completed one (the
-        newer incomplete ones may be in progress). Returns the deleted ids, ascending."""
+        """Keep the newest ``keep`` completed checkpoints and every savepoint; delete older
+        completed ones and incomplete ``chk-*`` directories older than the newest completed
+        one (the newer incomplete ones may be in progress). Returns the deleted ids,
+        ascending."""
         if keep < 1:
             raise StorageUsageError(f"retain(keep={keep}): keep at least 1 completed checkpoint")
         completed = self.completed_checkpoints()
@@ -279,10 +280,27 @@ class CheckpointStorage:
             return []
         kept = set(completed[-keep:])
         newest = completed[-1]
-        deleted = [i for i in self.checkpoint_ids() if i < newest and i not in kept]
+        done = set(completed)
+        deleted = [
+            i
+            for i in self.checkpoint_ids()
+            if i < newest and i not in kept and not (i in done and self.is_savepoint(i))
+        ]
         for checkpoint_id in deleted:
             self.discard(checkpoint_id)
         return deleted
+
+    def is_savepoint(self, checkpoint_id: int) -> bool:
+        """Whether a completed checkpoint is a savepoint (unreadable metadata: it is not,
+        which only makes it a candidate for deletion like any other broken checkpoint)."""
+        try:
+            return self.read_metadata(checkpoint_id).savepoint
+        except (CheckpointNotFoundError, CorruptCheckpointError):
+            return False
+
+    def savepoints(self) -> list[int]:
+        """Ids of the completed savepoints, ascending."""
+        return [n for n in self.completed_checkpoints() if self.is_savepoint(n)]
 
     # -- restore_from ------------------------------------------------------------------------
     @staticmethod

@@ -1,6 +1,7 @@
 """Shared fixtures: one SparkSession per test session, a leak check per test, the
 test harness (``harness``: jobs run as local task processes, without Spark), a
-local fake S3 (moto's server on loopback) for the checkpoint-storage tests, and a
+local fake S3 (moto's server on loopback) for the checkpoint-storage tests, a
+PostgreSQL server in a temp dir for the connector tests, and a
 Spark standalone cluster on 127.0.0.1 for the tests that need a real one."""
 
 from __future__ import annotations
@@ -101,12 +102,27 @@ def _absflow_tmp() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "absflow-*")))
 
 
+def close_dashboards() -> None:
+    from jobmanager.web import close_all
+
+    close_all()
+
+
+@pytest.fixture(autouse=True)
+def _dashboards_closed() -> Iterator[None]:
+    """Every job starts the dashboard (ui=True by default), which stays up after the job
+    until the driver exits: no test leaves one behind."""
+    yield
+    close_dashboards()
+
+
 @pytest.fixture
 def no_leaks(spark: Any) -> Iterator[None]:
     """After the test: no port our tasks or job manager bound is still listening, and
     no absflow temp dir is left (Spark's own pooled workers hold no absflow socket)."""
     ports, dirs = _listening_ports(), _absflow_tmp()
     yield
+    close_dashboards()  # they outlive a job on purpose (until the driver exits)
     deadline = time.monotonic() + 5.0
     while True:
         extra_ports, extra_dirs = _listening_ports() - ports, _absflow_tmp() - dirs
@@ -227,6 +243,52 @@ def s3_root(s3: FakeS3, request: pytest.FixtureRequest) -> str:
     """A fresh checkpoint root in the fake bucket, named after the test."""
     name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
     return s3.url(f"{name}-{uuid.uuid4().hex[:6]}")
+
+
+# -- PostgreSQL (pgserver's wheel) --------------------------------------------------------
+@dataclass(frozen=True)
+class Postgres:
+    """A PostgreSQL server (two-phase commit on) in a temp dir; ``dsn`` reaches it over its Unix socket (no TCP port)."""
+
+    dsn: str
+    datadir: str
+
+    def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cur = conn.execute(sql, params)
+            return list(cur.fetchall()) if cur.description else []
+
+    def prepared(self) -> list[str]:
+        return [gid for (gid,) in self.query("SELECT gid FROM pg_prepared_xacts ORDER BY gid")]
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    pgserver = pytest.importorskip("pgserver")
+    datadir = tempfile.mkdtemp(prefix="pgserver-absflow-")
+    server = pgserver.get_server(datadir, cleanup_mode="stop")
+    try:
+        server.psql("ALTER SYSTEM SET max_prepared_transactions = 64;")
+        server.cleanup()  # restart: the setting needs it
+        server = pgserver.get_server(datadir, cleanup_mode="stop")
+        pg = Postgres(server.get_uri(), datadir)
+        yield pg
+        leftover = pg.prepared()
+        assert not leftover, f"prepared transactions left behind: {leftover}"
+    finally:
+        server.cleanup()
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_table(postgres: Postgres, request: pytest.FixtureRequest) -> str:
+    """A fresh table (id int, name text, n int) named after the test."""
+    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50].lower()
+    postgres.query(f"DROP TABLE IF EXISTS {name}")
+    postgres.query(f"CREATE TABLE {name} (id int, name text, n int)")
+    return name
 
 
 # -- a Spark standalone cluster ----------------------------------------------------------

@@ -171,6 +171,7 @@ def test_backpressure_blocks_write_and_calls_the_callback(
     )
     blob = b"x" * 100_000  # 1 MB frames fill the kernel buffers quickly
     batches_written = 0
+    started = time.monotonic()
     with pytest.raises(Aborted):
         for _ in range(500):  # nobody reads the gate: this must block long before 500 MB
             out.write([blob] * 10)
@@ -178,6 +179,9 @@ def test_backpressure_blocks_write_and_calls_the_callback(
     assert len(calls) == 3
     assert out.batches_sent == batches_written
     assert out.pending_count == 10  # the batch that could not be sent stays pending
+    # The time blocked on the full channel is counted (backpressure); it is not when the
+    # channel never blocks (test_backpressure_loses_nothing... reads it as zero first).
+    assert 0 < out.blocked_seconds <= calls[-1] - started
 
 
 def test_backpressure_loses_nothing_when_the_reader_catches_up(
@@ -202,6 +206,7 @@ def test_backpressure_loses_nothing_when_the_reader_catches_up(
     )
     total = 2000
     payload = "y" * 20_000
+    assert out.blocked_seconds == 0.0
     for i in range(0, total, 10):
         out.write([(i + j, payload) for j in range(10)])
     out.send_event(EndOfInput())

@@ -1,5 +1,6 @@
-"""Ctrl-C during run(): the tasks end, every port and temp dir is released, and the
-caller gets a JobCancelledError without a chained traceback."""
+"""Ctrl-C twice during run() (the first asks for a stop with a savepoint, the second
+aborts at once): the tasks end, every port and temp dir is released, and the caller gets
+a JobCancelledError without a chained traceback."""
 
 from __future__ import annotations
 
@@ -17,8 +18,18 @@ from tests.integration.topologies import pipeline
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
 
 
-def test_ctrl_c_cancels_the_job_and_cleans_up(caplog: Any) -> None:
-    timer = threading.Timer(3.0, _thread.interrupt_main)  # SIGINT's KeyboardInterrupt
+class SecondCtrlC(logging.Handler):
+    """Presses Ctrl-C again as soon as the first one started a stop with savepoint."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "stopping job" in record.getMessage():
+            _thread.interrupt_main()
+
+
+def test_a_second_ctrl_c_cancels_the_job_and_cleans_up(caplog: Any) -> None:
+    timer = threading.Timer(3.0, _thread.interrupt_main)  # SIGINT, as a terminal sends it
+    second = SecondCtrlC()
+    logging.getLogger("absflow").addHandler(second)
     started = time.monotonic()
     timer.start()
     try:
@@ -29,6 +40,7 @@ def test_ctrl_c_cancels_the_job_and_cleans_up(caplog: Any) -> None:
             pipeline(400_000, checkpoint_interval=0.2).run()  # ~50 s if left alone
     finally:
         timer.cancel()
+        logging.getLogger("absflow").removeHandler(second)
     assert time.monotonic() - started < 30
     assert info.value.__cause__ is None and info.value.__suppress_context__
     assert "cancelled" in str(info.value)

@@ -83,7 +83,7 @@ def test_a_job_needing_more_slots_than_the_active_session_fails_before_submittin
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_example_cleanly_without_a_traceback(tmp_path: Any) -> None:
+def test_ctrl_c_stops_the_example_with_a_savepoint_without_a_traceback(tmp_path: Any) -> None:
     import signal
     import subprocess
     import sys
@@ -119,8 +119,9 @@ def test_ctrl_c_stops_the_example_cleanly_without_a_traceback(tmp_path: Any) -> 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130, out[-2000:] + err[-3000:]
-    assert "cancelled (Ctrl-C)" in err and "Traceback" not in err, err[-3000:]
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert "stopped with savepoint" in out and "Traceback" not in err, out[-2000:] + err[-3000:]
+    assert "--restore-from" in out
 
 
 def test_collatz_example_checks_its_result(capsys: Any) -> None:

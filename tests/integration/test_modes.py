@@ -163,11 +163,11 @@ def test_every_snapshot_is_a_consistent_cut(mode: str, tmp_path: Path) -> None:
     assert len(ids) >= 3, result.summary()
     for n_id in ids:
         tasks = storage.read_metadata(n_id).task_metrics
-        sent = sum(m["records_out"] for t, m in tasks.items() if t.startswith("numbers"))
+        sent = sum(m.records_out for t, m in tasks.items() if t.startswith("numbers"))
         slow = [m for t, m in tasks.items() if t.startswith("slow")]
         assert len(slow) == 2 and sent > 0, sorted(tasks)
-        processed = sum(m["records_in"] for m in slow)
-        in_flight = sum(m.get("channel_state_records", 0) for m in slow)
+        processed = sum(m.records_in for m in slow)
+        in_flight = sum(m.channel_state_records for m in slow)
         assert processed + in_flight == sent, (n_id, processed, in_flight, sent)
         overtaken += in_flight
     if mode == "exactly_once":
@@ -184,9 +184,9 @@ def snapshots_after_the_drain(directory: Path) -> tuple[int, int]:
     checked = moved = 0
     for n_id in storage.checkpoint_ids():
         for task, m in storage.read_metadata(n_id).task_metrics.items():
-            if "drained_received" in m and not task.startswith("numbers"):
+            if m.drained_received is not None and not task.startswith("numbers"):
                 checked += 1
-                moved += m["records_in"] != m["drained_received"]
+                moved += m.records_in != m.drained_received
     return checked, moved
 
 

@@ -63,9 +63,9 @@ def test_restore_with_a_changed_source_parallelism_fails_clearly(tmp_path: Any) 
 
 
 def tallying(n: int, step: str, **config: Any) -> Dataflow:
-    """counting() with its keyed step named ``step`` and its sink "result" (a job with other
-    step identities: the checkpoint's pending "out" output is not committed into it)."""
-    flow = Dataflow("other", parallelism=2, **config)
+    """counting() changed: its keyed step named ``step`` and its sink "result" (other step
+    identities: the checkpoint's pending "out" output is not committed into it)."""
+    flow = Dataflow("rescale", parallelism=2, **config)
     (
         flow.source(GeneratorSource(lambda i: i % 50, n), name="numbers")
         .key_by(lambda x: x)
@@ -82,7 +82,7 @@ def test_restore_refuses_another_jobs_state_unless_allowed(tmp_path: Any, caplog
     with pytest.raises(IncompatibleCheckpointError) as info:
         tallying(6_000, "tally", checkpoint_interval=0.05).run(restore_from=root)
     message = str(info.value)
-    assert "state of step 'count' has no step of that name in job 'other'" in message
+    assert "state of step 'count' has no step of that name in job 'rescale'" in message
     assert "state of step 'out' has no step of that name" in message
     assert "allow_non_restored_state=True" in message
     with caplog.at_level(logging.WARNING, logger="absflow"):

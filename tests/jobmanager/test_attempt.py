@@ -227,6 +227,25 @@ def test_a_failed_stage_is_classified(text: str, cause: FailureCause) -> None:
     assert failure is not None and failure.cause is cause and failure.error == text
 
 
+def test_a_worker_lost_while_the_tasks_start_is_a_failure_that_says_so() -> None:
+    h = harness()
+    crashed = (
+        "An error occurred while calling o42.collectAndServe.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure\n"
+        "\tat org.apache.spark.Foo\n"
+        "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)"
+    )
+    h.link.then(*registers()[:1]).then_do(lambda: h.stage.outcome.put(Exception(crashed)))
+    failure = h.attempt.run(h.stage)
+    assert failure is not None and failure.cause is FailureCause.TASK_DIED
+    assert failure.permanent is None
+    assert failure.describe() == (
+        "a task process died (killed or crashed): while the tasks were starting "
+        "(1 of 4 registered): org.apache.spark.SparkException: Python worker exited "
+        "unexpectedly (crashed)"
+    )
+
+
 def test_a_stage_that_ended_without_every_task_finishing() -> None:
     h = harness(tick=1.0)
     h.link.then(*registers()).then_do(lambda: h.stage.outcome.put(None))
@@ -234,11 +253,11 @@ def test_a_stage_that_ended_without_every_task_finishing() -> None:
     assert failure is not None and failure.cause is FailureCause.STAGE_ENDED_EARLY
 
 
-def test_registration_and_job_timeouts_are_permanent() -> None:
+def test_a_registration_timeout_is_left_to_the_restart_strategy_a_job_timeout_is_not() -> None:
     h = harness(tick=10.0)
     failure = h.attempt.run(h.stage)
     assert failure is not None and failure.cause is FailureCause.REGISTRATION_TIMEOUT
-    assert failure.permanent is not None
+    assert failure.permanent is None and "did not register within" in str(failure.error)
     h = harness(JobConfig(timeout=1.0), tick=0.3)
     h.link.then(*registers())
     for _ in range(5):

@@ -8,13 +8,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import pytest
 
 from jobmanager.cli import main
 from statebackend.metadata import CheckpointMetadata, OperatorLayout, StepState
+from statebackend.metrics import AckMetrics, CheckpointSummary
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
 from tests.conftest import FakeS3
@@ -22,19 +22,21 @@ from tests.conftest import FakeS3
 REPO = Path(__file__).resolve().parents[2]
 
 
-def task_metrics(align: float) -> dict[str, Any]:
-    return {
-        "start_delay_ms": 0.4,
-        "alignment_ms": align,
-        "sync_ms": 0.3,
-        "async_ms": 2.5,
-        "state_bytes": 120,
-        "spilled_bytes": 64,
-        "keys": 3,
-    }
+def task_metrics(align: float) -> AckMetrics:
+    return AckMetrics(
+        start_delay_ms=0.4,
+        alignment_ms=align,
+        sync_ms=0.3,
+        async_ms=2.5,
+        state_bytes=120,
+        spilled_bytes=64,
+        keys=3,
+    )
 
 
-def write_checkpoint(storage: CheckpointStorage, n: int, final: bool = False) -> str:
+def write_checkpoint(
+    storage: CheckpointStorage, n: int, final: bool = False, savepoint: bool = False
+) -> str:
     """A checkpoint with one real state file (src[0]); returns the state file's path."""
     snap = OperatorSnapshot(msgpack.packb(n * 100), None, None)
     handle = storage.write_task_state(n, "src[0]", {"src": snap}, {"src": OperatorLayout(0, 1)})
@@ -50,21 +52,22 @@ def write_checkpoint(storage: CheckpointStorage, n: int, final: bool = False) ->
             max_parallelism=128,
             tasks={"src[0]": handle},
             task_metrics={"src[0]": task_metrics(0.0), "count[0]": task_metrics(7.25)},
-            metrics={
-                "tasks": 2,
-                "duration_ms": 12.5 * n,
-                "max_start_delay_ms": 0.4,
-                "max_alignment_ms": 7.25,
-                "mean_alignment_ms": 3.625,
-                "max_sync_ms": 0.3,
-                "max_async_ms": 2.5,
-                "state_bytes": 240 + n,
-                "spilled_bytes": 128,
-                "keys": 6,
-                "mode": "unaligned" if n == 3 else "exactly_once",
-                "channel_state_bytes": 4096 if n == 3 else 0,
-            },
+            metrics=CheckpointSummary(
+                tasks=2,
+                duration_ms=12.5 * n,
+                max_start_delay_ms=0.4,
+                max_alignment_ms=7.25,
+                mean_alignment_ms=3.625,
+                max_sync_ms=0.3,
+                max_async_ms=2.5,
+                state_bytes=240 + n,
+                spilled_bytes=128,
+                keys=6,
+                mode="unaligned" if n == 3 else "exactly_once",
+                channel_state_bytes=4096 if n == 3 else 0,
+            ),
             steps=(StepState("src", "source", 1, False),),
+            savepoint=savepoint,
         )
     )
     return storage.task_state_path(n, "src[0]")
@@ -74,7 +77,7 @@ def write_checkpoint(storage: CheckpointStorage, n: int, final: bool = False) ->
 def root(tmp_path: Path) -> Path:
     storage = CheckpointStorage(str(tmp_path / "chk"))
     write_checkpoint(storage, 3)
-    write_checkpoint(storage, 12, final=True)
+    write_checkpoint(storage, 12, final=True, savepoint=True)
     os.makedirs(storage.location(13))  # in progress: no _metadata
     return tmp_path / "chk"
 
@@ -95,6 +98,7 @@ def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "id",
         "status",
         "final",
+        "savepoint",
         "mode",
         "attempt",
         "triggered",
@@ -107,15 +111,15 @@ def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "channel_state_bytes",
     ]
     rows = lines[3:]
-    assert [r.split()[:3] for r in rows] == [
-        ["3", "completed", "no"],
-        ["12", "completed", "yes"],
-        ["13", "incomplete", "-"],
-    ]  # newest last
+    assert [r.split()[:4] for r in rows] == [
+        ["3", "completed", "no", "no"],
+        ["12", "completed", "yes", "yes"],
+        ["13", "incomplete", "-", "-"],
+    ]  # newest last: 12 is a savepoint
     assert "37.5" in rows[0] and "243" in rows[0] and "7.2" in rows[0] and "128" in rows[0]
     assert "150.0" in rows[1] and "252" in rows[1]
-    assert rows[0].split()[3] == "unaligned" and rows[0].split()[-1] == "4096"
-    assert rows[1].split()[3] == "exactly_once" and rows[1].split()[-1] == "0"
+    assert rows[0].split()[4] == "unaligned" and rows[0].split()[-1] == "4096"
+    assert rows[1].split()[4] == "exactly_once" and rows[1].split()[-1] == "0"
     # Aligned: every column starts at the same offset on every line.
     starts = {line.index(part) for line in lines[3:5] for part in [line.split()[1]]}
     assert len(starts) == 1
@@ -144,7 +148,7 @@ def test_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["checkpoints", str(root), "--show", "12"], capsys)
     assert code == 0 and err == ""
     assert "checkpoint 12 of job 'wordcount'" in out
-    assert "attempt 1, final yes, max parallelism 128" in out
+    assert "attempt 1, final yes, savepoint yes, max parallelism 128" in out
     for key in (
         "duration_ms",
         "max_start_delay_ms",
@@ -172,7 +176,7 @@ def test_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "backedge_records",
     ]
     count_row = next(line for line in out.splitlines() if line.startswith("count[0]"))
-    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64", "-"]
+    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64", "0"]
     state_row = next(
         line for line in out.splitlines() if line.startswith("src[0]") and ".state" in line
     )

@@ -189,8 +189,8 @@ def test_completes_when_all_tasks_acked(tmp_path: Path) -> None:
     assert meta.tasks["count[1]"] == TaskStateHandle("t3.state", 10, 1, {})
     assert set(meta.task_metrics) == {"src[0]", "src[1]", "count[0]", "count[1]"}
     m = meta.metrics
-    assert m["tasks"] == 4 and m["max_alignment_ms"] == 3.0 and m["mean_alignment_ms"] == 1.5
-    assert m["state_bytes"] == 400 and m["keys"] == 6
+    assert m.tasks == 4 and m.max_alignment_ms == 3.0 and m.mean_alignment_ms == 1.5
+    assert m.state_bytes == 400 and m.keys == 6
     assert h.storage.completed_checkpoints() == [1]
 
 

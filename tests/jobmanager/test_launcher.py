@@ -107,23 +107,34 @@ class FlakyContext:
         return [1]
 
 
-def test_warm_up_tries_again_when_a_worker_is_lost() -> None:
+def test_a_worker_lost_in_the_warm_up_is_left_to_the_jobs_restart_strategy() -> None:
+    """No retry loop of its own, no WorkerStartError: the attempts start their workers."""
     said: list[str] = []
-    sc = FlakyContext(failures=2)
-    launcher.warm_up(sc, 2, say=said.append)
-    assert sc.calls == 3
+    sc = FlakyContext(failures=5)
+    assert launcher.warm_up(sc, 2, say=said.append) is False
+    assert sc.calls == 1
     assert said == [
-        f"starting Python workers failed (a task process died (killed or crashed)); "
-        f"trying again ({n} of 3)"
-        for n in (2, 3)
+        "warming up Python workers failed (a task process died (killed or crashed)); "
+        "the job starts its own"
     ]
+    assert launcher.warm_up(FlakyContext(failures=0), 2, say=said.append) is True
 
 
-def test_warm_up_fails_with_a_clear_error_when_workers_keep_dying() -> None:
-    with pytest.raises(
-        WorkerStartError, match="failed 3 times; the last time: a task process died"
-    ):
-        launcher.warm_up(FlakyContext(failures=5), 2, say=lambda _t: None)
+class UnimportableContext(FlakyContext):
+    def collect(self) -> list[int]:
+        raise RuntimeError(
+            "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+            '  File "<string>", line 1\n'
+            "ModuleNotFoundError: No module named 'runtime'\n"
+        )
+
+
+def test_workers_that_cannot_import_the_task_code_fail_naming_the_import() -> None:
+    with pytest.raises(WorkerStartError) as info:
+        launcher.warm_up(UnimportableContext(0), 2, say=lambda _t: None)
+    message = str(info.value)
+    assert "cannot import" in message and "No module named 'runtime'" in message
+    assert "out of memory" not in message
 
 
 def _die_once(marker: str) -> Callable[[Any], list[int]]:
@@ -145,8 +156,10 @@ def test_warm_up_survives_a_python_worker_killed_on_the_real_session(
     marker = tmp_path / "die-once"
     marker.write_text("")
     said: list[str] = []
-    launcher.warm_up(spark.sparkContext, 2, say=said.append, load=_die_once(str(marker)))
-    assert not marker.exists() and len(said) == 1 and "trying again (2 of 3)" in said[0]
+    ok = launcher.warm_up(spark.sparkContext, 2, say=said.append, load=_die_once(str(marker)))
+    assert not ok and not marker.exists() and len(said) == 1
+    assert "the job starts its own" in said[0]
+    assert launcher.warm_up(spark.sparkContext, 2, say=said.append)  # Spark is fine after it
 
 
 @pytest.mark.parametrize("master", ["spark://10.0.0.1:7077", "yarn", "k8s://https://h:443"])

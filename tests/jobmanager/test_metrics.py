@@ -10,21 +10,22 @@ from jobmanager.failures import FailureCause
 from jobmanager.metrics import CommittedOutputs, RecordCounts, RunMetrics
 from jobmanager.result import JobResult, Restart
 from jobmanager.services import TaskInfo
+from statebackend.metrics import AckMetrics, CheckpointSummary
 from tests.jobmanager.fakes import small_plan
 
 SOURCES, SINKS = (0, 1), (2, 3)
 
 
 def cp(n: int, final: bool = False) -> CompletedCheckpoint:
-    return CompletedCheckpoint(n, final, 10.0, {}, None)
+    return CompletedCheckpoint(n, final, 10.0, CheckpointSummary(), None)
 
 
 def snapshot(m: RunMetrics, n: int, records_in: int, records_out: int) -> None:
     """Every task acks checkpoint n; sources split records_in, sinks records_out."""
     for i in SOURCES:
-        m.on_snapshot(i, n, {"records_in": records_in // 2, "records_out": records_in // 2})
+        m.on_snapshot(i, n, AckMetrics(records_in=records_in // 2, records_out=records_in // 2))
     for i in SINKS:
-        m.on_snapshot(i, n, {"records_in": 99, "records_out": records_out // 2})
+        m.on_snapshot(i, n, AckMetrics(records_in=99, records_out=records_out // 2))
 
 
 def table(records_in: int, records_out: int) -> dict[int, TaskInfo]:
@@ -69,7 +70,7 @@ def test_a_restore_from_another_run_counts_this_runs_records() -> None:
 def test_without_counts_from_every_task_the_last_attempt_counts() -> None:
     m = RunMetrics(small_plan())
     m.start_attempt(None)
-    m.on_snapshot(0, 1, {"records_in": 5, "records_out": 5})
+    m.on_snapshot(0, 1, AckMetrics(records_in=5, records_out=5))
     m.on_checkpoint_completed(cp(1, final=True))
     m.end_attempt(table(10, 8), True, [])
     assert 1 not in m.committed_at
@@ -126,3 +127,16 @@ def test_collect_outputs_first_copy_wins_and_replayed_batches_are_dropped() -> N
     assert out.outputs() == {"out": [1, 2, 3]}
     out.drop_after(None)
     assert out.outputs() == {"out": []}
+
+
+def test_a_run_restored_from_another_runs_checkpoint_drops_what_that_run_returned() -> None:
+    """The sinks recommit the restored checkpoint's pending output on restore; the run
+    that took it returned it already (a savepoint's last epoch would come back twice)."""
+    resumed = CommittedOutputs(small_plan(), committed_up_to=12)
+    resumed.add("out", 0, 12, [1, 2])  # recommitted on restore
+    resumed.add("out", 0, 13, [3])
+    assert resumed.outputs()["out"] == [3]
+    fresh = CommittedOutputs(small_plan())  # companion: without the floor it comes back
+    fresh.add("out", 0, 12, [1, 2])
+    fresh.add("out", 0, 13, [3])
+    assert fresh.outputs()["out"] == [1, 2, 3]

@@ -32,3 +32,15 @@ def test_progress_is_quiet_when_not_a_terminal() -> None:
     progress.update(10, 10, checkpoints=0, restarts=0, last_checkpoint_ms=None)
     progress.close()
     assert stream.getvalue() == ""
+
+
+def test_the_dashboard_address_is_announced_and_shown_in_the_line() -> None:
+    stream = io.StringIO()  # not a terminal: no progress line, the address still shows
+    progress = Progress(None, stream)
+    progress.announce("job 'j': dashboard at http://127.0.0.1:8081/?job=j-1")
+    assert stream.getvalue() == "job 'j': dashboard at http://127.0.0.1:8081/?job=j-1\n"
+    term = FakeTerminal()
+    progress = Progress(None, term)
+    progress.ui_url = "http://127.0.0.1:8081/?job=j-1"
+    progress.update(10, 10, checkpoints=0, restarts=0, last_checkpoint_ms=None)
+    assert term.getvalue().rstrip().endswith("ui http://127.0.0.1:8081/?job=j-1")

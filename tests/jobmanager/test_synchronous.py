@@ -41,10 +41,11 @@ def test_halts_every_source_then_drains_then_triggers(tmp_path: Path) -> None:
     assert triggers(sent) == [(0, 1, False), (1, 1, False)]
     done = h.ack(1)
     assert done is not None
-    assert done.metrics["halt_ms"] >= done.metrics["drain_ms"] > 0
+    halt_ms, drain_ms = done.metrics.halt_ms, done.metrics.drain_ms
+    assert halt_ms is not None and drain_ms is not None and halt_ms >= drain_ms > 0
     per_task = h.storage.read_metadata(1).task_metrics
-    assert per_task["count[0]"]["drained_received"] == 60
-    assert per_task["src[1]"]["drained_sent"] == 50
+    assert per_task["count[0]"].drained_received == 60
+    assert per_task["src[1]"].drained_sent == 50
 
 
 def test_waves_of_another_tag_or_round_do_not_count(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ from runtime.sources import CollectionSource
 from runtime.task import Task
 from runtime.task_faults import TaskFaults
 from statebackend.metadata import OperatorLayout, TaskStateHandle
+from statebackend.metrics import TaskMetrics, decode
 from statebackend.snapshot import OperatorSnapshot
 
 Log = list[tuple[str, Any]]
@@ -48,6 +49,7 @@ class FakeOutput:
     def __init__(self, name: str, log: Log) -> None:
         self.name, self.log = name, log
         self.closed = False
+        self.bytes_sent, self.blocked_seconds, self.pending_count = 0, 0.0, 0
 
     def write(self, records: list[Any]) -> None:
         self.log.append(("write", list(records)))
@@ -230,7 +232,9 @@ def test_blocked_frames_are_replayed_in_order_before_newer_ones(tmp_path: Path) 
     assert [a.checkpoint_id for a in acks] == [1, 2]
     assert acks[0].state is None  # no checkpoint storage
     assert set(acks[0].metrics) >= {"start_delay_ms", "alignment_ms", "sync_ms", "async_ms"}
-    assert io.jm.of_type(P.Finished)[0].metrics["records_in"] == 5
+    finished = decode(TaskMetrics, io.jm.of_type(P.Finished)[0].metrics)
+    assert finished.records_in == 5 and finished.uptime_seconds > 0
+    assert finished.bytes_in > 0  # counted per frame received
     task.close(graceful=True)
     assert io.jm.closed and all(o.closed for o in io.outputs.values())
     assert isinstance(io.jm.received[-1], P.Closed)

@@ -21,6 +21,7 @@ from statebackend.errors import (
 from statebackend.fs import filesystem_for
 from statebackend.fsspec_fs import FsspecFileSystem
 from statebackend.metadata import CheckpointMetadata, OperatorLayout
+from statebackend.metrics import CheckpointSummary
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import METADATA, CheckpointStatus, CheckpointStorage
 from tests.conftest import FakeS3
@@ -184,7 +185,9 @@ def write_checkpoint(storage: CheckpointStorage, n: int, metadata: bool = True) 
     handle = storage.write_task_state(n, "src[0]", {"src": snap}, {"src": OperatorLayout(0, 1)})
     if metadata:
         storage.write_metadata(
-            CheckpointMetadata(n, "job", 0, False, 1.0, 2.0, 1.0, 128, {"src[0]": handle}, {}, {})
+            CheckpointMetadata(
+                n, "job", 0, False, 1.0, 2.0, 1.0, 128, {"src[0]": handle}, {}, CheckpointSummary()
+            )
         )
 
 
@@ -240,5 +243,5 @@ def test_warm_up_builds_the_client_and_leaves_errors_to_the_first_write(s3: Fake
     assert fsspec_fs.fs._s3 is not None
     with pytest.raises(StorageAccessError, match="no-such-bucket"):
         storage.write_metadata(
-            CheckpointMetadata(1, "job", 0, False, 1.0, 2.0, 1.0, 128, {}, {}, {})
+            CheckpointMetadata(1, "job", 0, False, 1.0, 2.0, 1.0, 128, {}, {}, CheckpointSummary())
         )

@@ -15,6 +15,7 @@ from statebackend import (
     StepState,
     TaskStateHandle,
 )
+from statebackend.metrics import AckMetrics, CheckpointSummary
 
 HANDLE = TaskStateHandle(
     "count[1].state",
@@ -35,8 +36,8 @@ def metadata() -> CheckpointMetadata:
         duration_ms=500.0,
         max_parallelism=128,
         tasks={"count[1]": HANDLE},
-        task_metrics={"count[1]": {"sync_ms": 0.5, "keys": 10}},
-        metrics={"tasks": 1, "state_bytes": 1234},
+        task_metrics={"count[1]": AckMetrics(sync_ms=0.5, keys=10)},
+        metrics=CheckpointSummary(tasks=1, state_bytes=1234),
         steps=(StepState("count", "aggregate", 2, True), StepState("out", "sink", 2, False)),
     )
 

@@ -17,6 +17,7 @@ from statebackend import (
     check_compatible,
     plan_restore,
 )
+from statebackend.metrics import CheckpointSummary
 
 LINES = StepState("lines", "source", 2, False)
 COUNT = StepState("count", "aggregate", 2, True)
@@ -50,7 +51,7 @@ def wordcount_checkpoint(max_parallelism: int = 128) -> CheckpointMetadata:
         max_parallelism=max_parallelism,
         tasks=tasks,
         task_metrics={},
-        metrics={},
+        metrics=CheckpointSummary(),
         steps=(COUNT, OUT, LINES),
     )
 
@@ -104,7 +105,7 @@ def test_allow_non_restored_state_drops_unmatched_state_with_a_warning(
     tally = StepState("tally", "aggregate", 2, True)
     with caplog.at_level(logging.WARNING, logger="absflow.statebackend"):
         dropped = check_compatible(
-            wordcount_checkpoint(), [LINES, tally], "other", 128, allow_non_restored_state=True
+            wordcount_checkpoint(), [LINES, tally], "wordcount", 128, allow_non_restored_state=True
         )
     assert dropped == [COUNT, OUT]
     messages = [r.getMessage() for r in caplog.records]
@@ -168,3 +169,22 @@ def test_plan_refuses_non_keyed_state_at_another_parallelism() -> None:
         plan_restore(
             wordcount_checkpoint(), 0, [RestoreTarget(StepState("lines", "source", 3, False))]
         )
+
+
+def test_a_checkpoint_of_another_job_is_refused_naming_both_jobs_and_the_fix() -> None:
+    """Even when every step would fit (jobs share step names such as 'lines')."""
+    with pytest.raises(IncompatibleCheckpointError) as info:
+        check_compatible(wordcount_checkpoint(), [LINES, COUNT, OUT], "clicks", 128)
+    message = str(info.value)
+    assert message.startswith("cannot restore checkpoint 7 of job 'wordcount' into job 'clicks'")
+    assert "it was written by job 'wordcount', not 'clicks'" in message
+    assert "Dataflow('wordcount', ...)" in message and "jobmanager checkpoints" in message
+    with pytest.raises(IncompatibleCheckpointError):  # allowing dropped state does not help
+        check_compatible(
+            wordcount_checkpoint(),
+            [LINES, COUNT, OUT],
+            "clicks",
+            128,
+            allow_non_restored_state=True,
+        )
+    check_compatible(wordcount_checkpoint(), [LINES, COUNT, OUT], "wordcount", 128)  # companion

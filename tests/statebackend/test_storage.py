@@ -19,6 +19,7 @@ from statebackend import (
     TaskStateHandle,
 )
 from statebackend.errors import StorageUsageError
+from statebackend.metrics import AckMetrics, CheckpointSummary
 
 TASKS = ("count[0]", "count[1]")
 
@@ -34,8 +35,10 @@ def metadata_of(checkpoint_id: int, tasks: dict[str, TaskStateHandle]) -> Checkp
         duration_ms=500.0,
         max_parallelism=128,
         tasks=tasks,
-        task_metrics={task: {"sync_ms": 1.5} for task in tasks},
-        metrics={"tasks": len(tasks), "state_bytes": sum(h.size for h in tasks.values())},
+        task_metrics={task: AckMetrics(sync_ms=1.5) for task in tasks},
+        metrics=CheckpointSummary(
+            tasks=len(tasks), state_bytes=sum(h.size for h in tasks.values())
+        ),
         steps=(StepState("source", "source", 2, False),),
     )
 

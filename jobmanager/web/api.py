@@ -1,0 +1,219 @@
+"""The REST API: a GET path and query to a JSON answer, read from the jobs' latest
+snapshots only (``jobmanager.web.snapshot``). Pure: no sockets, so tests call it directly.
+
+Every answer is ``(status, body)``; errors are ``{"error": "..."}`` with 400 (a malformed
+query value or an unknown parameter), 404 (an unknown path or job) — never a traceback.
+The endpoints and their fields are documented in the README ("Dashboard and REST API").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+from urllib.parse import parse_qs
+
+from jobmanager.web.snapshot import JobBoard, JobSnapshot
+
+Answer = tuple[int, Any]
+
+MAX_LIMIT = 1000
+
+
+class BadRequest(Exception):
+    """A query the API refuses (400)."""
+
+
+class NotFound(Exception):
+    """An unknown path or job (404)."""
+
+
+class Jobs(Mapping[str, JobBoard]):
+    """The jobs a server shows, oldest first; the newest is the default ``job``."""
+
+    def __init__(self) -> None:
+        self._boards: dict[str, JobBoard] = {}
+
+    def add(self, board: JobBoard, keep: int = 20) -> None:
+        self._boards[board.job_id] = board
+        while len(self._boards) > keep:  # a long-lived driver: forget the oldest jobs
+            del self._boards[next(iter(self._boards))]
+
+    def __getitem__(self, job_id: str) -> JobBoard:
+        return self._boards[job_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._boards))
+
+    def __len__(self) -> int:
+        return len(self._boards)
+
+    def pick(self, job_id: str | None) -> JobBoard:
+        boards = list(self._boards.values())
+        if job_id is None:
+            if not boards:
+                raise NotFound("no job has run in this driver yet")
+            return boards[-1]
+        board = self._boards.get(job_id)
+        if board is None:
+            raise NotFound(f"no job {job_id!r}; jobs: {list(self._boards)} (see /api/jobs)")
+        return board
+
+
+def parse_query(query: str, allowed: tuple[str, ...]) -> dict[str, str]:
+    """One value per known parameter; unknown or repeated parameters are refused."""
+    try:
+        values = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as err:
+        raise BadRequest(f"malformed query string {query!r}: {err}") from None
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        known = ", ".join(allowed) or "none"
+        raise BadRequest(f"unknown query parameter(s) {unknown}; this endpoint takes: {known}")
+    out = {}
+    for key, vals in values.items():
+        if len(vals) != 1:
+            raise BadRequest(f"query parameter {key!r} is given {len(vals)} times; give it once")
+        out[key] = vals[0]
+    return out
+
+
+def int_param(params: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name}={raw!r} is not an integer") from None
+    if not low <= value <= high:
+        raise BadRequest(f"query parameter {name}={value} is out of range [{low}, {high}]")
+    return value
+
+
+def _snapshot(board: JobBoard) -> JobSnapshot:
+    snap = board.latest
+    if snap is None:
+        raise NotFound(f"job {board.job_id!r} has not published its state yet; retry shortly")
+    return snap
+
+
+def _jobs(jobs: Jobs, params: Mapping[str, str]) -> Any:
+    return {
+        "jobs": [
+            dict(b.latest.job)
+            if b.latest
+            else {"id": b.job_id, "name": b.name, "state": "starting"}
+            for b in (jobs[j] for j in jobs)
+        ]
+    }
+
+
+def _job(board: JobBoard, params: Mapping[str, str]) -> Any:
+    return dict(_snapshot(board).job)
+
+
+def _plan(board: JobBoard, params: Mapping[str, str]) -> Any:
+    return board.plan
+
+
+def _config(board: JobBoard, params: Mapping[str, str]) -> Any:
+    return {"job": board.job_id, "config": board.config}
+
+
+def _tasks(board: JobBoard, params: Mapping[str, str]) -> Any:
+    snap = _snapshot(board)
+    return {"job": board.job_id, "attempt": snap.job["attempt"], "tasks": list(snap.tasks)}
+
+
+def _checkpoints(board: JobBoard, params: Mapping[str, str]) -> Any:
+    snap = _snapshot(board)
+    limit = int_param(params, "limit", 100, 1, MAX_LIMIT)
+    since = int_param(params, "since", 0, 0, 2**62)
+    completed = [c for c in snap.checkpoints if c["checkpoint_id"] > since][-limit:]
+    return {
+        "job": board.job_id,
+        "completed": completed,
+        "failed": [f for f in snap.failed_checkpoints if f["checkpoint_id"] > since][-limit:],
+        "pending": snap.job["checkpoints_pending"],
+        "last_completed_id": snap.job["last_checkpoint_id"],
+    }
+
+
+def _restarts(board: JobBoard, params: Mapping[str, str]) -> Any:
+    snap = _snapshot(board)
+    limit = int_param(params, "limit", 100, 1, MAX_LIMIT)
+    return {"job": board.job_id, "restarts": list(snap.restarts)[-limit:]}
+
+
+def _metrics(board: JobBoard, params: Mapping[str, str]) -> Any:
+    """Job-level sums of the task figures and the checkpoint duration histogram."""
+    snap = _snapshot(board)
+    tasks = snap.tasks
+
+    def total(key: str) -> Any:
+        return sum(t[key] for t in tasks)
+
+    return {
+        "job": board.job_id,
+        "records_in": snap.job["records_in"],
+        "records_out": snap.job["records_out"],
+        "records_in_per_second": sum(t["records_in_per_second"] for t in tasks if t["source"]),
+        "records_out_per_second": sum(t["records_out_per_second"] for t in tasks if t["sink"]),
+        "bytes_in": total("bytes_in"),
+        "bytes_out": total("bytes_out"),
+        "backpressure_seconds": round(total("backpressure_seconds"), 6),
+        "input_queue": total("input_queue"),
+        "output_queue": total("output_queue"),
+        "checkpoints_completed": snap.job["checkpoints_completed"],
+        "checkpoints_failed": snap.job["checkpoints_failed"],
+        "last_checkpoint_id": snap.job["last_checkpoint_id"],
+        "restarts": snap.job["restarts"],
+        "checkpoint_duration_ms": {
+            "sum": round(snap.duration_sum_ms, 3),
+            "count": sum(snap.duration_buckets),
+        },
+    }
+
+
+def _overview(board: JobBoard, params: Mapping[str, str]) -> Any:
+    """What the dashboard polls: job, tasks, checkpoints, restarts in one answer."""
+    return {
+        "job": _job(board, {}),
+        "tasks": _tasks(board, {})["tasks"],
+        "checkpoints": _checkpoints(board, params),
+        "restarts": _restarts(board, {})["restarts"],
+    }
+
+
+Handler = Callable[[JobBoard, Mapping[str, str]], Any]
+_PER_JOB: dict[str, tuple[Handler, tuple[str, ...]]] = {
+    "job": (_job, ("job",)),
+    "plan": (_plan, ("job",)),
+    "config": (_config, ("job",)),
+    "tasks": (_tasks, ("job",)),
+    "metrics": (_metrics, ("job",)),
+    "checkpoints": (_checkpoints, ("job", "limit", "since")),
+    "restarts": (_restarts, ("job", "limit")),
+    "overview": (_overview, ("job", "limit", "since")),
+}
+ENDPOINTS = ("jobs", *_PER_JOB)
+
+
+def answer(jobs: Jobs, path: str, query: str) -> Answer:
+    """The API's answer to ``GET /api/<path>?<query>``."""
+    name = path.strip("/")
+    try:
+        if name == "jobs":
+            return 200, _jobs(jobs, parse_query(query, ()))
+        entry = _PER_JOB.get(name)
+        if entry is None:
+            raise NotFound(
+                f"no endpoint /api/{name}; endpoints: {', '.join('/api/' + e for e in ENDPOINTS)}"
+            )
+        handler, allowed = entry
+        params = parse_query(query, allowed)
+        return 200, handler(jobs.pick(params.get("job")), params)
+    except BadRequest as err:
+        return 400, {"error": str(err)}
+    except NotFound as err:
+        return 404, {"error": str(err)}

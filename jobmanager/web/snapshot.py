@@ -1,0 +1,351 @@
+"""The job manager's state as the dashboard sees it: immutable snapshots.
+
+`SnapshotBuilder` runs on the job-manager thread. The attempt loop calls ``publish``
+on every turn; at most every ``interval`` seconds it builds a new `JobSnapshot` from the
+task table (the last heartbeat of each task: `statebackend.metrics.TaskMetrics`), the
+run's checkpoints and restarts, and hands it to the `JobBoard` by replacing one
+reference. The web server's threads only ever read ``board.latest``: they never lock,
+wait for or call into the job manager, so a slow or stuck browser cannot slow the job.
+Building costs O(tasks + new checkpoints) per interval, nothing per record; the
+checkpoint history kept is bounded (``HISTORY``); the duration histogram counts all.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from jobmanager.metrics import RecordCounts, RunMetrics
+from runtime.config import JobConfig
+from runtime.plan import JobPlan
+from statebackend.metrics import TaskMetrics
+
+if TYPE_CHECKING:
+    from jobmanager.coordinator import CompletedCheckpoint, FailedCheckpoint
+    from jobmanager.services import TaskInfo
+
+HISTORY = 200  # completed (and failed) checkpoints kept for the API and the dashboard
+DURATION_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+"""Upper bounds (ms) of the checkpoint duration histogram (``/metrics``)."""
+
+
+class CoordinatorView(Protocol):
+    @property
+    def pending(self) -> Mapping[int, Any]: ...
+    @property
+    def failed(self) -> Sequence[FailedCheckpoint]: ...
+
+
+class AttemptView(Protocol):
+    """What a snapshot reads of the running attempt (``jobmanager.attempt.Attempt``)."""
+
+    @property
+    def number(self) -> int: ...
+    @property
+    def tasks(self) -> Mapping[int, TaskInfo]: ...
+    @property
+    def coordinator(self) -> CoordinatorView: ...
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """One published state of a job; JSON-ready maps, never changed once published."""
+
+    job: Mapping[str, Any]
+    tasks: tuple[Mapping[str, Any], ...]
+    checkpoints: tuple[Mapping[str, Any], ...]  # completed, oldest first
+    failed_checkpoints: tuple[Mapping[str, Any], ...]
+    restarts: tuple[Mapping[str, Any], ...]
+    duration_buckets: tuple[int, ...]  # cumulative counts per DURATION_BUCKETS_MS, then +Inf
+    duration_sum_ms: float
+    published_at: float = field(default_factory=time.time)
+
+
+class JobBoard:
+    """What the server knows of one job: its static plan and config, and the latest
+    snapshot (replaced, never mutated, by the job-manager thread)."""
+
+    def __init__(self, plan: JobPlan, config: JobConfig) -> None:
+        self.job_id = f"{plan.name}-{uuid.uuid4().hex[:6]}"
+        self.name = plan.name
+        self.plan = plan_view(plan)
+        self.config = config_view(config)
+        self.latest: JobSnapshot | None = None
+
+
+def plan_view(plan: JobPlan) -> dict[str, Any]:
+    chain_of_step = {s: c.id for c in plan.chains for s in c.step_ids}
+    return {
+        "name": plan.name,
+        "max_parallelism": plan.max_parallelism,
+        "steps": [
+            {
+                "id": s.id,
+                "name": s.name,
+                "kind": s.kind.value,
+                "parallelism": s.parallelism,
+                "chain": chain_of_step.get(s.id),
+            }
+            for s in plan.steps
+        ],
+        "chains": [
+            {
+                "id": c.id,
+                "name": c.name,
+                "parallelism": c.parallelism,
+                "steps": [plan.steps[s].name for s in c.step_ids],
+            }
+            for c in plan.chains
+        ],
+        "tasks": [
+            {"index": t.index, "task_id": t.task_id, "chain": t.chain, "subtask": t.subtask}
+            for t in plan.tasks
+        ],
+        "channels": [
+            {
+                "id": c.id,
+                "source_task": c.source_task,
+                "target_task": c.target_task,
+                "source_step": plan.steps[c.source_step].name,
+                "target_step": plan.steps[c.target_step].name,
+                "partitioning": c.partitioning.value,
+                "back_edge": c.back_edge,
+            }
+            for c in plan.channels
+        ],
+        "back_edges": [c.id for c in plan.channels if c.back_edge],
+    }
+
+
+def config_view(config: JobConfig) -> dict[str, Any]:
+    """The settings, JSON-ready; ``storage_options`` (credentials) are left out."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        if f.name == "storage_options":
+            continue
+        value = getattr(config, f.name)
+        if hasattr(value, "value") and not isinstance(value, int | float | str):
+            value = value.value  # enums
+        elif value is not None and not isinstance(value, bool | int | float | str):
+            value = repr(value)
+        out[f.name] = value
+    return out
+
+
+class SnapshotBuilder:
+    """Publishes the running job's state to ``board`` (see the module docstring)."""
+
+    def __init__(
+        self, board: JobBoard, plan: JobPlan, metrics: RunMetrics, interval: float = 0.5
+    ) -> None:
+        self.board, self.plan, self.metrics, self.interval = board, plan, metrics, interval
+        self.started_wall = time.time()
+        self.started = time.monotonic()
+        self.ui_url = ""
+        self._next = 0.0
+        self._seen_completed = 0
+        self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self._buckets = [0] * (len(DURATION_BUCKETS_MS) + 1)
+        self._duration_sum = 0.0
+        self._rates: dict[int, tuple[float, int, int, float, float]] = {}
+        self._attempt_of: dict[int, int] = {}  # checkpoint id -> attempt
+        self._tasks: tuple[Mapping[str, Any], ...] = ()
+        self._attempt = 0
+        self._last: AttemptView | None = None  # the attempt last published
+
+    # -- called by the job manager ----------------------------------------------------------
+    def publish(self, attempt: AttemptView) -> None:
+        """From the attempt loop (every turn): a new snapshot at most every ``interval``."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.interval
+        self._attempt, self._last = attempt.number, attempt
+        for n in attempt.coordinator.pending:
+            self._attempt_of.setdefault(n, attempt.number)
+        for f in attempt.coordinator.failed:
+            self._attempt_of.setdefault(f.checkpoint_id, attempt.number)
+        self._tasks = tuple(self._task_rows(attempt))
+        failed = [*self.metrics.failed_checkpoints, *self._failed_now(attempt)]
+        live = self.metrics.live(attempt.tasks)
+        self._publish("running", failed, sorted(attempt.coordinator.pending), live)
+
+    def finish(self, state: str, error: str | None = None) -> None:
+        """The job ended (``finished`` or ``failed``): the last snapshot stays up, with
+        the tasks' final figures (from ``Finished``)."""
+        if self._last is not None:
+            self._tasks = tuple(self._task_rows(self._last))
+            self._last = None
+        failed = list(self.metrics.failed_checkpoints)
+        self._publish(state, failed, [], self.metrics.committed(), error)
+
+    # -- building ------------------------------------------------------------------------
+    def _publish(
+        self,
+        state: str,
+        failed: list[Any],
+        pending: list[int],
+        counts: RecordCounts,
+        error: str | None = None,
+    ) -> None:
+        """``counts``: where the job is (running: live counts; ended: committed ones)."""
+        self._take_completed()
+        m = self.metrics
+        last = self._history[-1]["checkpoint_id"] if self._history else None
+        job = {
+            "id": self.board.job_id,
+            "name": self.board.name,
+            "state": state,
+            "error": error,
+            "attempt": self._attempt,
+            "started_at": self.started_wall,
+            "duration_seconds": round(time.monotonic() - self.started, 3),
+            "records_in": counts.records_in,
+            "records_out": counts.records_out,
+            "tasks": len(self.plan.tasks),
+            "checkpoints_completed": m.checkpoints_completed,
+            "checkpoints_failed": len(failed),
+            "checkpoints_pending": pending,
+            "last_checkpoint_id": last,
+            "restarts": len(m.restarts),
+            "ui_url": self.ui_url,
+        }
+        self.board.latest = JobSnapshot(
+            job=job,
+            tasks=self._tasks,
+            checkpoints=tuple(self._history),
+            failed_checkpoints=tuple(self._failed_row(f) for f in failed[-HISTORY:]),
+            restarts=tuple(self._restart_row(r) for r in m.restarts[-HISTORY:]),
+            duration_buckets=tuple(self._buckets),
+            duration_sum_ms=self._duration_sum,
+        )
+
+    def _take_completed(self) -> None:
+        completed = self.metrics.completed
+        for c in completed[self._seen_completed :]:
+            self._history.append(self._checkpoint_row(c))
+            self._buckets[bisect.bisect_left(DURATION_BUCKETS_MS, c.duration_ms)] += 1
+            self._duration_sum += c.duration_ms
+        self._seen_completed = len(completed)
+
+    def _checkpoint_row(self, c: CompletedCheckpoint) -> dict[str, Any]:
+        s = c.metrics
+        committed = self.metrics.committed_at.get(c.checkpoint_id)
+        return {
+            "checkpoint_id": c.checkpoint_id,
+            "attempt": self._attempt_of.get(c.checkpoint_id, self._attempt),
+            "final": c.final,
+            "mode": s.mode,
+            "trigger_time": c.trigger_time,
+            "duration_ms": round(c.duration_ms, 3),
+            "state_bytes": s.state_bytes,
+            "channel_state_bytes": s.channel_state_bytes,
+            "backedge_bytes": s.backedge_bytes,
+            "spilled_bytes": s.spilled_bytes,
+            "max_alignment_ms": s.max_alignment_ms,
+            "max_start_delay_ms": s.max_start_delay_ms,
+            "committed_records_in": committed.records_in if committed else None,
+            "path": c.path,
+            "tasks": {
+                task: {
+                    "alignment_ms": a.alignment_ms,
+                    "start_delay_ms": a.start_delay_ms,
+                    "sync_ms": a.sync_ms,
+                    "async_ms": a.async_ms,
+                    "state_bytes": a.state_bytes,
+                    "channel_state_bytes": a.channel_state_bytes,
+                    "backedge_bytes": a.backedge_bytes,
+                }
+                for task, a in c.task_metrics.items()
+            },
+        }
+
+    def _failed_now(self, attempt: AttemptView) -> list[dict[str, Any]]:
+        return [
+            {
+                "checkpoint_id": f.checkpoint_id,
+                "reason": f.reason.name,
+                "detail": f.detail,
+                "attempt": attempt.number,
+            }
+            for f in attempt.coordinator.failed
+        ]
+
+    def _failed_row(self, f: Mapping[str, Any]) -> dict[str, Any]:
+        n = int(f["checkpoint_id"])
+        return {
+            "checkpoint_id": n,
+            "attempt": f.get("attempt", self._attempt_of.get(n)),
+            "reason": f["reason"],
+            "detail": f.get("detail", ""),
+        }
+
+    @staticmethod
+    def _restart_row(r: Any) -> dict[str, Any]:
+        return {
+            "attempt": r.attempt,
+            "cause": r.cause.name,
+            "cause_text": r.cause.value,
+            "reason": r.reason,
+            "error": r.error,
+            "restored_checkpoint": r.restored_checkpoint,
+            "failed_at": r.failed_at,
+            "resumed_at": r.resumed_at,
+            "recovery_seconds": r.recovery_seconds,
+        }
+
+    def _task_rows(self, attempt: AttemptView) -> list[dict[str, Any]]:
+        sources = self.metrics.source_tasks
+        sinks = self.metrics.sink_tasks
+        rows = []
+        for index, t in sorted(attempt.tasks.items()):
+            m = t.metrics
+            rate_in, rate_out = self._rate(index, m)
+            rows.append(
+                {
+                    "index": index,
+                    "task_id": t.task_id,
+                    "subtask": t.subtask,
+                    "chain": self.plan.tasks[index].chain,
+                    "source": index in sources,
+                    "sink": index in sinks,
+                    "host": t.host,
+                    "pid": t.pid,
+                    "state": "finished" if t.finished else "running" if t.pid else "starting",
+                    "records_in": max(t.records_in, m.records_in),
+                    "records_out": max(t.records_out, m.records_out),
+                    "records_in_per_second": rate_in,
+                    "records_out_per_second": rate_out,
+                    "bytes_in": m.bytes_in,
+                    "bytes_out": m.bytes_out,
+                    "backpressure_seconds": m.backpressure_seconds,
+                    "backpressure_share": round(m.backpressure_share, 4),
+                    "busy_share": round(m.busy_share, 4),
+                    "input_queue": m.input_queue,
+                    "output_queue": m.output_queue,
+                    "rss_bytes": m.rss_bytes,
+                    "uptime_seconds": m.uptime_seconds,
+                    "watermark": m.watermark,
+                }
+            )
+        return rows
+
+    def _rate(self, index: int, m: TaskMetrics) -> tuple[float, float]:
+        """Records/s over the last two heartbeats of this task (kept until a new one)."""
+        prev = self._rates.get(index)
+        if prev is None or m.uptime_seconds < prev[0]:  # first heartbeat, or a new attempt
+            self._rates[index] = (m.uptime_seconds, m.records_in, m.records_out, 0.0, 0.0)
+            return 0.0, 0.0
+        up, rin, rout, rate_in, rate_out = prev
+        dt = m.uptime_seconds - up
+        if dt > 0:
+            rate_in = round((m.records_in - rin) / dt, 1)
+            rate_out = round((m.records_out - rout) / dt, 1)
+            self._rates[index] = (m.uptime_seconds, m.records_in, m.records_out, rate_in, rate_out)
+        return rate_in, rate_out

@@ -1,0 +1,153 @@
+"""Superstep checkpoints of an iteration's state (seed 004 §5, pessimistic recovery).
+
+Layout under the iteration's checkpoint directory (a local or shared filesystem)::
+
+    sstep-<k>/part-<i>-a<n> lz4 frame of msgpack objects: [[key, value], ...] chunks,
+                            then {"workset": [...] | None}; written by attempt n
+    sstep-<k>/_metadata     written by the job manager once every part of one attempt
+                            is there: {"superstep", "parallelism", "attempt"}
+
+Parts carry their attempt, so a writer left over from a failed attempt (a thread of a
+reused Python worker finishing a head checkpoint) cannot replace a newer attempt's part.
+
+A part is written to a temp name, fsynced, then renamed; a superstep counts only with
+its ``_metadata``. ``PartWriter`` takes the chunks as they are produced, on its own
+thread, which is what makes the three variants differ: *blocking* writes the whole
+state and waits, *tail* feeds the chunks while the update produces them, *head* writes
+the committed state while the next superstep runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import lz4.frame
+import msgpack
+
+__all__ = ["PartWriter", "SuperstepStore"]
+
+_END = object()
+
+
+class SuperstepStore:
+    def __init__(self, root: str) -> None:
+        self.root = Path(root)
+
+    def part_path(self, superstep: int, index: int, attempt: int) -> Path:
+        return self.root / f"sstep-{superstep}" / f"part-{index}-a{attempt}"
+
+    def complete(self, superstep: int, parallelism: int, attempt: int, retain: int = 2) -> None:
+        """Every part of ``superstep`` by ``attempt`` is written: make it count, drop
+        older ones."""
+        d = self.root / f"sstep-{superstep}"
+        tmp = d / "_metadata.tmp"
+        meta = {"superstep": superstep, "parallelism": parallelism, "attempt": attempt}
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, d / "_metadata")
+        done = self.completed()
+        for old in done[:-retain]:
+            shutil.rmtree(self.root / f"sstep-{old}", ignore_errors=True)
+
+    def completed(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for d in self.root.glob("sstep-*"):
+            if (d / "_metadata").exists():
+                found.append(int(d.name.split("-", 1)[1]))
+        return sorted(found)
+
+    def latest(self) -> int | None:
+        done = self.completed()
+        return done[-1] if done else None
+
+    def read_part(self, superstep: int, index: int) -> tuple[dict[Any, Any], set[Any] | None]:
+        """Part ``index`` of ``superstep``: of the attempt its ``_metadata`` names (0
+        without metadata: the job manager's own input files)."""
+        meta = self.root / f"sstep-{superstep}" / "_metadata"
+        attempt = json.loads(meta.read_text())["attempt"] if meta.exists() else 0
+        solution: dict[Any, Any] = {}
+        workset: set[Any] | None = None
+        with lz4.frame.open(self.part_path(superstep, index, attempt), "rb") as f:
+            unpacker = msgpack.Unpacker(f, raw=False, use_list=False, strict_map_key=False)
+            for obj in unpacker:
+                if isinstance(obj, dict):
+                    ws = obj["workset"]
+                    workset = None if ws is None else set(ws)
+                else:
+                    solution.update(obj)
+        return solution, workset
+
+
+class PartWriter:
+    """Writes one part on a background thread; ``add`` chunks, then ``finish``; ``wait``
+    blocks until it is durable and returns the seconds spent writing."""
+
+    def __init__(self, store: SuperstepStore, superstep: int, index: int, attempt: int = 0) -> None:
+        self.superstep = superstep
+        self.path = store.part_path(superstep, index, attempt)
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._error: BaseException | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(
+            target=self._run, name=f"sstep-{superstep}-writer", daemon=True
+        )
+        self._thread.start()
+
+    def add(self, items: list[tuple[Any, Any]]) -> None:
+        self._queue.put(items)
+
+    def finish(self, workset: set[Any] | None) -> None:
+        self._queue.put({"workset": None if workset is None else list(workset)})
+        self._queue.put(_END)
+
+    def _run(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with open(tmp, "wb") as raw:
+                with lz4.frame.open(raw, "wb") as f:
+                    while (obj := self._queue.get()) is not _END:
+                        started = time.perf_counter()
+                        f.write(msgpack.packb(obj, use_bin_type=True))
+                        self.seconds += time.perf_counter() - started
+                started = time.perf_counter()
+                f.close()
+                raw.flush()
+                os.fsync(raw.fileno())
+                self.seconds += time.perf_counter() - started
+            os.replace(tmp, self.path)
+        except BaseException as err:  # reported by wait()
+            self._error = err
+
+    def wait(self) -> float:
+        self._thread.join()
+        if self._error is not None:
+            raise OSError(
+                f"writing superstep checkpoint {self.path} failed: {self._error}"
+            ) from self._error
+        return self.seconds
+
+
+def write_whole(
+    store: SuperstepStore,
+    superstep: int,
+    index: int,
+    solution: dict[Any, Any],
+    workset: set[Any] | None,
+    attempt: int = 0,
+    chunk: int = 8192,
+) -> PartWriter:
+    writer = PartWriter(store, superstep, index, attempt)
+    items = list(solution.items())
+    for i in range(0, len(items), chunk):
+        writer.add(items[i : i + chunk])
+    writer.finish(workset)
+    return writer

@@ -1,0 +1,244 @@
+"""The dashboard against running jobs on local Spark: the REST API and /metrics agree
+with the job's own result, and the page in a real headless Chromium shows the graph, a
+checkpoint while the job runs and a restart after a kill (screenshots kept: the
+directory in ``ABSFLOW_TEST_ARTIFACTS``, else pytest's tmp_path)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobmanager.faults import Kill
+from jobmanager.result import JobResult
+from jobmanager.web import DashboardServer, close_all, serve
+from tests.integration.topologies import pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
+
+TASKS = 7  # pipeline(): numbers x2, square x2, count x2, out x1
+
+
+def api(srv: DashboardServer, path: str) -> Any:
+    with urllib.request.urlopen(srv.url + "api/" + path, timeout=10) as res:
+        return json.loads(res.read())
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Background:
+    """Runs a job on a thread (the test drives the browser meanwhile)."""
+
+    def __init__(self, run: Callable[[], JobResult]) -> None:
+        self.result: JobResult | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(run,), daemon=True)
+        self.thread.start()
+
+    def _run(self, run: Callable[[], JobResult]) -> None:
+        try:
+            self.result = run()
+        except BaseException as err:
+            self.error = err
+
+    def join(self) -> JobResult:
+        self.thread.join(timeout=300)
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+@pytest.fixture
+def server() -> Iterator[DashboardServer]:
+    srv = serve("127.0.0.1", 0, say=print)
+    yield srv
+    close_all()
+
+
+def current_job(srv: DashboardServer) -> Any:
+    jobs = api(srv, "jobs")["jobs"]
+    return jobs[-1] if jobs else None
+
+
+def test_rest_api_and_metrics_agree_with_the_jobs_result(server: DashboardServer) -> None:
+    n = 24_000
+    flow = pipeline(n, rate=6_000, checkpoint_interval=0.2, ui_port=server.port)
+    job = Background(flow.run)
+    running = wait_for(
+        "the job running", lambda: (j := current_job(server)) and j["state"] == "running" and j
+    )
+    tasks = wait_for(
+        "task heartbeats", lambda: [t for t in api(server, "tasks")["tasks"] if t["pid"]]
+    )
+    assert len(api(server, "plan")["tasks"]) == TASKS
+    assert {t["task_id"] for t in tasks} <= {t["task_id"] for t in api(server, "plan")["tasks"]}
+    live_cp = wait_for("a checkpoint", lambda: api(server, "checkpoints")["completed"])
+    assert api(server, "job")["state"] in ("running", "finished")
+    result = job.join()
+
+    final = api(server, "job")
+    assert final["id"] == running["id"] and final["state"] == "finished"
+    assert result.ui_url is not None and running["id"] in result.ui_url
+    assert (final["records_in"], final["records_out"]) == (result.records_in, result.records_out)
+    assert final["records_in"] == n
+    assert final["checkpoints_completed"] == result.checkpoints_completed
+    ids = [c["checkpoint_id"] for c in result.checkpoints]
+    cps = api(server, "checkpoints?limit=1000")
+    assert [c["checkpoint_id"] for c in cps["completed"]] == ids
+    assert live_cp[0]["checkpoint_id"] in ids
+    assert final["last_checkpoint_id"] == ids[-1]
+    rows = api(server, "tasks")["tasks"]
+    assert sum(t["records_in"] for t in rows if t["source"]) == n  # the Finished figures
+    assert all(t["bytes_out"] > 0 for t in rows if not t["sink"])
+
+    with urllib.request.urlopen(server.url + "metrics", timeout=10) as res:
+        families = {f.name: f for f in text_string_to_metric_families(res.read().decode())}
+    sources = [
+        s.value
+        for s in families["absflow_task_records_in"].samples
+        if s.labels["step"] == "numbers" and s.name.endswith("_total")
+    ]
+    assert sum(sources) == n
+    completed = families["absflow_checkpoints_completed"].samples[0].value
+    assert completed == result.checkpoints_completed
+    hist = families["absflow_checkpoint_duration_seconds"]
+    assert next(s.value for s in hist.samples if s.name.endswith("_count")) == len(ids)
+    assert families["absflow_checkpoint_last_completed_id"].samples[0].value == ids[-1]
+
+
+# -- the page in headless Chromium ---------------------------------------------------------
+def _browser(tmp_path: Path) -> Any:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip(
+            "no Chromium here (needs the Debian packages chromium and chromium-driver; "
+            ".ci/run installs them when apt-get is available)"
+        )
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a test dependency")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1800",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(flag)
+    return webdriver.Chrome(options=options, service=Service(driver))
+
+
+def quit_browser(browser: Any, profile: Path) -> None:
+    """Quit, then wait (bounded) until chromedriver and every Chromium process of this
+    profile are gone: no test leaves a process or port behind."""
+    browser.quit()
+    browser.service.process.wait(timeout=30)
+    wait_for("Chromium to exit", lambda: not _processes_with(str(profile)), timeout=30)
+
+
+def _processes_with(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if text.encode() in fh.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def artifacts(tmp_path: Path) -> Path:
+    root = Path(os.environ.get("ABSFLOW_TEST_ARTIFACTS") or tmp_path / "artifacts")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@pytest.mark.slow
+def test_the_dashboard_in_chromium_shows_graph_checkpoints_and_a_restart(
+    server: DashboardServer, tmp_path: Path
+) -> None:
+    shots = artifacts(tmp_path)
+    browser = _browser(tmp_path)
+    try:
+        n = 40_000
+        flow = pipeline(n, rate=5_000, checkpoint_interval=0.3, ui_port=server.port)
+        job = Background(lambda: flow.run(faults=[Kill("count[0]", after_checkpoint=2)]))
+        job_id = wait_for("the job", lambda: (j := current_job(server)) and j["id"])
+        browser.get(f"{server.url}?job={job_id}&poll=300")
+
+        def js(script: str) -> Any:
+            return browser.execute_script(script)
+
+        nodes = wait_for(
+            "the graph",
+            lambda: js("return window.absflow.cy && window.absflow.cy.nodes('.task').length"),
+        )
+        assert nodes == TASKS
+        assert js("return window.absflow.cy.nodes('.chain').length") == len(
+            api(server, "plan")["chains"]
+        )
+        browser.save_screenshot(str(shots / "dashboard-graph.png"))
+
+        row = wait_for(
+            "a checkpoint row",
+            lambda: js(
+                "const r = document.querySelector('#checkpoints tbody tr[data-checkpoint]');"
+                "return r && [r.dataset.checkpoint, document.querySelector('#job-state').textContent]"
+            ),
+        )
+        assert row[1].startswith("running"), row  # it appeared while the job ran
+        browser.save_screenshot(str(shots / "dashboard-checkpoint.png"))
+
+        restart = wait_for(
+            "a restart",
+            lambda: js(
+                "const r = document.querySelector('#restarts tbody tr.restart-row');"
+                "return r && r.textContent"
+            ),
+            timeout=120,
+        )
+        assert "TASK_DIED" in restart
+        result = job.join()
+        assert len(result.restarts) == 1 and result.records_in == n
+        wait_for(
+            "the finished state",
+            lambda: js("return document.querySelector('#job-state').textContent").startswith(
+                "finished"
+            ),
+        )
+        assert js("return document.querySelector('#timeline .restart') !== null")
+        assert js("return document.querySelectorAll('#tasks tbody tr').length") == TASKS
+        browser.save_screenshot(str(shots / "dashboard-restart.png"))
+    finally:
+        quit_browser(browser, tmp_path / "chromium-profile")
+    assert (shots / "dashboard-restart.png").stat().st_size > 10_000

@@ -1,0 +1,30 @@
+"""Iterations on the real launcher: one Spark barrier stage per attempt, a real SIGKILL
+of a task's Python worker, the rescue read of the survivors before they are ended."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.iterations import Recovery
+from runtime.iterations.graphs import union_find_labels
+from runtime.iterations.library import cc_compensation
+from tests.iterations.graphs import CC_EDGES, N_CC, components, networkx_ranks, pagerank
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
+
+
+def test_sigkill_then_optimistic_recovery_on_spark_gives_the_exact_components() -> None:
+    recovery = Recovery("optimistic", compensation=cc_compensation)
+    result = components().run(recovery=recovery, kills=[(2, 3)], launcher="spark")
+    assert result.solution == union_find_labels(N_CC, CC_EDGES)
+    (rec,) = result.recoveries
+    assert rec.kind == "optimistic" and rec.lost_partitions == (2,) and rec.rerun == 1
+    assert "died" in rec.reason
+
+
+def test_sigkill_then_tail_checkpoint_recovery_on_spark_converges_to_networkx() -> None:
+    result = pagerank().run(recovery=Recovery("tail", interval=2), kills=[(0, 5)], launcher="spark")
+    (rec,) = result.recoveries
+    assert rec.kind == "checkpoint" and rec.resumed_from == 4
+    ref = networkx_ranks()
+    assert max(abs(result.solution[v] - ref[v]) for v in ref) < 1e-4

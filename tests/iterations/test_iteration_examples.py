@@ -1,0 +1,91 @@
+"""The iteration examples in-process with thread tasks (no Spark), small graphs; their
+flags, and the errors bad flags give."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_example(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, "examples", f"{name}.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SMALL_PR = ["--threads", "--vertices", "800", "--edges", "4000"]
+SMALL_CC = ["--threads", "--vertices", "800", "--components", "60"]
+
+
+def test_pagerank_example_checks_itself_against_networkx(capsys: Any) -> None:
+    pagerank = load_example("pagerank")
+    args = [
+        *SMALL_PR,
+        "--recovery",
+        "optimistic",
+        "--kill-task",
+        "pagerank[1]",
+        "--after",
+        "superstep:4",
+    ]
+    assert pagerank.main(args) == 0
+    out = capsys.readouterr().out
+    assert "OK: matches networkx" in out and "optimistic recovery from superstep 3" in out
+
+
+@pytest.mark.parametrize("mode", ["blocking", "tail", "head"])
+def test_cc_example_recovers_from_a_kill_with_checkpoints(mode: str, capsys: Any) -> None:
+    cc = load_example("connected_components_bulk")
+    args = [
+        *SMALL_CC,
+        "--recovery",
+        mode,
+        "--interval",
+        "1",
+        "--kill-task",
+        "2",
+        "--after",
+        "superstep:3",
+    ]
+    assert cc.main(args) == 0
+    out = capsys.readouterr().out
+    assert "OK: equal to union-find" in out and "checkpoint recovery" in out
+
+
+def test_chaos_kills_at_random_supersteps(capsys: Any) -> None:
+    cc = load_example("connected_components_bulk")
+    assert cc.main([*SMALL_CC, "--chaos", "2", "--seed", "5", "--recovery", "optimistic"]) == 0
+    assert capsys.readouterr().out.count("optimistic recovery from superstep") >= 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kill-task", "pagerank[7]", "--after", "superstep:3"], "pagerank[0] .. pagerank[2]"),
+        (["--kill-task", "pagerank[1]"], "needs --after superstep:K"),
+        (["--kill-task", "pagerank[1]", "--after", "superstep:0"], "numbered from 1"),
+        (["--after", "superstep:3"], "--after needs --kill-task"),
+    ],
+)
+def test_bad_fault_flags_are_usage_errors(args: list[str], message: str, capsys: Any) -> None:
+    pagerank = load_example("pagerank")
+    with pytest.raises(SystemExit) as exc:
+        pagerank.main([*SMALL_PR, *args])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_superstep_trigger_is_refused_by_streaming_jobs(capsys: Any) -> None:
+    wordcount = load_example("wordcount")
+    with pytest.raises(SystemExit):
+        wordcount.main(["--words", "10", "--kill-task", "count[0]", "--after", "superstep:2"])
+    assert "applies to iterations" in capsys.readouterr().err

@@ -1,0 +1,222 @@
+"""Stop with a savepoint, piece by piece and without Spark: the coordinator's final
+checkpoint kept as a savepoint, retention that never deletes one, an attempt that turns a
+stop request into the final barrier, the request's sources (a signal, the stop file the
+CLI writes, the registry of running drivers) and ``python -m jobmanager stop``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from channels import control as P
+from channels.control import CheckpointFailureReason
+from jobmanager import stop_command
+from jobmanager.cli import main
+from jobmanager.stop import (
+    POLL_SECONDS,
+    JobEntry,
+    RunningJob,
+    StopRequest,
+    request_stop,
+    running_jobs,
+    stop_signals,
+)
+from tests.jobmanager.fakes import Clock
+from tests.jobmanager.test_attempt import ack, finished, harness, registers
+from tests.jobmanager.test_coordinator import Harness, triggers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# -- the coordinator --------------------------------------------------------------------------
+def test_a_stop_triggers_the_final_checkpoint_kept_as_a_savepoint(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    n = h.coord.stop_with_savepoint()
+    assert n == 1 and triggers(h.sent.new()) == [(0, 1, True), (1, 1, True)]
+    assert h.coord.stop_with_savepoint() is None  # asked twice: one final checkpoint
+    done = h.ack(1)
+    assert done is not None and done.final and done.savepoint
+    assert h.storage.read_metadata(1).savepoint and h.coord.final_completed
+
+
+def test_a_stop_after_the_input_ended_makes_the_pending_final_checkpoint_the_savepoint(
+    tmp_path: Path,
+) -> None:
+    h = Harness(tmp_path)
+    h.coord.on_sources_ended()
+    assert h.coord.stop_with_savepoint() is None
+    assert len(triggers(h.sent.new())) == 2  # no second final trigger
+    done = h.ack(1)
+    assert done is not None and done.savepoint and h.storage.read_metadata(1).savepoint
+
+
+def test_a_stop_while_a_synchronous_checkpoint_drains_subsumes_it(tmp_path: Path) -> None:
+    h = Harness(tmp_path, snapshot_mode="synchronous")
+    h.tick(10.0)  # checkpoint 1: sources halted, draining
+    assert h.coord.stop_with_savepoint() == 2
+    assert h.coord.failed[-1].reason is CheckpointFailureReason.SUBSUMED
+    assert triggers(h.sent.new()) == [(0, 2, True), (1, 2, True)]  # aligned, as always
+    done = h.ack(2)
+    assert done is not None and done.savepoint
+
+
+def test_retention_keeps_savepoints(tmp_path: Path) -> None:
+    """A job resumed from a savepoint checkpoints into the same root: retention
+    (retained_checkpoints=1) deletes its older checkpoints but never the savepoint."""
+    first = Harness(tmp_path, retained_checkpoints=1)
+    first.coord.stop_with_savepoint()
+    first.ack(1)
+    resumed = Harness(tmp_path, retained_checkpoints=1)
+    resumed.coord.next_id = 2
+    for n in (2, 3, 4):
+        resumed.coord.trigger(final=False)
+        resumed.ack(n)
+    assert resumed.storage.completed_checkpoints() == [1, 4]
+    assert resumed.storage.savepoints() == [1]
+
+
+def test_without_the_savepoint_flag_retention_deletes_the_final_checkpoint(tmp_path: Path) -> None:
+    """Companion: the same runs with a plain final checkpoint lose it."""
+    first = Harness(tmp_path, retained_checkpoints=1)
+    first.coord.on_sources_ended()
+    first.ack(1)
+    resumed = Harness(tmp_path, retained_checkpoints=1)
+    resumed.coord.next_id = 2
+    for n in (2, 3):
+        resumed.coord.trigger(final=False)
+        resumed.ack(n)
+    assert resumed.storage.completed_checkpoints() == [3]
+
+
+# -- the attempt ------------------------------------------------------------------------------
+def test_an_attempt_stops_once_every_task_registered_and_finishes() -> None:
+    h = harness()
+    stop = StopRequest()
+    stop.request("SIGTERM")  # before the tasks registered: waits for them
+    h.attempt.run_services.stop = stop
+    h.link.then(*registers()[:3])
+    h.link.then_do(lambda: None)
+    h.link.then(registers()[3])
+    h.link.then(ack(0, 1, 5, 5), ack(1, 1, 5, 5), ack(2, 1, 6, 6), ack(3, 1, 4, 4))
+    h.link.then(finished(0, 5, 5), finished(1, 5, 5), finished(2, 6, 6), finished(3, 4, 4))
+    assert h.attempt.run(h.stage) is None
+    sent = [m for _i, m in h.link.sent_of(P.Trigger) if isinstance(m, P.Trigger)]
+    assert [(m.checkpoint_id, m.final) for m in sent] == [(1, True), (1, True)]
+    assert h.attempt.stopping_with == 1 and not h.stage.cancelled
+    assert h.attempt.coordinator.completed[-1].savepoint
+    assert len(h.link.sent_of(P.Complete)) == 4
+
+
+def test_an_attempt_without_a_request_never_stops() -> None:
+    h = harness()
+    h.link.then(*registers())
+    for _ in range(50):
+        h.link.then_do(lambda: None)
+    h.link.then(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        h.attempt.run(h.stage)
+    assert not h.link.sent_of(P.Trigger) and h.attempt.stopping_with is None
+
+
+# -- where requests come from -----------------------------------------------------------------
+def test_signals_request_a_stop_and_a_second_one_aborts() -> None:
+    stop = StopRequest()
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_signals(stop, "job"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not stop.requested:  # the handler runs between bytecodes of this thread
+            assert time.monotonic() < deadline
+        assert stop.reason == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            while True:  # pragma: no branch - left by the KeyboardInterrupt
+                time.sleep(0.01)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_registry_and_the_stop_file(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    with JobEntry("click stream", "/chk", directory=str(jobs)) as entry:
+        clock = Clock()
+        stop = StopRequest(entry.stop_file, clock=clock)
+        (found,) = running_jobs(str(jobs))
+        assert (found.job, found.pid, found.checkpoint_dir) == ("click stream", os.getpid(), "/chk")
+        assert not stop.requested
+        request_stop(found)
+        assert not stop.requested  # looked for at most every POLL_SECONDS
+        clock.advance(POLL_SECONDS)
+        assert stop.requested and "jobmanager stop" in str(stop.reason)
+    assert not jobs.exists()  # entry, stop file and the emptied directory removed
+
+
+def test_entries_of_dead_drivers_are_dropped(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead = int(proc.stdout)
+    (tmp_path / f"old.{dead}.json").write_text(
+        f'{{"job": "old", "pid": {dead}, "started": 0, "checkpoint_dir": null}}'
+    )
+    assert running_jobs(str(tmp_path)) == [] and os.listdir(tmp_path) == []
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, time
+    from jobmanager.stop import JobEntry, StopRequest
+    with JobEntry("etl", None) as entry:
+        stop = StopRequest(entry.stop_file)
+        print("registered", flush=True)
+        deadline = time.monotonic() + 60
+        while not stop.requested and time.monotonic() < deadline:
+            time.sleep(0.01)
+    """
+)
+
+
+def test_the_stop_command_reaches_a_driver(
+    tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ABSFLOW_JOBS_DIR", str(tmp_path / "jobs"))
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "registered"
+        assert main(["stop", "nope"]) == 2
+        err = capsys.readouterr().err
+        assert "no job named 'nope'" in err and f"etl (pid {proc.pid})" in err
+        assert main(["stop", "etl", "--timeout", "60"]) == 0
+        out = capsys.readouterr().out
+        assert "asked job 'etl'" in out and "no savepoint was kept" in out
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_the_stop_command_prints_the_savepoint(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.coord.stop_with_savepoint()
+    h.ack(1)
+    job = RunningJob("job", 1, 0.0, h.storage.root, "x.json")
+    assert stop_command._outcome(job, 0.0) == (
+        f"job 'job' stopped with savepoint {h.storage.location(1)}"
+    )
+    later = time.time() + 100  # a savepoint older than the request is not this stop's
+    assert "without a savepoint" in stop_command._outcome(job, later)

@@ -1,0 +1,68 @@
+"""A task's TaskMetrics from its counters (what heartbeats and Finished carry)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from runtime.task_metrics import measure_task
+
+
+@dataclass
+class FakeChannel:
+    bytes_sent: int = 0
+    blocked_seconds: float = 0.0
+    pending_count: int = 0
+
+
+@dataclass
+class FakeInputs:
+    buffered_total: int = 0
+    spilled_total: int = 0
+
+
+@dataclass
+class FakeChain:
+    records_out: int = 0
+    watermark: float = -math.inf
+
+
+@dataclass
+class FakeTask:
+    channels: list[FakeChannel] = field(default_factory=list)
+    inputs: FakeInputs | None = None
+    feedback: Any = None
+    overtaking: Any = None
+    chain: FakeChain = field(default_factory=FakeChain)
+    records_in: int = 0
+    bytes_in: int = 0
+    idle_seconds: float = 0.0
+    opened_at: float = 0.0
+    peak_rss: int = 0
+    first_record_at: float = 0.0
+
+
+def test_the_figures_sum_the_channels_and_queues() -> None:
+    task = FakeTask(
+        channels=[FakeChannel(100, 0.5, 3), FakeChannel(50, 0.25, 0)],
+        inputs=FakeInputs(buffered_total=4, spilled_total=10),
+        chain=FakeChain(records_out=7, watermark=12.5),
+        records_in=9,
+        bytes_in=321,
+        idle_seconds=1.0,
+        opened_at=time.monotonic() - 4.0,
+    )
+    m = measure_task(cast(Any, task))
+    assert (m.records_in, m.records_out, m.bytes_in, m.bytes_out) == (9, 7, 321, 150)
+    assert (m.backpressure_seconds, m.output_queue, m.input_queue) == (0.75, 3, 4)
+    assert m.spilled_bytes == 10 and m.watermark == 12.5
+    assert 3.9 < m.uptime_seconds < 60 and m.rss_bytes > 0 and m.peak_rss >= m.rss_bytes
+    assert 0 < m.busy_share < 1
+
+
+def test_no_watermark_yet_and_the_end_of_time_are_not_reported() -> None:
+    for wm in (-math.inf, math.inf):
+        assert measure_task(cast(Any, FakeTask(chain=FakeChain(watermark=wm)))).watermark is None
+    assert measure_task(cast(Any, FakeTask())).uptime_seconds == 0.0  # not opened yet

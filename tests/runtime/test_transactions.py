@@ -1,0 +1,207 @@
+"""The transactional sink contract: txn ids, pre-commit/commit/recover, the committer thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import msgpack
+import pytest
+
+from runtime.sinks import SinkContext, TwoPhaseCommitSink
+from runtime.transactions import CommitFailedError, TxnId
+
+
+class Ledger:
+    """A fake external system: transactions by id, committed in order."""
+
+    def __init__(self) -> None:
+        self.committed: list[tuple[int, list[Any]]] = []
+        self.begun: list[str] = []
+        self.aborted: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail_next = 0
+        self.commit_threads: set[str] = set()
+
+
+class LedgerSink(TwoPhaseCommitSink):
+    def __init__(self, ledger: Ledger, off_loop: bool = True) -> None:
+        self.ledger = ledger
+        self.commit_off_loop = off_loop
+
+    def begin_transaction(self, txn_id: TxnId) -> Any:
+        self.ledger.begun.append(str(txn_id))
+        return []
+
+    def write_to_transaction(self, txn: Any, records: list[Any]) -> None:
+        txn.extend(records)
+
+    def pre_commit(self, txn: Any, checkpoint_id: int) -> Any:
+        return list(txn)
+
+    def commit(self, checkpoint_id: int, handle: Any) -> None:
+        self.ledger.commit_threads.add(threading.current_thread().name)
+        self.ledger.gate.wait(10)
+        if self.ledger.fail_next:
+            self.ledger.fail_next -= 1
+            raise ConnectionError("ledger down")
+        if checkpoint_id not in [n for n, _ in self.ledger.committed]:  # idempotent
+            self.ledger.committed.append((checkpoint_id, list(handle)))
+
+    def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
+        super().recover(pending, checkpoint_id)
+        self.ledger.aborted.append(-1 if checkpoint_id is None else checkpoint_id)
+
+
+def ctx(subtask: int = 0, attempt: int = 0) -> SinkContext:
+    return SinkContext("out", subtask, 2, attempt, lambda n, r: None, job="clicks")
+
+
+def opened(ledger: Ledger, off_loop: bool = True, attempt: int = 0) -> LedgerSink:
+    sink = LedgerSink(ledger, off_loop)
+    sink.open(ctx(attempt=attempt))
+    sink.restore_state(None)
+    return sink
+
+
+def wait_for(cond: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.005)
+
+
+def test_txn_ids_are_derived_from_job_step_subtask_checkpoint() -> None:
+    txn = TxnId("clicks job", "pg:out", 3, 7)
+    assert str(txn) == "absflow:clicks_job:pg_out:3:7"
+    assert TxnId.parse(str(txn)) == TxnId("clicks_job", "pg_out", 3, 7)
+    assert TxnId.parse("someone-else:1") is None
+    assert txn.owner == "absflow:clicks_job:pg_out:3"
+
+
+def test_the_id_of_a_transaction_is_known_when_it_begins() -> None:
+    ledger = Ledger()
+    sink = opened(ledger, off_loop=False)
+    sink.write_batch([1])
+    sink.snapshot_state(1)
+    sink.snapshot_state(4)  # ids may skip (aborted checkpoints elsewhere)
+    assert ledger.begun == [
+        "absflow:clicks:out:0:1",
+        "absflow:clicks:out:0:2",
+        "absflow:clicks:out:0:5",
+    ]
+
+
+def test_snapshot_holds_pending_and_the_next_id() -> None:
+    sink = opened(Ledger(), off_loop=False)
+    sink.write_batch(["a"])
+    state = sink.snapshot_state(3)
+    assert state == {"pending": [[3, ["a"]]], "checkpoint": 3, "next": 4}
+
+
+def test_commits_run_off_the_task_loop_and_never_block_records() -> None:
+    ledger = Ledger()
+    sink = opened(ledger)
+    sink.write_batch([1, 2])
+    sink.snapshot_state(1)
+    ledger.gate.clear()  # the external system hangs
+    sink.notify_checkpoint_complete(1)
+    sink.write_batch([3])  # returns although the commit is stuck
+    state = sink.snapshot_state(2)
+    # Not confirmed yet: still pending in the snapshot (a restore would commit it).
+    assert [n for n, _ in state["pending"]] == [1, 2]
+    ledger.gate.set()
+    wait_for(lambda: ledger.committed == [(1, [1, 2])])
+    assert ledger.commit_threads == {"commit-out"}
+    wait_for(lambda: 1 not in sink.pending)
+    sink.notify_checkpoint_complete(2)
+    sink.close()
+    assert ledger.committed == [(1, [1, 2]), (2, [3])]
+
+
+def test_committer_retries_then_commits() -> None:
+    ledger = Ledger()
+    ledger.fail_next = 2
+    sink = opened(ledger)
+    sink.committer.backoff_s = 0.01  # type: ignore[union-attr]
+    sink.write_batch(["x"])
+    sink.snapshot_state(1)
+    sink.notify_checkpoint_complete(1)
+    sink.close()
+    assert ledger.committed == [(1, ["x"])]
+
+
+def test_a_commit_that_keeps_failing_fails_the_task_loop_and_stays_pending() -> None:
+    ledger = Ledger()
+    ledger.fail_next = 100
+    sink = opened(ledger)
+    sink.committer.backoff_s = 0.001  # type: ignore[union-attr]
+    sink.write_batch(["x"])
+    state = sink.snapshot_state(1)
+    sink.notify_checkpoint_complete(1)
+    wait_for(lambda: sink.committer.failure is not None)  # type: ignore[union-attr]
+    with pytest.raises(CommitFailedError, match="sink 'out': a commit failed 6 times"):
+        sink.write_batch(["y"])
+    assert 1 in sink.pending
+    # The restarted task restores checkpoint 1 and commits it again.
+    ledger.fail_next = 0
+    fresh = LedgerSink(ledger)
+    fresh.open(ctx(attempt=1))
+    fresh.restore_state(msgpack.unpackb(msgpack.packb(state)))
+    assert ledger.committed == [(1, ["x"])]
+    fresh.close()
+
+
+def test_final_checkpoint_waits_for_its_commits() -> None:
+    ledger = Ledger()
+    sink = opened(ledger)
+    sink.write_batch(["last"])
+    sink.finish()
+    sink.snapshot_state(9)
+    sink.notify_checkpoint_complete(9)
+    assert ledger.committed == [(9, ["last"])]  # committed before the task may end
+    sink.close()
+
+
+def test_aborted_checkpoint_keeps_its_transaction_for_the_next() -> None:
+    ledger = Ledger()
+    sink = opened(ledger, off_loop=False)
+    sink.write_batch(["a"])
+    sink.snapshot_state(1)
+    sink.notify_checkpoint_aborted(1)
+    sink.write_batch(["b"])
+    sink.snapshot_state(2)
+    sink.notify_checkpoint_complete(2)
+    assert ledger.committed == [(1, ["a"]), (2, ["b"])]
+
+
+def test_recover_commits_the_restored_pending_and_is_told_the_checkpoint() -> None:
+    ledger = Ledger()
+    sink = opened(ledger, off_loop=False)
+    sink.write_batch(["a"])
+    state = sink.snapshot_state(5)
+    fresh = LedgerSink(ledger, off_loop=False)
+    fresh.open(ctx(attempt=1))
+    fresh.restore_state(state)
+    assert ledger.committed == [(5, ["a"])]
+    assert ledger.aborted == [-1, 5]
+    assert ledger.begun[-1] == "absflow:clicks:out:0:6"
+
+
+def test_sink_operator_tells_the_sink_of_an_aborted_checkpoint() -> None:
+    from runtime.graph import Step, StepKind
+    from runtime.operators import OperatorContext, SinkOperator
+
+    class Told(LedgerSink):
+        def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+            self.told = checkpoint_id
+
+    sink = Told(Ledger(), off_loop=False)
+    step = Step(0, "out", StepKind.SINK, 1, fn=sink)
+    op_ctx = OperatorContext(0, 128, ctx())
+    op = SinkOperator(step, op_ctx)
+    op.open(op_ctx)
+    op.notify_checkpoint_aborted(4)
+    assert sink.told == 4

@@ -1,0 +1,82 @@
+"""The one metrics schema: round trips, old metadata, unknown keys, bad values."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+
+from statebackend.metadata import CheckpointMetadata
+from statebackend.metrics import (
+    AckMetrics,
+    CheckpointSummary,
+    TaskMetrics,
+    decode,
+    encode,
+    summarize,
+)
+
+
+def test_records_round_trip_through_encode_and_decode() -> None:
+    task = TaskMetrics(records_in=10, bytes_out=99, backpressure_seconds=0.5, watermark=3.0)
+    assert decode(TaskMetrics, json.loads(json.dumps(task.encode()))) == task
+    ack = AckMetrics(alignment_ms=2.5, channel_state_bytes=7)
+    assert decode(AckMetrics, encode(ack)) == ack
+
+
+def test_missing_fields_take_defaults_and_unknown_keys_are_kept() -> None:
+    old = {"sync_ms": 1.5, "savepoint": True}  # an older writer; a key of a newer one
+    ack = decode(AckMetrics, old)
+    assert ack.sync_ms == 1.5 and ack.alignment_ms == 0.0
+    assert ack.extra == {"savepoint": True}
+    assert ack.encode()["savepoint"] is True
+
+
+def test_a_value_of_the_wrong_type_names_the_field() -> None:
+    with pytest.raises(ValueError, match=r"TaskMetrics.records_in: 'many' is not a int"):
+        decode(TaskMetrics, {"records_in": "many"})
+
+
+def test_a_writer_with_a_key_the_schema_lacks_fails() -> None:
+    # The checkpointer builds AckMetrics(**figures): a misspelt key cannot slip through.
+    with pytest.raises(TypeError):
+        AckMetrics(**{"alignment_msec": 1.0})  # type: ignore[arg-type]
+
+
+def test_shares_of_the_uptime() -> None:
+    m = TaskMetrics(uptime_seconds=10.0, idle_seconds=2.0, backpressure_seconds=3.0)
+    assert m.backpressure_share == pytest.approx(0.3)
+    assert m.busy_share == pytest.approx(0.5)
+    assert TaskMetrics().busy_share == 0.0
+
+
+def test_summarize_sums_and_maxes_the_acks() -> None:
+    s = summarize(
+        {"a": AckMetrics(alignment_ms=1.0, state_bytes=10), "b": AckMetrics(alignment_ms=3.0)},
+        "exactly_once",
+        12.3456,
+    )
+    assert (s.tasks, s.max_alignment_ms, s.mean_alignment_ms) == (2, 3.0, 2.0)
+    assert (s.state_bytes, s.mode, s.duration_ms) == (10, "exactly_once", 12.346)
+
+
+def test_metadata_written_before_the_schema_still_reads() -> None:
+    # The _metadata of an older absflow: free-form metric maps, some keys missing.
+    body = {
+        "checkpoint_id": 4,
+        "job": "wc",
+        "attempt": 0,
+        "final": False,
+        "trigger_time": 1.0,
+        "completed_time": 2.0,
+        "duration_ms": 5.0,
+        "max_parallelism": 128,
+        "tasks": {},
+        "task_metrics": {"count[0]": {"start_delay_ms": 0.4, "alignment_ms": 2.0}},
+        "metrics": {"tasks": 1, "max_alignment_ms": 2.0, "duration_ms": 5.0},
+    }
+    crc = zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    meta = CheckpointMetadata.from_json(json.dumps({**body, "crc32": crc}))
+    assert meta.task_metrics["count[0]"].alignment_ms == 2.0
+    assert meta.metrics == CheckpointSummary(tasks=1, max_alignment_ms=2.0, duration_ms=5.0)
