@@ -185,10 +185,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_task_processes_end_when_the_driver_is_killed() -> None:
+def test_task_processes_end_when_the_driver_is_killed(tmp_path: Any) -> None:
+    # A SIGKILLed driver leaves its files (its running-job entry): in its own TMPDIR.
     driver = subprocess.Popen(
         [sys.executable, "-c", DRIVER],
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TMPDIR=str(tmp_path)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
