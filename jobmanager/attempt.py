@@ -135,6 +135,15 @@ class Attempt:
             self._fire(faults.due(now, self._can_kill, self._periodic_pending))
             self._show_progress()
 
+    def _read_waiting(self) -> Failure | None:
+        """Handle the control messages already waiting (without waiting for more)."""
+        for msg in self.run_services.link.receive(0):
+            if getattr(msg, "attempt", self.number) == self.number:
+                failure = self.on_message(msg)
+                if failure is not None:
+                    return failure
+        return None
+
     def _observe(self, now: float) -> None:
         """Registration complete, first record: tell the coordinator, faults and metrics."""
         if self.all_registered_at is None and len(self.registered) == len(self.tasks):
@@ -166,7 +175,15 @@ class Attempt:
 
     def _check(self, now: float, stage: Stage) -> Failure | None:
         """Everything that can end the attempt besides a task's own report."""
-        dead = self.run_services.liveness.dead_task(self.tasks.values())
+        liveness = self.run_services.liveness
+        dead = liveness.dead_task(self.tasks.values())
+        if dead is not None:
+            # A task that closed and exited (the local launcher's processes exit; Spark's
+            # are pooled) may have its Closed waiting behind the disconnect: read it first.
+            failure = self._read_waiting()
+            if failure is not None:
+                return failure
+            dead = liveness.gone_task(self.tasks.values())
         if dead is not None:
             return self._task_failure(
                 FailureCause.TASK_DIED,

@@ -69,10 +69,10 @@ class Failure:
 
 def classify_stage_error(text: str) -> FailureCause:
     """The cause of a barrier stage that Spark reports as failed, from its error text
-    (a Py4JJavaError carries no structured reason)."""
+    (a Py4JJavaError carries no structured reason), or the local launcher's."""
     if "exited unexpectedly" in text or "crashed" in text:
         return FailureCause.TASK_DIED
-    if "PythonException" in text:
+    if "PythonException" in text or "raised an exception" in text:
         return FailureCause.TASK_ERROR
     return FailureCause.STAGE_FAILED
 

@@ -1,4 +1,5 @@
-"""Spark side of the driver: the session, the slot check, and one barrier stage per attempt.
+"""Spark side of the driver: the session, the slot check, and one barrier stage per attempt
+(`SparkBarrierLauncher`, the job manager's default launcher; see ``jobmanager.launchers``).
 
 Every attempt of a job is one barrier-mode result stage of N tasks (one per
 physical task) run from a background thread of the driver. Spark never retries a
@@ -79,10 +80,7 @@ def ensure_session(
         _stop_owned()
     # Workers must run this interpreter and import what the driver imports.
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    paths = [p for p in sys.path if p and os.path.isdir(p)]
-    if os.getcwd() not in paths:
-        paths.insert(0, os.getcwd())
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    os.environ["PYTHONPATH"] = task_pythonpath()
     # Two spare slots: a restarted attempt finds idle, warm Python workers.
     master = config.local_master or f"local[{tasks_needed + SPARE_SLOTS}]"
     spark = (
@@ -101,6 +99,15 @@ def ensure_session(
     _owned_session = spark
     warm_up(spark.sparkContext, available_slots(spark.sparkContext), say=say)
     return spark
+
+
+def task_pythonpath() -> str:
+    """The driver's ``sys.path`` (and working directory) as a PYTHONPATH, so that task
+    processes import what the driver imports (user functions pickled by reference)."""
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    if os.getcwd() not in paths:
+        paths.insert(0, os.getcwd())
+    return os.pathsep.join(dict.fromkeys(paths))
 
 
 def _load_task_code(_: Any) -> list[int]:
@@ -325,3 +332,36 @@ def describe_stage_error(err: BaseException) -> str:
         return "a task raised an exception"
     first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
     return first[:300]
+
+
+class SparkBarrierLauncher:
+    """Each attempt as one Spark barrier stage (the product's way to run a job)."""
+
+    name = "spark"
+
+    def __init__(self) -> None:
+        self.spark: Any = None
+        self.host = "127.0.0.1"
+        self.local_hosts: set[str] = set()
+
+    def prepare(self, tasks: int, config: JobConfig, say: Callable[[str], None]) -> None:
+        """The session, then every check that can fail before an attempt is submitted."""
+        self.spark = ensure_session(tasks, config, say=say)
+        sc = classic_context(self.spark)
+        check_dynamic_allocation(sc)
+        check_checkpoint_dir(sc.master, config.checkpoint_dir, config.checkpointing)
+        check_slots(sc, tasks, wait=config.executor_wait, say=say)
+        self.host = driver_host(sc)
+        self.local_hosts = {self.host, "127.0.0.1", "localhost", socket.gethostname()}
+
+    def before_restart(self, tasks: int, config: JobConfig, say: Callable[[str], None]) -> None:
+        """A lost executor (a worker gone with its machine) takes its slots along: wait,
+        bounded, for the cluster to replace them rather than submitting a barrier stage
+        Spark would hold silently for minutes."""
+        check_slots(self.spark.sparkContext, tasks, wait=config.executor_wait, say=say)
+
+    def start(self, plan: JobPlan, env: TaskEnvironment, group: str) -> StageRunner:
+        return StageRunner(self.spark, plan, env, group).start()
+
+    def close(self) -> None:
+        """The session outlives the job (reused by the next one, stopped at exit)."""

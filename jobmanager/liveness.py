@@ -87,6 +87,10 @@ class Liveness:
         ~1 s for Spark to report the failed stage)."""
         if not self._disconnected():
             return None
+        return self.gone_task(tasks)
+
+    def gone_task(self, tasks: Iterable[TaskProcess]) -> TaskProcess | None:
+        """A registered, local, unclosed task whose process is gone (checked now)."""
         for t in tasks:
             if t.pid and self.is_local(t) and not t.closed and not self.is_alive(t.pid):
                 return t

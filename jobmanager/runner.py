@@ -2,8 +2,9 @@
 when one fails, restarts the job from the latest completed checkpoint under the
 restart strategy, unless the failure is one a restart cannot fix.
 
-One thread (the caller of ``run_job``) owns the ROUTER socket and all state;
-Spark's stage runs in a background thread and reports its end through a queue.
+One thread (the caller of ``run_job``) owns the ROUTER socket and all state; each
+attempt's stage (a Spark barrier stage, or local task processes: ``jobmanager.launchers``)
+runs in a background thread and reports its end through a queue.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import copy
 import errno
 import logging
 import shutil
-import socket
 import tempfile
 import time
 import uuid
@@ -23,11 +23,11 @@ from typing import Any
 import zmq
 
 from channels import control as P
-from jobmanager import launcher
 from jobmanager.attempt import Attempt
 from jobmanager.failures import Failure, FailureHistory, restore_point_words
 from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.faults import DriverKill, relative_to_run, resolve_faults
+from jobmanager.launchers import Launcher, select_launcher
 from jobmanager.liveness import Liveness, ctrl_c_deferred
 from jobmanager.metrics import CommittedOutputs, RunMetrics
 from jobmanager.progress import Progress
@@ -128,26 +128,16 @@ class JobManager:
 
     def _run(self) -> JobResult:
         try:
-            spark = launcher.ensure_session(
-                len(self.plan.tasks), self.config, say=self.progress.say
-            )
-            sc = launcher.classic_context(spark)
-            launcher.check_dynamic_allocation(sc)
-            launcher.check_checkpoint_dir(
-                sc.master, self.config.checkpoint_dir, self.config.checkpointing
-            )
-            launcher.check_slots(
-                sc, len(self.plan.tasks), wait=self.config.executor_wait, say=self.progress.say
-            )
+            self.launcher = select_launcher(self.config)
+            self.launcher.prepare(len(self.plan.tasks), self.config, say=self.progress.say)
         except BaseException:
             self._remove_owned_dirs()
             raise
-        local_hosts = {launcher.driver_host(sc), "127.0.0.1", "localhost", socket.gethostname()}
+        host = self.launcher.host
         self.zctx = zmq.Context()
         try:
             self.router = self.zctx.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
-            host = launcher.driver_host(sc)
             port = self.router.bind_to_random_port(f"tcp://{host}")
             # A dying task process drops its connection at once: check PIDs on every
             # disconnect instead of waiting ~1 s for Spark to report the failed stage.
@@ -168,7 +158,9 @@ class JobManager:
                 self.progress.ui_url = url
             self.services = RunServices(
                 link=RouterLink(self.router),
-                liveness=Liveness(local_hosts, self.config.heartbeat_timeout, self.monitor),
+                liveness=Liveness(
+                    self.launcher.local_hosts, self.config.heartbeat_timeout, self.monitor
+                ),
                 faults=self.faults,
                 metrics=self.metrics,
                 outputs=self.outputs,
@@ -178,7 +170,7 @@ class JobManager:
             )
             try:
                 with entry, stop_signals(self.stop, self.plan.name):
-                    result = self._attempts(spark, time.monotonic())
+                    result = self._attempts(self.launcher, time.monotonic())
             except BaseException as err:
                 dashboard.finish("failed", f"{type(err).__name__}: {err}")
                 raise
@@ -187,6 +179,7 @@ class JobManager:
             return result
         finally:
             with ctrl_c_deferred():
+                self.launcher.close()
                 self.progress.close()
                 self.router.disable_monitor()
                 self.monitor.close(linger=0)
@@ -195,14 +188,14 @@ class JobManager:
                 self._remove_owned_dirs()
                 remove_run(self.run_id)  # scratch dirs of tasks killed on this host
 
-    def _attempts(self, spark: Any, started: float) -> JobResult:
+    def _attempts(self, launcher: Launcher, started: float) -> JobResult:
         """The attempt loop across restarts."""
         restore = self.initial_restore
         number = 0
         while True:
             self.faults.start_attempt(number)
             self.metrics.start_attempt(restore.checkpoint_id if restore else None)
-            attempt = self._run_attempt(spark, number, restore, started)
+            attempt = self._run_attempt(launcher, number, restore, started)
             failure = attempt.failure
             if failure is None:
                 break
@@ -210,16 +203,8 @@ class JobManager:
             restore, delay = self._recover(failure, number, restore, failed_at)
             time.sleep(delay)
             number += 1
-            # A lost executor (a worker gone with its machine) takes its slots along:
-            # wait, bounded, for the cluster to replace them rather than submitting a
-            # barrier stage Spark would hold silently for minutes.
             try:
-                launcher.check_slots(
-                    spark.sparkContext,
-                    len(self.plan.tasks),
-                    wait=self.config.executor_wait,
-                    say=self.progress.say,
-                )
+                launcher.before_restart(len(self.plan.tasks), self.config, say=self.progress.say)
             except InsufficientSlotsError as err:
                 raise InsufficientSlotsError(
                     f"job '{self.plan.name}' cannot restart after attempt {number - 1} failed "
@@ -340,7 +325,7 @@ class JobManager:
 
     # -- one attempt -----------------------------------------------------------------------
     def _run_attempt(
-        self, spark: Any, attempt: int, restore: RestorePoint | None, started: float
+        self, launcher: Launcher, attempt: int, restore: RestorePoint | None, started: float
     ) -> Attempt:
         """Run attempt ``attempt`` to its end; its ``failure`` is None when it finished."""
         plan, config = self.plan, self.config
@@ -364,7 +349,7 @@ class JobManager:
             job_started=started,
             submit_wall=time.time(),
         )
-        stage = launcher.StageRunner(spark, plan, env, f"absflow-{self.run_id}-{attempt}").start()
+        stage = launcher.start(plan, env, f"absflow-{self.run_id}-{attempt}")
         try:
             run.run(stage)
         finally:

@@ -60,7 +60,8 @@ class ControlLink(Protocol):
 
 
 class Stage(Protocol):
-    """An attempt's barrier stage (``launcher.StageRunner``)."""
+    """An attempt's running tasks: a Spark barrier stage (``launcher.StageRunner``) or
+    local task processes (``local_launcher.LocalStage``); see ``jobmanager.launchers``."""
 
     outcome: queue.Queue[BaseException | None]
 

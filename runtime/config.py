@@ -11,6 +11,10 @@ from runtime.errors import GraphError
 from statebackend.metadata import CheckpointMetadata
 from statebackend.storage import CheckpointStorage
 
+# How the job manager starts the tasks (``jobmanager.launchers``): a Spark barrier stage
+# per attempt (the product), or local processes without Spark (the test harness).
+LAUNCHERS = ("spark", "local")
+
 
 class SnapshotMode(enum.Enum):
     EXACTLY_ONCE = "exactly_once"  # aligned ABS: block channels until all barriers arrived
@@ -29,6 +33,8 @@ class JobConfig:
     an fsspec URL (``s3://bucket/prefix``, ``hdfs://namenode:8020/path``) opened with
     ``storage_options`` (endpoint, credentials, ...: passed to fsspec as keywords, on the
     driver and in every task; kept out of ``repr``, since they may hold secrets).
+    ``launcher``: ``"spark"`` (the default) runs every attempt as a Spark barrier stage;
+    ``"local"`` runs the tasks as local processes without Spark (``runtime.testing``).
     ``allow_non_restored_state``: ``run(restore_from=...)`` drops (with a warning) the
     state of checkpointed steps the job no longer has, instead of refusing the checkpoint.
     """
@@ -70,8 +76,14 @@ class JobConfig:
     debug_drop_event_time: bool = False  # tests only: restore without timers and watermarks
     debug_skip_drain: bool = False  # tests only: synchronous snapshots without waiting to drain
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False, hash=False)
+    launcher: str | None = None  # "spark" | "local"; None: $ABSFLOW_LAUNCHER, else spark
 
     def __post_init__(self) -> None:
+        if self.launcher is not None and self.launcher not in LAUNCHERS:
+            raise GraphError(
+                f"launcher {self.launcher!r} is unknown; use one of {', '.join(LAUNCHERS)} "
+                "('local' runs the tasks as local processes without Spark, for tests)."
+            )
         if isinstance(self.snapshot_mode, str):
             try:
                 object.__setattr__(self, "snapshot_mode", SnapshotMode(self.snapshot_mode))

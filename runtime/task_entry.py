@@ -1,9 +1,13 @@
-"""The task process's entry point inside a Spark barrier stage.
+"""The task process's entry point, whatever launched it.
 
-``run_barrier_task`` runs once per barrier task (the Python worker process): it learns
-its index and host from the `BarrierTaskContext`, binds its input gates, exchanges the
-endpoints with every other task (``allGather``), then builds, opens and runs its
-`Task` (``runtime.task``) and always closes what it opened, gracefully or not.
+``run_task`` runs once per task process: it binds its input gates, exchanges the
+endpoints with every other task of the attempt (``exchange``: all tasks' messages, in
+task order), then builds, opens and runs its `Task` (``runtime.task``) and always
+closes what it opened, gracefully or not.
+
+``run_barrier_task`` is the Spark barrier task's (index and host from the
+`BarrierTaskContext`, the exchange by ``allGather``); ``runtime.local_entry`` is the
+local launcher's (the exchange through the job manager's pipes).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -22,7 +27,10 @@ from runtime.plan import JobPlan
 from runtime.task import Task
 from runtime.task_io import ZmqTaskIO
 
-__all__ = ["run_barrier_task"]
+__all__ = ["Exchange", "run_barrier_task", "run_task"]
+
+# One message (this task's endpoints, JSON) in, every task's messages (task order) out.
+Exchange = Callable[[str], list[str]]
 
 
 def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
@@ -31,10 +39,17 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
 
     ctx = BarrierTaskContext.get()
     index = ctx.partitionId()
-    spec = plan.tasks[index]
     host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
     with contextlib.suppress(OSError):
         host = socket.gethostbyname(host)  # bind needs an address, Spark may give a name
+    return run_task(plan, env, index, host, ctx.allGather)
+
+
+def run_task(
+    plan: JobPlan, env: TaskEnvironment, index: int, host: str, exchange: Exchange
+) -> list[Any]:
+    """Run task ``index`` of ``plan`` on ``host`` (the address its gates bind on)."""
+    spec = plan.tasks[index]
     zctx = zmq.Context()
     gate: InputGate | None = None
     feedback: InputGate | None = None
@@ -48,7 +63,7 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
         feedback = InputGate(zctx, host, rcvhwm=hwm) if spec.back_edge_inputs else None
         if spec.regular_inputs and env.config.barriers_overtake:
             priority = InputGate(zctx, host, rcvhwm=1000)
-        gathered = ctx.allGather(
+        gathered = exchange(
             json.dumps([index] + [g.endpoint if g else "" for g in (gate, feedback, priority)])
         )
         exchanged = [json.loads(m) for m in gathered]

@@ -1,4 +1,5 @@
-"""Shared fixtures: one SparkSession per test session, a leak check per test, a
+"""Shared fixtures: one SparkSession per test session, a leak check per test, the
+test harness (``harness``: jobs run as local task processes, without Spark), a
 local fake S3 (moto's server on loopback) for the checkpoint-storage tests, a
 PostgreSQL server in a temp dir for the connector tests, and a
 Spark standalone cluster on 127.0.0.1 for the tests that need a real one."""
@@ -130,6 +131,54 @@ def no_leaks(spark: Any) -> Iterator[None]:
         time.sleep(0.1)
     assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
     assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
+
+
+def child_processes(parent: int | None = None) -> set[int]:
+    """PIDs of the living children (zombies excluded) of ``parent`` (default: this process)."""
+    me, found = str(parent or os.getpid()), set()
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[1] == me and fields[0] != "Z":
+            found.add(int(stat.split("/")[2]))
+    return found
+
+
+@pytest.fixture
+def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Jobs of the test run on the local launcher (``runtime.testing``: task processes
+    without Spark, ``ABSFLOW_LAUNCHER=local``). After the test: no task process, port or
+    absflow temp dir is left."""
+    from jobmanager.launchers import ENV_VAR
+
+    monkeypatch.setenv(ENV_VAR, "local")
+    ports, dirs, children = _listening_ports(), _absflow_tmp(), child_processes()
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        extra_ports, extra_dirs = _listening_ports() - ports, _absflow_tmp() - dirs
+        extra_children = child_processes() - children
+        if not (extra_ports or extra_dirs or extra_children) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not extra_children, f"task processes left behind: {sorted(extra_children)}"
+    assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
+    assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
+
+
+@pytest.fixture(autouse=True)
+def _launcher_by_marker(request: pytest.FixtureRequest) -> None:
+    """Tests marked ``harness`` run on the test harness (the ``harness`` fixture); in such
+    a module, a test also marked ``integration`` stays on local Spark (``no_leaks``)."""
+    if request.node.get_closest_marker("harness") is None:
+        return
+    if request.node.get_closest_marker("integration") is not None:
+        request.getfixturevalue("no_leaks")
+    else:
+        request.getfixturevalue("harness")
 
 
 # -- S3 (moto) -----------------------------------------------------------------------------

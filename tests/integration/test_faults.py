@@ -1,5 +1,6 @@
-"""Fault injection on local Spark: real SIGKILLs of task processes (and a raising UDF);
-every run's output must equal a failure-free run's, record for record."""
+"""Fault injection on the test harness (a few tests on local Spark): real SIGKILLs of
+task processes (and a raising UDF); every run's output must equal a failure-free run's,
+record for record."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ from tests.integration.topologies import (
     write_corpus,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
+# On the test harness (local task processes, real SIGKILLs); tests marked integration
+# run on local Spark (see tests/conftest.py).
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 CHK: dict[str, Any] = {"checkpoint_interval": 0.1}
 
@@ -39,6 +42,7 @@ def multiset(records: list[Any]) -> collections.Counter[Any]:
     return collections.Counter(records)
 
 
+@pytest.mark.integration  # also on local Spark
 def test_wordcount_survives_a_killed_counter(tmp_path: Any) -> None:
     paths = write_corpus(str(tmp_path), 120_000)
     reference = slow_words(paths, **CHK).run()
@@ -59,6 +63,7 @@ def test_diamond_with_two_shuffles_survives_a_kill() -> None:
     assert multiset(result.output("by5")) == expected["by5"]
 
 
+@pytest.mark.integration  # also on local Spark
 def test_a_task_on_another_host_kills_itself_when_asked(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -289,6 +294,7 @@ def _explode(x: int) -> int:
     return x
 
 
+@pytest.mark.integration  # also on local Spark
 def test_a_udf_that_always_raises_fails_fast_and_says_why() -> None:
     flow = Dataflow("always", parallelism=2, checkpoint_interval=0.1)
     (

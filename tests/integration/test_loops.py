@@ -16,7 +16,9 @@ from tests.integration.loops import (
     multiplying_expected,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
+# On the test harness (local task processes); tests marked integration run on local
+# Spark (see tests/conftest.py).
+pytestmark = [pytest.mark.harness]
 
 CHK = {"checkpoint_interval": 0.1}
 N = 3_000
@@ -31,6 +33,7 @@ def logged(result: Any) -> int:
     return sum(c.get("backedge_records", 0) for c in result.checkpoints if not c["final"])
 
 
+@pytest.mark.integration  # also on local Spark
 def test_collatz_is_exact_and_checkpoints_log_records_in_flight() -> None:
     result = collatz(N, rate=RATE, **CHK).run()
     assert out(result) == collatz_expected(N)

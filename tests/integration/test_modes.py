@@ -1,7 +1,7 @@
-"""Snapshot modes on local Spark with real SIGKILLs: unaligned checkpoints, aligned ones
-with a timeout and synchronous ones give output equal to a failure-free run, record for
-record; the channel state the first two log is what makes that so (the companion drops
-it on restore)."""
+"""Snapshot modes on the test harness (one test on local Spark) with real SIGKILLs:
+unaligned checkpoints, aligned ones with a timeout and synchronous ones give output equal
+to a failure-free run, record for record; the channel state the first two log is what
+makes that so (the companion drops it on restore)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from statebackend.errors import IncompatibleCheckpointError
 from statebackend.storage import CheckpointStorage
 from tests.integration.topologies import diamond, diamond_expected, pipeline, pipeline_expected
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
+# On the test harness (local task processes); tests marked integration run on local
+# Spark (see tests/conftest.py).
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 MODES: dict[str, dict[str, Any]] = {
     "unaligned": {"snapshot_mode": "unaligned"},
@@ -54,6 +56,7 @@ def test_a_killed_join_task_recovers_exactly(mode: str) -> None:
     assert exact(result, n)
 
 
+@pytest.mark.integration  # also on local Spark
 def test_unaligned_kills_of_every_kind_of_task() -> None:
     n = 16_000
     faults = [

@@ -12,7 +12,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmar
 
 from paper_topology import TASKS_PER_P, build, check
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
+# On the test harness (local task processes); tests marked integration run on local
+# Spark (see tests/conftest.py).
+pytestmark = [pytest.mark.harness]
 
 
 def test_six_tasks_per_parallelism() -> None:
@@ -36,6 +38,7 @@ def test_each_mode_gives_the_checked_result(config: dict[str, object]) -> None:
     assert result.checkpoints_completed > 0, result.summary()
 
 
+@pytest.mark.integration  # also on local Spark
 def test_the_hot_slow_key_variant_gives_the_checked_result() -> None:
     n = 20_000
     flow = build(n, 2, hot_share=4, slow_key=0, slow_seconds=0.00002, checkpoint_interval=0.1)

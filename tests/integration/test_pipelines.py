@@ -1,4 +1,5 @@
-"""Real pipelines on local Spark with real ZeroMQ channels and real files."""
+"""Real pipelines with real ZeroMQ channels and real files, on the test harness (local
+task processes without Spark), a few on local Spark."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from tests.integration.topologies import (
     write_corpus,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
+# On the test harness (local task processes); tests marked integration run on local
+# Spark (see tests/conftest.py).
+pytestmark = [pytest.mark.harness]
 
 
 def test_wordcount_equals_counter(tmp_path: Any) -> None:
@@ -35,6 +38,7 @@ def test_wordcount_equals_counter(tmp_path: Any) -> None:
     assert result.restarts == []
 
 
+@pytest.mark.integration  # also on local Spark
 def test_wordcount_at_parallelism_three_with_checkpoints(tmp_path: Any) -> None:
     paths = write_corpus(str(tmp_path), 20_000)
     result = wordcount(
@@ -120,6 +124,7 @@ def test_filter_flat_map_process_and_file_sink(tmp_path: Any) -> None:
     assert all(sorted(v) == list(range(1, len(v) + 1)) for v in per_key.values())
 
 
+@pytest.mark.integration  # also on local Spark
 def test_udf_error_names_the_operator() -> None:
     flow = Dataflow("boom", parallelism=2)
 

@@ -12,7 +12,9 @@ import pytest
 from runtime import Dataflow, IncompatibleCheckpointError
 from runtime.sources import GeneratorSource
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
+# On the test harness (local task processes); tests marked integration run on local
+# Spark (see tests/conftest.py).
+pytestmark = [pytest.mark.harness]
 
 
 def counting(
@@ -29,6 +31,7 @@ def counting(
     return flow
 
 
+@pytest.mark.integration  # also on local Spark
 def test_restore_keyed_state_at_another_parallelism(tmp_path: Any) -> None:
     root = str(tmp_path / "chk")
     first = counting(3_000, 2, checkpoint_interval=0.05, checkpoint_dir=root).run()

@@ -9,7 +9,9 @@ import pytest
 from runtime import Dataflow, TaskFailedError
 from runtime.sources import CollectionSource
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
+# On the test harness (local task processes); tests marked integration run on local
+# Spark (see tests/conftest.py).
+pytestmark = [pytest.mark.harness]
 
 
 def _as_set(x: int) -> set[int]:
@@ -43,7 +45,10 @@ def across_shuffle(**config: Any) -> Dataflow:
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize(
     ("build", "step"),
-    [(into_collect, "to_set"), (across_shuffle, "pair")],
+    [
+        pytest.param(into_collect, "to_set", marks=pytest.mark.integration),  # on local Spark
+        (across_shuffle, "pair"),
+    ],
     ids=["collect", "shuffle"],
 )
 def test_a_set_fails_fast_naming_its_step(build: Any, step: str, checkpointing: bool) -> None:

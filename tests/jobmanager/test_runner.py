@@ -214,7 +214,7 @@ class ScriptedAttempts:
         self.failures = failures
         self.run: list[int] = []
 
-    def __call__(self, _spark: Any, number: int, *_args: Any) -> Any:
+    def __call__(self, _launcher: Any, number: int, *_args: Any) -> Any:
         self.run.append(number)
         died = Failure(FailureCause.TASK_DIED, "count", number, f"task count[{number}] is gone")
         failure = died if number < self.failures else None
@@ -223,6 +223,13 @@ class ScriptedAttempts:
 
 class FakeSession:
     sparkContext = object()
+
+
+def spark_launcher() -> launcher.SparkBarrierLauncher:
+    """The Spark launcher as ``prepare`` leaves it, on a fake session."""
+    spark = launcher.SparkBarrierLauncher()
+    spark.spark = FakeSession()
+    return spark
 
 
 def test_a_restart_waits_for_slots_and_fails_clearly_when_they_do_not_come(
@@ -239,7 +246,7 @@ def test_a_restart_waits_for_slots_and_fails_clearly_when_they_do_not_come(
     attempts = ScriptedAttempts(failures=1)
     monkeypatch.setattr(jm, "_run_attempt", attempts)
     with pytest.raises(InsufficientSlotsError) as info:
-        jm._attempts(FakeSession(), time.monotonic())
+        jm._attempts(spark_launcher(), time.monotonic())
     assert str(info.value).startswith(
         "job 'job' cannot restart after attempt 0 failed (a task process died (killed or "
         "crashed) in operator 'count' (subtask 0): task count[0] is gone): the job has"
@@ -260,6 +267,6 @@ def test_a_restart_goes_ahead_once_the_slots_are_back(tmp_path: Path, monkeypatc
     jm = manager(tmp_path, restart_strategy=FixedDelay(attempts=3, delay=0.0))
     attempts = ScriptedAttempts(failures=2)
     monkeypatch.setattr(jm, "_run_attempt", attempts)
-    result = jm._attempts(FakeSession(), time.monotonic())
+    result = jm._attempts(spark_launcher(), time.monotonic())
     assert attempts.run == [0, 1, 2] and len(waits) == 2
     assert len(result.restarts) == 2

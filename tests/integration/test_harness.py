@@ -1,0 +1,221 @@
+"""The test harness (``runtime.testing``): real pipelines as local task processes,
+without Spark: testing sources and sinks, faults, restarts, refusals, and nothing left
+behind (the ``harness`` fixture checks processes, ports and temp dirs after each test)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from jobmanager.failures import FailureCause
+from jobmanager.faults import Kill, RaiseAt
+from runtime import Dataflow, GraphError, TaskFailedError
+from runtime.errors import AbsflowError
+from runtime.sources import GeneratorSource, Source, SourceReader
+from runtime.testing import ABORT, EOF, ListSink, TestingSource, TestingSourceAbort, run_local
+from tests.conftest import child_processes
+
+pytestmark = [pytest.mark.harness]  # the harness fixture: see tests/conftest.py
+
+
+def keyed_sums(n: int, rate: float | None = None, **config: Any) -> Dataflow:
+    flow = Dataflow("sums", parallelism=2, **config)
+    (
+        flow.source(GeneratorSource(lambda i: i % 50, n, rate=rate), name="numbers")
+        .key_by(lambda x: x)
+        .reduce(lambda a, b: a + b, name="sum")
+        .collect("sums")
+    )
+    return flow
+
+
+def test_list_source_to_list_sink() -> None:
+    out: list[int] = []
+    flow = Dataflow("double", parallelism=1)
+    flow.source(TestingSource([1, 2, 3]), name="numbers").map(lambda x: 2 * x, name="dbl").sink(
+        ListSink(out), name="doubled"
+    )
+    result = run_local(flow)
+    assert out == [2, 4, 6] and result.output("doubled") == [2, 4, 6]
+    assert result.records_in == 3 and result.restarts == []
+
+
+def test_eof_ends_the_input_there() -> None:
+    out: list[int] = []
+    flow = Dataflow("eof", parallelism=1)
+    flow.source(TestingSource([1, 2, EOF, 3, 4]), name="numbers").sink(ListSink(out), name="o")
+    run_local(flow)
+    assert out == [1, 2]
+
+
+def test_abort_fails_the_job_naming_the_source_step() -> None:
+    flow = Dataflow("abort", parallelism=1)
+    flow.source(TestingSource([1, 2, ABORT, 3]), name="numbers").map(
+        lambda x: x, name="same"
+    ).collect("o")
+    with pytest.raises(TaskFailedError) as info:
+        run_local(flow)
+    assert info.value.operator == "numbers"
+    message = str(info.value)
+    assert "operator 'numbers'" in message and TestingSourceAbort.__name__ in message
+    assert "after 2 record(s)" in message
+
+
+def test_abort_with_checkpoints_restarts_then_gives_up_as_a_deterministic_failure() -> None:
+    flow = Dataflow("abort-chk", parallelism=1, checkpoint_interval=0.05)
+    flow.source(TestingSource([*range(100), ABORT]), name="numbers").collect("o")
+    with pytest.raises(TaskFailedError) as info:
+        run_local(flow)
+    assert info.value.operator == "numbers" and "failed the same way twice" in str(info.value)
+
+
+def test_a_user_function_raising_names_its_step() -> None:
+    flow = Dataflow("raise", parallelism=2)
+    flow.source(GeneratorSource(lambda i: i, 1000), name="numbers").map(
+        lambda x: 1 // (x - 500), name="divide"
+    ).collect("o")
+    with pytest.raises(TaskFailedError) as info:
+        run_local(flow)
+    assert info.value.operator == "divide" and "ZeroDivisionError" in str(info.value)
+
+
+class _BrokenReader(SourceReader):
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        raise OSError("the disk is gone")
+
+    def snapshot(self) -> Any:
+        return 0
+
+    def restore(self, state: Any) -> None:
+        pass
+
+
+class BrokenSource(Source):
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        return _BrokenReader()
+
+
+def test_a_task_error_outside_user_functions_fails_the_job_naming_the_task() -> None:
+    """The task reports the error, then its process exits with an error code."""
+    flow = Dataflow("broken", parallelism=1)
+    flow.source(BrokenSource(), name="disk").collect("o")
+    with pytest.raises(TaskFailedError) as info:
+        run_local(flow)
+    assert "a task failed in operator 'disk[0]'" in str(info.value)
+    assert "OSError: the disk is gone" in str(info.value)
+
+
+def test_injected_raise_at_record_names_the_step() -> None:
+    with pytest.raises(TaskFailedError) as info:
+        run_local(keyed_sums(2000), faults=[RaiseAt("sum", record=100)])
+    assert info.value.operator == "sum" and "injected failure at record 100" in str(info.value)
+
+
+def test_sigkill_after_checkpoint_k_gives_the_failure_free_output() -> None:
+    # rate-limited: the job outlives checkpoint 2 even on a fast machine
+    killed = run_local(
+        keyed_sums(60_000, rate=60_000, checkpoint_interval=0.05),
+        faults=[Kill("sum[1]", after_checkpoint=2)],
+    )
+    clean = run_local(keyed_sums(60_000))
+    assert killed.unfired_faults == []
+    [restart] = killed.restarts
+    assert restart.cause is FailureCause.TASK_DIED and restart.restored_checkpoint is not None
+    assert restart.restored_checkpoint >= 2
+    assert collections.Counter(killed.output("sums")) == collections.Counter(clean.output("sums"))
+
+
+def test_without_checkpoints_a_kill_is_not_survived() -> None:
+    """Companion of the kill test: the same kill without checkpoints (no restarts) fails."""
+    with pytest.raises(TaskFailedError) as info:
+        run_local(keyed_sums(60_000, rate=60_000), faults=[Kill("sum[1]", after_seconds=0.2)])
+    assert "a task process died" in str(info.value)
+
+
+def test_spark_only_settings_are_refused() -> None:
+    with pytest.raises(GraphError) as info:
+        run_local(keyed_sums(10), local_master="local[4]")
+    assert "local_master" in str(info.value) and "launcher='spark'" in str(info.value)
+    with pytest.raises(GraphError) as info:
+        run_local(keyed_sums(10), executor_wait=5.0)
+    assert "executor_wait" in str(info.value)
+
+
+def test_unknown_launchers_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(GraphError) as info:
+        keyed_sums(10, launcher="threads")
+    assert "'threads' is unknown" in str(info.value) and "spark, local" in str(info.value)
+    with pytest.raises(AbsflowError) as err:
+        run_local(keyed_sums(10), launcher="spark")
+    assert "flow.run(" in str(err.value)
+    monkeypatch.setenv("ABSFLOW_LAUNCHER", "yarn")
+    with pytest.raises(GraphError) as info:
+        keyed_sums(10).run()
+    assert "ABSFLOW_LAUNCHER='yarn'" in str(info.value)
+
+
+def test_list_sink_needs_a_list() -> None:
+    with pytest.raises(TypeError):
+        ListSink(())  # type: ignore[arg-type]
+
+
+DRIVER = """
+import sys, time
+from runtime import Dataflow
+from runtime.sources import GeneratorSource, Source, SourceReader
+from runtime.testing import run_local
+flow = Dataflow("forever", parallelism=2)
+flow.source(GeneratorSource(lambda i: i, None, rate=1000), name="n").collect("o")
+run_local(flow)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_task_processes_end_when_the_driver_is_killed(tmp_path: Any) -> None:
+    # A SIGKILLed driver leaves its files (its running-job entry): in its own TMPDIR.
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER],
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TMPDIR=str(tmp_path)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        tasks: set[int] = set()
+        while len(tasks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            tasks = child_processes(driver.pid)
+        assert len(tasks) == 2, "the driver did not start its two task processes"
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in tasks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in tasks), "task processes outlived their driver"
+
+
+def test_the_leak_check_sees_a_child_process_left_running() -> None:
+    """Companion of the ``harness`` fixture's check: a child still running is seen, one
+    reaped is not."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert child.pid in child_processes()
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in child_processes()
