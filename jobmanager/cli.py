@@ -54,6 +54,7 @@ TASK_METRICS = (
     "state_bytes",
     "spilled_bytes",
     "backedge_records",
+    "watermark",
 )
 
 

@@ -88,7 +88,7 @@ class OperatorChain:
         self.watermark = NO_WATERMARK
         """The chain's event time: the last watermark its operators were given."""
         self.assigner: TimestampAssigner | None = None
-        self._timed: list[int] = []  # positions of operators that want processing time
+        self.timed: list[int] = []  # positions of operators that want processing time
         self.records_out = 0
         """Records into the sink (sink chains) or onto the output channels (others)."""
 
@@ -127,7 +127,7 @@ class OperatorChain:
                     op.split_of = self.reader.current_split
                     op.ended_splits = self.reader.take_ended_splits
             if op.wants_processing_time:
-                self._timed.append(i)
+                self.timed.append(i)
         if self.steps[-1].kind is StepKind.SINK:
             self._sink_position = len(self.operators) - 1
 
@@ -236,7 +236,7 @@ class OperatorChain:
 
     def on_processing_time(self, now: float) -> None:
         """Processing-time timers and windows (called between batches)."""
-        for i in self._timed:
+        for i in self.timed:
             self._call(i, lambda op: op.on_processing_time(now))
 
     # -- checkpoints ---------------------------------------------------------------------

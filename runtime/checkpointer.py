@@ -27,9 +27,8 @@ barrier comes back on each (`log`, then `back_edges_logged` from the handler's
 Metrics of an ack: ``start_delay_ms`` (trigger to the first barrier here),
 ``alignment_ms`` (first to last barrier), ``spilled_bytes`` (blocked input spilled
 meanwhile), ``sync_ms`` (capture), ``async_ms`` (write), ``state_bytes`` (file size),
-``keys`` (keyed state entries), ``backedge_records``/``backedge_bytes`` (the
-back-edge log of a loop head), ``records_in``/``records_out`` (the task's counts at
-the snapshot).
+``keys`` (keyed state entries), ``backedge_records``/``backedge_bytes`` (a loop
+head's back-edge log), ``records_in``/``records_out``/``watermark`` (at the snapshot).
 
 Threading: task-loop thread, except `_write` (the writer thread), which touches only
 the captured, immutable blobs and the storage.
@@ -57,6 +56,7 @@ from runtime.inputs import BlockedChannels
 from runtime.snapshot_modes import InFlightLog
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output
+from runtime.watermarks import watermark_metric
 from statebackend.metadata import TaskStateHandle
 from statebackend.metrics import AckMetrics
 from statebackend.snapshot import OperatorSnapshot
@@ -309,6 +309,7 @@ class TaskCheckpointer:
         metrics["keys"] = captured.keys
         # Counts at the snapshot (a consistent cut): the job's committed record figures.
         metrics["records_in"], metrics["records_out"] = self._counts()
+        metrics["watermark"] = watermark_metric(getattr(self.chain, "watermark", None))
         return captured
 
     def forward(self, event: Event) -> None:

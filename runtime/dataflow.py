@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from channels.partitioners import DEFAULT_MAX_PARALLELISM
 from runtime.config import JobConfig
+from runtime.connected import ConnectedStreams
 from runtime.errors import GraphError
 from runtime.graph import (
     EdgeKind,
@@ -322,6 +323,10 @@ class KeyedStream:
         return WindowedStream(
             self, kind, name, allowed_lateness, late_output, timestamp, parallelism
         )
+
+    def connect(self, other: KeyedStream) -> ConnectedStreams:
+        """Two keyed streams into one step (runtime.connected): process, joins."""
+        return ConnectedStreams(self, other)
 
     def reduce(
         self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None

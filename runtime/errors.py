@@ -78,6 +78,12 @@ class OperatorFailure(AbsflowError):
         self.operator = operator
         self.cause = cause
 
+    @property
+    def fatal(self) -> bool:
+        """A GraphError at run time (e.g. a timestamp that is not a number): a restart would
+        replay the same record into the same error."""
+        return isinstance(self.cause, GraphError)
+
 
 __all__ = [
     "AbsflowError",

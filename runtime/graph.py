@@ -45,10 +45,26 @@ class StepKind(enum.Enum):
     SINK = "sink"
     ASSIGN_TIMESTAMPS = "assign_timestamps"  # event timestamps and watermarks, at a source
     WINDOW = "window"  # keyed windows (runtime.windows)
+    CO_PROCESS = "co_process"  # two keyed streams, shared state and timers (runtime.joins)
+    INTERVAL_JOIN = "interval_join"
+    WINDOW_JOIN = "window_join"
 
     @property
     def keyed(self) -> bool:
-        return self in (StepKind.REDUCE, StepKind.AGGREGATE, StepKind.PROCESS, StepKind.WINDOW)
+        return self in _KEYED
+
+
+_KEYED = frozenset(
+    {
+        StepKind.REDUCE,
+        StepKind.AGGREGATE,
+        StepKind.PROCESS,
+        StepKind.WINDOW,
+        StepKind.CO_PROCESS,
+        StepKind.INTERVAL_JOIN,
+        StepKind.WINDOW_JOIN,
+    }
+)
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ Keyed operators keep their state in a ``statebackend.keyed.KeyedStateBackend``.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,13 @@ class Operator:
 
 
 OperatorFactory = Callable[[Step, OperatorContext], Operator]
+OPERATOR_MODULES = (
+    "runtime.event_time",
+    "runtime.keyed_process",
+    "runtime.windows",
+    "runtime.joins",
+)
+"""Modules whose operators register themselves (imported by ``build_operator``)."""
 _REGISTRY: dict[StepKind, OperatorFactory] = {}
 
 
@@ -288,10 +296,8 @@ def build_operator(
     debug_drop_event_time: bool = False,
 ) -> Operator:
     """The runtime operator of a (non-source) step, from the registry; not opened yet."""
-    import runtime.event_time  # registers the event-time operators
-    import runtime.keyed_process
-    import runtime.windows  # noqa: F401
-
+    for module in OPERATOR_MODULES:  # they register their operators when imported
+        importlib.import_module(module)
     factory = _REGISTRY.get(step.kind)
     if factory is None:
         raise ValueError(f"no runtime operator for {step.describe()}")

@@ -167,6 +167,7 @@ class JobPlan:
             tasks = [t for t in self.tasks if t.chain == chain.id]
             lines.append(f"  chain {chain.id} x{chain.parallelism}: {ops}")
             lines.append(f"    tasks: {', '.join(t.task_id for t in tasks)}")
+            lines.extend(f"    event time: {note}" for s in steps if (note := event_time_note(s)))
             if tasks and tasks[0].outputs:
                 for out in tasks[0].outputs:
                     target = out.target_task_ids[0].partition("[")[0]
@@ -189,6 +190,21 @@ class JobPlan:
                         f"({fan} channel{'s' if fan != 1 else ''} per subtask){back}"
                     )
         return "\n".join(lines)
+
+
+def event_time_note(step: Step) -> str:
+    """What ``step`` does with event time, for explain() ("" if nothing)."""
+    args = step.args
+    if step.kind is StepKind.ASSIGN_TIMESTAMPS:
+        idle = args["idle_timeout"]
+        return (
+            f"'{step.name}' assigns timestamps and generates watermarks here (max_delay "
+            f"{args['max_delay']}, {'no idleness' if idle is None else f'idle after {idle} s'}"
+            ", per split); they go in band to every output channel"
+        )
+    if step.kind.keyed and args.get("event_time") is True:
+        return f"'{step.name}' fires on the watermark (min over its input channels)"
+    return ""
 
 
 def _chainable(graph: LogicalGraph, step: Step) -> bool:

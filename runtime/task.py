@@ -224,7 +224,7 @@ class Task:
         self.control.read()
         if self.feedback is not None:
             self.feedback.drain()
-        self._housekeeping(time.monotonic())
+        self._housekeeping(time.monotonic(), timers=False)  # no records in a blocked send
 
     def _heartbeat(self) -> P.Heartbeat:
         m = measure_task(self)
@@ -239,9 +239,9 @@ class Task:
             m.encode(),
         )
 
-    def _housekeeping(self, now: float) -> None:
+    def _housekeeping(self, now: float, timers: bool = True) -> None:
         self.control.heartbeat(now, self._heartbeat)
-        if self.chain._timed:
+        if timers and self.chain.timed:  # processing-time timers and windows
             self.chain.on_processing_time(time.time())
         if self.checkpointer.writes_pending:
             self.checkpointer.collect_writes()
@@ -318,7 +318,7 @@ class Task:
             self._report_failure(named.step or self.spec.task_id, named, fatal=True)
             raise TaskCancelled(f"step '{named.step}' emitted a record that cannot cross") from err
         except OperatorFailure as failure:
-            self._report_failure(failure.operator, failure.cause)
+            self._report_failure(failure.operator, failure.cause, failure.fatal)
             raise TaskCancelled(f"operator '{failure.operator}' failed") from failure
         except Exception as err:  # storage this executor cannot write: restarts cannot help
             self._report_failure(self.spec.task_id, err, isinstance(err, CheckpointStorageError))

@@ -123,6 +123,9 @@ def check_event_time(graph: LogicalGraph) -> None:
         wanted = step.args.get("event_time")
         if not wanted:
             continue
+        if "timestamp_fns" in step.args:  # two sides, each with its own timestamps
+            _check_sides(graph, step, optional=wanted == "optional")
+            continue
         if wanted == "optional":  # e.g. process with ctx: timestamps where there are any
             if has_watermarks(graph, step) and step.args.get("timestamp_fn") is None:
                 found = {timestamp_fn_of(graph, graph.step(e.source)) for e in step.inputs}
@@ -151,3 +154,31 @@ def check_event_time(graph: LogicalGraph) -> None:
                     f"timestamp=fn to '{step.name}' to say where their timestamp is."
                 )
             step.args["timestamp_fn"] = next(iter(fns.values()))
+
+
+def _check_sides(graph: LogicalGraph, step: Step, optional: bool) -> None:
+    """A join's timestamp function per side: given, or derived from its upstream."""
+    head = in_loop(graph, step)
+    if head is not None and not optional:
+        raise GraphError(
+            f"step '{step.name}' uses event time inside loop '{head.name}'; move it after the loop."
+        )
+    fns: list[Any] = step.args["timestamp_fns"]
+    for side, edge in enumerate(step.inputs[:2]):
+        upstream = graph.step(edge.source)
+        if not has_watermarks(graph, upstream):
+            if optional:
+                continue
+            raise GraphError(
+                f"step '{step.name}' uses event time, but its {('left', 'right')[side]} input "
+                f"'{upstream.name}' has no timestamps: call .assign_timestamps(ts_fn, "
+                "max_delay=...) on its source's stream."
+            )
+        if fns[side] is None:
+            fns[side] = timestamp_fn_of(graph, upstream)
+        if fns[side] is None and not optional:
+            arg = ("left_timestamp", "right_timestamp")[side]
+            raise GraphError(
+                f"step '{step.name}': the records of its {('left', 'right')[side]} input "
+                f"'{upstream.name}' were reshaped after assign_timestamps; pass {arg}=fn."
+            )

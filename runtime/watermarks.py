@@ -27,6 +27,14 @@ END_OF_TIME = math.inf
 """The watermark a source sends once its input ended: every timer and window fires."""
 
 
+def watermark_metric(watermark: float | None) -> float | None:
+    """A task's watermark in checkpoint metrics: None before any and after its input
+    ended (the metrics are JSON: finite numbers only)."""
+    if watermark is None or not math.isfinite(watermark):
+        return None
+    return watermark
+
+
 class WatermarkValve:
     """The input watermark of a task over its (non back-edge) input channels.
 

@@ -160,7 +160,8 @@ class WindowOperator(KeyedOperator):
     # -- timers --------------------------------------------------------------------------
     def _register(self, key: Any, window: tuple[float, float]) -> None:
         queue = self.timers.event if self.kind.event_time else self.timers.processing
-        queue.register(key, window[1], (window[0], window[1], FIRE))
+        if window[1] > self.watermark:  # else it fired: its late updates are emitted at once
+            queue.register(key, window[1], (window[0], window[1], FIRE))
         if self.lateness:
             queue.register(key, window[1] + self.lateness, (window[0], window[1], CLEANUP))
 

@@ -88,6 +88,7 @@ class AckMetrics(MetricsRecord):
     backedge_bytes: int = 0
     drained_sent: int | None = None  # synchronous mode: counts when the drain was proven
     drained_received: int | None = None
+    watermark: float | None = None  # the task's event-time watermark at the snapshot (finite)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import pytest
 from jobmanager.faults import Kill
 from runtime import Dataflow
 from runtime.sources import GeneratorSource
+from tests.integration.test_examples import load_example
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
 
@@ -75,3 +76,38 @@ def test_companion_restoring_without_timers_loses_reports() -> None:
     got = collections.Counter(result.output("out"))
     assert got != expected()
     assert sum(got.values()) < sum(expected().values())  # pending reports were lost
+
+
+def test_sessions_example_survives_a_kill_of_a_window_task() -> None:
+    """examples/sessions.py: a kill of a session-window task gives the failure-free run's
+    output record for record (sessions and late clicks), and both match the direct
+    sessionization."""
+    sessions = load_example("sessions")
+    clicks = 24_000
+    reference = sessions.build(clicks, 2, 8_000, **CHK).run()
+    killed = sessions.build(clicks, 2, 8_000, **CHK).run(
+        faults=[Kill("sessions[1]", after_checkpoint=2)]
+    )
+    assert len(killed.restarts) == 1, killed.summary()
+    assert killed.restarts[0].restored_checkpoint is not None
+    for name in ("per_session", "late"):
+        assert collections.Counter(killed.output(name)) == collections.Counter(
+            reference.output(name)
+        ), name
+    assert sessions.check(clicks, killed.output("per_session"), killed.output("late")) == []
+
+
+def test_orders_payments_example_survives_a_kill_of_a_join_task() -> None:
+    """examples/orders_payments.py: a kill of an interval-join task gives the failure-free
+    run's output record for record, equal to the direct computation."""
+    example = load_example("orders_payments")
+    orders = 12_000
+    reference = example.build(orders, 2, 4_000, **CHK).run()
+    killed = example.build(orders, 2, 4_000, **CHK).run(
+        faults=[Kill("paid[0]", after_checkpoint=2)]
+    )
+    assert len(killed.restarts) == 1, killed.summary()
+    assert killed.restarts[0].restored_checkpoint is not None
+    joined = collections.Counter(killed.output("joined"))
+    assert joined == collections.Counter(reference.output("joined"))
+    assert joined == example.expected(orders)

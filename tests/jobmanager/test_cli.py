@@ -174,9 +174,10 @@ def test_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "state_bytes",
         "spilled_bytes",
         "backedge_records",
+        "watermark",
     ]
     count_row = next(line for line in out.splitlines() if line.startswith("count[0]"))
-    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64", "0"]
+    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64", "0", "-"]
     state_row = next(
         line for line in out.splitlines() if line.startswith("src[0]") and ".state" in line
     )

@@ -94,6 +94,10 @@ def test_a_task_forwards_the_min_watermark_on_every_output_channel(tmp_path: Pat
     # each watermark goes to both output channels (the hash edge has two)
     assert marks == [m for m in (2, 4, 9, float("inf")) for _ in range(2)]
     assert task.input_side.watermark == float("inf")
+    # the task's watermark at the (final) checkpoint is in its ack: checkpoints --show
+    from channels import control as P
+
+    assert io.jm.of_type(P.Ack)[0].metrics["watermark"] == 9
     task.close(graceful=True)
 
 
@@ -188,4 +192,95 @@ def test_an_abort_from_the_job_manager_reaches_the_operators(
     io.jm.tell(P.Abort(5, "EXPIRED"))
     task._serve_control()
     assert told == [5] * len(task.chain.operators)
+    task.close(graceful=False)
+
+
+def assigner(idle_timeout: float | None = None, max_delay: float = 2) -> Any:
+    flow = Dataflow("a")
+    flow.source(CollectionSource([]), name="src").assign_timestamps(
+        ts, max_delay=max_delay, idle_timeout=idle_timeout, name="ts"
+    ).collect("out")
+    step = next(s for s in flow.plan().steps if s.name == "ts")
+    from runtime.operators import build_operator
+
+    return build_operator(step, 0, 128)
+
+
+def test_the_assigner_keeps_a_watermark_per_split_and_goes_idle() -> None:
+    op = assigner(idle_timeout=1.0)
+    now = [0.0]
+    split = ["p0"]
+    ended: list[Any] = []
+    op.clock, op.split_of = (lambda: now[0]), (lambda: split[0])
+    op.ended_splits = lambda: [ended.pop()] if ended else []
+    op.process([("a", 10), ("a", 30)])
+    assert op.poll() == Watermark(28)
+    split[0] = "p1"
+    op.process([("a", 12)])  # a slow split holds the watermark back (never backwards)
+    assert op.poll() is None
+    op.process([("a", 20)])
+    split[0] = "p0"
+    op.process([("a", 40)])
+    assert op.poll() is None  # min(40, 20) - 2 = 18 < 28
+    ended.append("p1")  # the slow split ended: it no longer holds the watermark back
+    assert op.poll() == Watermark(38)
+    now[0] = 5.0  # nothing read for idle_timeout: the subtask is idle
+    assert op.poll() == Watermark(38, idle=True)
+    assert op.poll() is None  # told once
+    op.process([("a", 41)])  # resumes: holds the watermark again
+    assert op.poll() == Watermark(39)
+
+
+def test_a_non_number_timestamp_at_the_source_names_the_step() -> None:
+    from runtime.timestamps import TimestampError
+
+    with pytest.raises(TimestampError, match=r"step 'ts': the timestamp function returned '7'"):
+        assigner().process([("a", 1), ("a", "7")])
+
+
+def test_text_file_reader_reports_its_splits(tmp_path: Path) -> None:
+    from runtime.sources import TextFileSource
+
+    for i in range(2):
+        (tmp_path / f"f{i}.txt").write_text("".join(f"line{j}\n" for j in range(5)))
+    reader = TextFileSource(str(tmp_path / "*.txt")).create_reader(0, 1)
+    seen = []
+    while (batch := reader.read_batch(3)) is not None:
+        if batch:
+            seen.append((reader.current_split(), len(batch), reader.take_ended_splits()))
+    assert seen == [(0, 3, []), (0, 2, [0]), (1, 3, []), (1, 2, [1])]
+
+
+def test_explain_shows_where_watermarks_are_generated() -> None:
+    text = merge_plan().explain()
+    assert "'ts_a' assigns timestamps and generates watermarks here (max_delay 0" in text
+
+
+def test_a_bad_timestamp_at_a_source_fails_the_job_naming_the_step(tmp_path: Path) -> None:
+    """Fatal: a restart would replay the same record into the same error."""
+    from channels import control as P
+    from runtime.errors import TaskCancelled
+
+    flow = Dataflow("bad_ts")
+    src = flow.source(CollectionSource([("a", 1), ("b", "noon")]), name="src")
+    src.assign_timestamps(ts, name="stamps").collect("out")
+    plan = flow.plan()
+    spec = plan.tasks[0]
+    env = TaskEnvironment(
+        jm_endpoint="fake://jm",
+        attempt=0,
+        config=JobConfig(heartbeat_interval=3600),
+        checkpoint_root=None,
+        restore_root=None,
+        restore_metadata=None,
+        run_id="test",
+    )
+    io = FakeIO()
+    task = Task(plan, spec, env, io, "127.0.0.1")
+    task.open()
+    with pytest.raises(TaskCancelled, match="operator 'stamps' failed"):
+        task.run()
+    failed = io.jm.of_type(P.Failed)[0]
+    assert failed.fatal and failed.operator == "stamps"
+    assert "step 'stamps': the timestamp function returned 'noon' (str)" in failed.error
     task.close(graceful=False)

@@ -107,3 +107,23 @@ def test_three_argument_process_functions_are_unchanged_and_checked() -> None:
         process_args(lambda k, r, s: None, "p", on_timer, None)
     with pytest.raises(GraphError, match="takes \\(key, record, state\\)"):
         process_args(lambda k, r: None, "p", None, None)
+
+
+def test_timers_of_a_process_step_rescale_from_one_subtask_to_two() -> None:
+    op = build_operator(timer_step(), 0, 128, None)
+    keys = [f"k{i}" for i in range(20)]
+    op.process([(k, i) for i, k in enumerate(keys)])
+    blob, state = snapshot(op)
+    fired: list[Any] = []
+    for subtask in range(2):
+        step = timer_step()
+        step.parallelism = 2
+        part = build_operator(step, subtask, 128, None)
+        assert part.keyed_state is not None
+        part.keyed_state.restore([blob])
+        part.after_keyed_restore()
+        part.restore_state(state)
+        got = part.on_watermark(1000)
+        assert all(part.keyed_state.key_group_of(k) in part.keyed_state.key_groups for k, *_ in got)
+        fired += got
+    assert sorted(fired) == sorted((k, 1, i + 10, "event") for i, k in enumerate(keys))

@@ -264,3 +264,23 @@ def test_windows_after_a_map_need_a_timestamp_and_refuse_loops() -> None:
     body.collect("out")
     with pytest.raises(GraphError, match=r"step 'wl' uses event time inside loop 'loop'"):
         flow.plan()
+
+
+def test_a_record_later_than_every_watermark_is_processed_not_lost() -> None:
+    """Clock skew: a timestamp far ahead of the watermark lands in its window, which fires
+    when the watermark gets there (here: at the end of input)."""
+    op = window_op(Tumbling(10))
+    assert op.process([("a", 5, 1), ("a", 10**12, 1)]) == []
+    assert op.on_watermark(100) == [("a", 0, 10, 1)]
+    assert op.on_watermark(float("inf")) == [("a", 10**12, 10**12 + 10, 1)]
+
+
+@pytest.mark.parametrize("kind", [Tumbling(10), Session(gap=10)])
+def test_a_late_update_of_a_fired_window_is_emitted_once(kind: WindowKind) -> None:
+    op = window_op(kind, lateness=100)
+    op.process([("a", 1, 1)])
+    assert op.on_watermark(50) == [("a", 1 if kind.merging else 0, 11 if kind.merging else 10, 1)]
+    late = op.process([("a", 2, 1), ("b", 3, 1)])  # a: fired window; b: a window never seen
+    assert len(late) == 2 and {r[0] for r in late} == {"a", "b"}
+    assert op.on_watermark(60) == []  # no second emission from a timer in the past
+    assert op.on_watermark(float("inf")) == []

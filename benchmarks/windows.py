@@ -1,0 +1,121 @@
+"""Windowed counts: tumbling and session windows over out-of-order input, next to bytewax.
+
+    python benchmarks/windows.py [--n 1000000] [--bytewax-venv ../bytewax-venv]
+
+Workload: N records ``(key, ts)``, 10,000 keys (``i * 7919 % 10000``), event time
+``i // 10`` ms plus a jitter below 500 ms (out of order; ``max_delay=500``, so nothing is
+late); a tumbling count (60 s windows) and a session count (3 s gap) per key, at
+parallelism 1 and 2, without checkpoints and with one every 0.5 s. Each run is checked:
+the final window counts add up to N. Figures: records/s (submit to all output committed)
+and peak task RSS at N and 2N records (window state is freed as the watermark passes, so
+RSS should not grow with N). bytewax 0.21's ``count_window`` on the same input runs
+from its own venv (``benchmarks/peers/bytewax_windows.py``) when the venv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runtime import Dataflow
+from runtime.sources import GeneratorSource
+from runtime.window_kinds import Session, Tumbling, WindowKind
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEYS = 10_000
+TUMBLE_MS = 60_000
+GAP_MS = 3_000
+MAX_DELAY_MS = 500
+
+
+def record(i: int) -> tuple[str, int]:
+    return (f"k{(i * 7919) % KEYS}", i // 10 + (i * 104_729) % MAX_DELAY_MS)
+
+
+def build(n: int, parallelism: int, kind: WindowKind, **config: Any) -> Dataflow:
+    flow = Dataflow("windows", parallelism=parallelism, progress=False, **config)
+    (
+        flow.source(GeneratorSource(record, n), name="events")
+        .assign_timestamps(lambda r: r[1], max_delay=MAX_DELAY_MS, name="event_time")
+        .key_by(lambda r: r[0])
+        .window(kind, name="windows")
+        .count()
+        .collect("counts")
+    )
+    return flow
+
+
+def absflow_run(n: int, parallelism: int, kind: WindowKind, interval: float) -> dict[str, Any]:
+    config: dict[str, Any] = {"checkpoint_interval": interval} if interval else {}
+    t0 = time.perf_counter()
+    result = build(n, parallelism, kind, **config).run()
+    wall = time.perf_counter() - t0
+    counts = result.output("counts")
+    total = sum(c for _k, _s, _e, c in counts)
+    if total != n:
+        raise SystemExit(
+            f"absflow {kind} p={parallelism}: window counts add up to {total}, not {n}"
+        )
+    return {
+        "records_per_s": n / wall,
+        "processing_records_per_s": n / max(1e-9, wall - (result.startup_seconds or 0)),
+        "windows": len(counts),
+        "peak_rss_mib": max(result.peak_rss.values()) / 2**20,
+    }
+
+
+def bytewax(venv: str, n: int, kind: str, interval: float) -> dict[str, Any] | None:
+    python = os.path.join(venv, "bin", "python")
+    script = os.path.join(REPO, "benchmarks", "peers", "bytewax_windows.py")
+    if not os.path.exists(python):
+        return None
+    args = [python, script, "--n", str(n), "--kind", kind, "--interval-s", str(interval)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, Any] = json.loads(line[7:])
+            return result
+    print(f"bytewax {kind}: no result ({out.stderr.strip().splitlines()[-1:]})")
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--bytewax-venv", default=os.path.join(os.path.dirname(REPO), "bytewax-venv"))
+    args = ap.parse_args()
+    n = args.n
+    kinds: dict[str, WindowKind] = {"tumbling": Tumbling(TUMBLE_MS), "session": Session(GAP_MS)}
+    absflow_run(2_000, 1, kinds["tumbling"], 0.0)  # warm-up: the Spark session starts here
+    print(f"{n:,} records, {KEYS:,} keys, out of order by < {MAX_DELAY_MS} ms")
+    print(f"{'run':<38} {'records/s':>12} {'processing':>12} {'windows':>9} {'peak RSS':>9}")
+    for name, kind in kinds.items():
+        for interval in (0.0, 0.5):
+            for p in (1, 2):
+                r = absflow_run(n, p, kind, interval)
+                label = f"absflow {name} p={p} " + (f"chk {interval}s" if interval else "no chk")
+                print(
+                    f"{label:<38} {r['records_per_s']:>12,.0f} "
+                    f"{r['processing_records_per_s']:>12,.0f} {r['windows']:>9,} "
+                    f"{r['peak_rss_mib']:>7.0f} M"
+                )
+            bw = bytewax(args.bytewax_venv, n, name, interval)
+            if bw is not None:
+                label = f"bytewax 0.21 {name} " + (f"chk {interval}s" if interval else "no chk")
+                ok = "" if bw.get("correct") else "  (window counts do not add up to N)"
+                print(f"{label:<38} {bw['records_per_s']:>12,.0f} {'':>12} {bw['windows']:>9,}{ok}")
+    print("\npeak task RSS against records (tumbling, p=1, checkpoints every 0.5 s):")
+    for size in (n, 2 * n):
+        r = absflow_run(size, 1, kinds["tumbling"], 0.5)
+        print(f"  {size:>12,} records: {r['peak_rss_mib']:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
