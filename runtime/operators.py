@@ -203,48 +203,6 @@ class AggregateOperator(KeyedOperator):
         return out
 
 
-class KeyedStateHandle:
-    """The ``state`` argument of a keyed ``process`` function, scoped to the current key."""
-
-    __slots__ = ("_backend", "_key", "_values")
-
-    def __init__(self, backend: KeyedStateBackend) -> None:
-        self._backend = backend
-        self._values = backend.value_state()
-        self._key: Any = None
-
-    @property
-    def value(self) -> Any:
-        return self._values.get(self._key)
-
-    @value.setter
-    def value(self, v: Any) -> None:
-        if v is None:
-            self._values.pop(self._key, None)
-        else:
-            self._values[self._key] = v
-
-    def list(self, name: str) -> list[Any]:
-        states = self._backend.list_state(name)
-        lst = states.get(self._key)
-        if lst is None:
-            lst = states[self._key] = []
-        return lst
-
-    def map(self, name: str) -> dict[Any, Any]:
-        states = self._backend.map_state(name)
-        m = states.get(self._key)
-        if m is None:
-            m = states[self._key] = {}
-        return m
-
-    def clear(self) -> None:
-        """Drop every state of the current key."""
-        for kind in ("value", "list", "map"):
-            for states in self._backend.states_of_kind(kind):
-                states.pop(self._key, None)
-
-
 @register(StepKind.SINK)
 class SinkOperator(Operator):
     """A sink: ``snapshot_state`` is its pre-commit, ``notify_checkpoint_complete`` its

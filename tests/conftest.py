@@ -6,6 +6,7 @@ Spark standalone cluster on 127.0.0.1 for the tests that need a real one."""
 
 from __future__ import annotations
 
+import atexit
 import glob
 import logging
 import os
@@ -26,15 +27,21 @@ SLOTS_NEEDED = 18  # the biggest test job (diamond) has 16 tasks, +2 spare slots
 # This test session's own temp dir, inherited (TMPDIR) by Spark's JVM and its Python
 # workers: the leak check sees this session's absflow dirs only, also while another
 # test session runs on the same machine.
-SESSION_TMP = tempfile.mkdtemp(prefix="abstest-")
-os.environ["TMPDIR"] = SESSION_TMP
+# A process started by the session that imports this module (a task unpickling a test's
+# function) keeps the session's dir.
+_OWN_TMP = "ABSFLOW_TEST_SESSION_TMP" not in os.environ
+SESSION_TMP = os.environ.get("ABSFLOW_TEST_SESSION_TMP") or tempfile.mkdtemp(prefix="abstest-")
+os.environ["ABSFLOW_TEST_SESSION_TMP"] = os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None
+if _OWN_TMP:  # at exit, after every handler registered later (pgserver's lock file)
+    atexit.register(shutil.rmtree, SESSION_TMP, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def session_tmp() -> Iterator[str]:
     yield SESSION_TMP
-    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+    if _OWN_TMP:
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
