@@ -134,7 +134,7 @@ def _browser(tmp_path: Path) -> Any:
             "no Chromium here (needs the Debian packages chromium and chromium-driver; "
             ".ci/run installs them when apt-get is available)"
         )
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a test dependency")
+    from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()

@@ -8,15 +8,11 @@ from typing import Any
 
 import msgpack
 import pytest
-
-from runtime.errors import ConnectorError
-from runtime.sinks import SinkContext
-
-pytest.importorskip("deltalake")
-
 from deltalake import DeltaTable
 
 from runtime.connectors.delta import DeltaSink
+from runtime.errors import ConnectorError
+from runtime.sinks import SinkContext
 
 
 def ctx(subtask: int = 0, attempt: int = 0, job: str = "clicks") -> SinkContext:

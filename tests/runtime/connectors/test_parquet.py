@@ -7,16 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import pyarrow.parquet as pq
 import pytest
 
+from runtime.connectors.parquet import ParquetSink
 from runtime.errors import ConnectorError
 from runtime.sinks import SinkContext
-
-pytest.importorskip("pyarrow")
-
-import pyarrow.parquet as pq
-
-from runtime.connectors.parquet import ParquetSink
 
 
 def ctx(subtask: int = 0, attempt: int = 0) -> SinkContext:

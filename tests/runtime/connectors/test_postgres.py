@@ -13,8 +13,6 @@ from runtime.errors import ConnectorError
 from runtime.sinks import SinkContext
 from tests.conftest import Postgres
 
-pytest.importorskip("psycopg")
-
 COLS = ["id", "name", "n"]
 
 
