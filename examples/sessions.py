@@ -80,7 +80,7 @@ def build(clicks: int, parallelism: int, rate: float | None, **config: Any) -> D
 
 
 def sessionize(clicks: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], int]:
-    """Sessions computed directly: per user, sorted timestamps split at gaps > GAP_MS
+    """Sessions computed directly: per user, sorted timestamps split at gaps >= GAP_MS
     (a session is [first, last + GAP_MS)); count of clicks per session."""
     by_user: dict[str, list[int]] = collections.defaultdict(list)
     for user, ts, _ in clicks:
@@ -90,7 +90,7 @@ def sessionize(clicks: list[tuple[str, int, int]]) -> dict[tuple[str, int, int],
         stamps.sort()
         start, last, n = stamps[0], stamps[0], 0
         for ts in stamps:
-            if ts > last + GAP_MS:
+            if ts >= last + GAP_MS:
                 out[(user, start, last + GAP_MS)] = n
                 start, n = ts, 0
             last, n = max(last, ts), n + 1

@@ -7,8 +7,9 @@ once the watermark reaches ``end - 1`` (its largest timestamp), with its start a
 * `Tumbling(size, offset=0)` — fixed, non-overlapping: ``[k*size+offset, (k+1)*size+offset)``;
 * `Sliding(size, slide, offset=0)` — fixed, overlapping: a record is in ``size/slide``
   windows (``size`` a multiple of ``slide``);
-* `Session(gap)` — per key, records closer than ``gap`` share a window; windows that a
-  record bridges are **merged** (their accumulators too);
+* `Session(gap)` — per key, records closer than ``gap`` share a window (two records
+  exactly ``gap`` apart do not: ``[t, t + gap)`` ends where the next one starts); windows
+  that a record bridges are **merged** (their accumulators too);
 * `TumblingProcessingTime(size)` — tumbling by the wall clock when the record arrives.
 """
 

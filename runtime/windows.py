@@ -13,7 +13,11 @@ end: no record with a smaller timestamp is still to come) and, with allowed late
 * a record whose every window was cleaned up is too late: it goes to the late output
   (``late_output=`` on the step), or is counted and logged (never silently dropped);
 * session windows merge: a record bridging sessions merges their accumulators
-  (``merge``) and their timers.
+  (``merge``) and their timers. A session record is too late when its timestamp is
+  below ``watermark - L``: every session it could have joined that ended there may be
+  cleaned up already, and opening a new one would emit a wrong (split) session. The
+  rule depends only on the timestamp and the watermark, never on which sessions happen
+  to still be in state, so a restored run decides exactly as an uninterrupted one.
 
 The watermark semantics (``runtime.watermarks``): watermark ``W`` says no record with a
 timestamp ``< W`` is still to come, so window ``[start, end)`` is complete once
@@ -126,11 +130,11 @@ class WindowOperator(KeyedOperator):
         self, key: Any, record: Any, ts: float, out: list[Any], horizon: float
     ) -> None:
         state, merge = self.state, self.merge
-        start, end = self.kind.windows(ts)[0]
-        overlapping = [w for w in state.namespaces(key) if w[0] <= end and start <= w[1]]
-        if not overlapping and end <= horizon:
+        if ts < horizon:  # it could belong to a session already cleaned up: too late
             self._late(record, out)
             return
+        start, end = self.kind.windows(ts)[0]
+        overlapping = [w for w in state.namespaces(key) if w[0] < end and start < w[1]]
         acc = self._fresh(record)
         for window in overlapping:
             old = state.pop(key, window)

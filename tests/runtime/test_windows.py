@@ -175,7 +175,7 @@ def sessions_direct(gap: float, records: list[Any]) -> list[Any]:
         ts.sort()
         start, last, n = ts[0], ts[0], 0
         for t in ts:
-            if t > last + gap:
+            if t >= last + gap:
                 out.append((k, start, last + gap, n))
                 start, n = t, 0
             last, n = t, n + 1
@@ -210,6 +210,33 @@ def test_a_record_bridging_two_sessions_merges_them() -> None:
     assert op.on_watermark(40) == [("a", 0, 40, 31)]
 
 
+def test_records_exactly_gap_apart_open_two_sessions() -> None:
+    op = window_op(Session(gap=10))
+    assert run(op, [("r", ("a", 0, 1)), ("r", ("a", 10, 1)), ("w", float("inf"))]) == [
+        ("a", 0, 10, 1),
+        ("a", 10, 20, 1),
+    ]
+
+
+@pytest.mark.parametrize("lateness", [0, 5])
+def test_a_session_record_older_than_watermark_minus_lateness_is_too_late(
+    lateness: float,
+) -> None:
+    """Session [0, 10) fires and is freed at watermark 10 + L. A record at 4 + L would
+    have extended it to [0, 14 + L); its own [ts, ts + gap) reaches past the horizon, but
+    the session it belongs to is gone: accepting it would emit a wrong session [4 + L,
+    14 + L) beside [0, 10). It goes to the late output instead."""
+    op = window_op(Session(gap=10), lateness=lateness, late="late")
+    script: Script = [("r", ("a", 0, 1)), ("w", 10 + lateness), ("r", ("a", 4 + lateness, 2))]
+    got = run(op, script) + op.on_watermark(float("inf"))
+    assert got == [(MAIN, ("a", 0, 10, 1)), (LATE, ("a", 4 + lateness, 2))]
+    # the same record before the clean-up: late within lateness, it extends the session
+    if lateness:
+        op = window_op(Session(gap=10), lateness=lateness, late="late")
+        got = run(op, [("r", ("a", 0, 1)), ("w", 10), ("r", ("a", 10 - lateness + 1, 2))])
+        assert got == [(MAIN, ("a", 0, 10, 1)), (MAIN, ("a", 0, 16, 2))]
+
+
 def test_full_window_process_sees_every_record() -> None:
     op = window_op(Tumbling(10), finish="process")
     assert run(op, [("r", ("a", 5, 3)), ("r", ("a", 1, 2)), ("r", ("b", 2, 9))]) == [
@@ -234,6 +261,9 @@ def test_build_time_errors_name_the_step() -> None:
     keyed = flow.source(CollectionSource([("a", 1, 1)]), name="src").key_by(key_of)
     with pytest.raises(GraphError, match=r"step 'w0': window size must be a number > 0, got 0"):
         keyed.window(Tumbling(0), name="w0")
+    for gap in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(GraphError, match=r"step 'g': window gap must be a number > 0"):
+            keyed.window(Session(gap), name="g")
     with pytest.raises(GraphError, match=r"step 'w1': sliding window slide 20 is larger"):
         keyed.window(Sliding(10, 20), name="w1")
     with pytest.raises(GraphError, match=r"step 'w2': session windows merge.*merge="):
