@@ -181,6 +181,7 @@ class Trigger(Message):
     checkpoint_id: int
     timestamp: float
     final: bool
+    drain: bool = False  # a stop with drain: end event time before the final barrier
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """Command line of the job manager:
 
     python -m jobmanager checkpoints DIR [--show N] [--storage-option KEY=VALUE ...]
-    python -m jobmanager stop JOB [--timeout S] [--no-wait]
+    python -m jobmanager stop JOB [--timeout S] [--no-wait] [--drain]
     python -m jobmanager package [--out DIR] [--env]
     python -m jobmanager submit --master URL [--deploy-mode M] [--env E] [--conf K=V] script.py ...
 

@@ -135,7 +135,7 @@ class CheckpointCoordinator:
             return
         self.trigger(final=False)
 
-    def trigger(self, final: bool, savepoint: bool = False) -> int:
+    def trigger(self, final: bool, savepoint: bool = False, drain: bool = False) -> int:
         n = self.next_id
         self.next_id += 1
         now = time.time()
@@ -150,7 +150,7 @@ class CheckpointCoordinator:
             self._halt(cp)
             return n
         for index in self.sources:
-            self.send(index, P.Trigger(n, now, final))
+            self.send(index, P.Trigger(n, now, final, drain))
         return n
 
     def _halt(self, cp: PendingCheckpoint) -> None:
@@ -198,17 +198,22 @@ class CheckpointCoordinator:
             if cp.drain is not None and cp.drained_mono is None:
                 self.abort(cp.checkpoint_id, CheckpointFailureReason.SUBSUMED, why)
 
-    def stop_with_savepoint(self) -> int | None:
+    def stop_with_savepoint(self, drain: bool = False) -> int | None:
         """A graceful stop: the sources end at one consistent point (the final barrier,
         exactly as at the end of their input), the sinks commit on its completion, and the
         checkpoint is kept as a savepoint. Its id, or None when the final checkpoint was
-        triggered already (the input ended first: that one becomes the savepoint)."""
+        triggered already (the input ended first: that one becomes the savepoint).
+
+        Event time does not end (windows stay open in the savepoint and fire after a
+        resume), unless ``drain``: the sources send the end-of-time watermark before the
+        final barrier, so every window and timer fires and commits with it (Flink's
+        ``stop --drain``, for a job that will not resume)."""
         if self.final_triggered:
             for cp in self.pending.values():
                 cp.savepoint = cp.savepoint or cp.final
             return None
         self._abort_undrained("a stop with savepoint: the final checkpoint follows")
-        return self.trigger(final=True, savepoint=True)
+        return self.trigger(final=True, savepoint=True, drain=drain)
 
     # -- acks ------------------------------------------------------------------------------
     def on_ack(self, ack: P.Ack) -> CompletedCheckpoint | None:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("absflow.jobmanager")
 
 POLL_SECONDS = 0.1  # how often the job manager looks for a stop file
+DRAIN = "drain"  # the first line of a stop file that asks for a drain
 
 
 class StopRequest:
@@ -52,12 +53,14 @@ class StopRequest:
         self.request_file = request_file
         self.clock = clock
         self.reason: str | None = None
+        self.drain = False  # end event time before the savepoint (Flink's --drain)
         self.requested_at: float | None = None  # wall clock
         self._next_poll = 0.0
 
-    def request(self, reason: str) -> None:
+    def request(self, reason: str, drain: bool = False) -> None:
+        """Ask for a stop; ``drain``: fire every window and timer before the savepoint."""
         if self.reason is None:
-            self.reason, self.requested_at = reason, time.time()
+            self.reason, self.requested_at, self.drain = reason, time.time(), drain
 
     @property
     def requested(self) -> bool:
@@ -65,8 +68,9 @@ class StopRequest:
             now = self.clock()
             if now >= self._next_poll:
                 self._next_poll = now + POLL_SECONDS
-                if os.path.exists(self.request_file):
-                    self.request(f"`python -m jobmanager stop` ({self.request_file})")
+                with contextlib.suppress(FileNotFoundError), open(self.request_file) as fh:
+                    drain = fh.readline().strip() == DRAIN
+                    self.request(f"`python -m jobmanager stop` ({self.request_file})", drain)
         return self.reason is not None
 
 
@@ -84,11 +88,11 @@ def begin_stop(
             stop.reason,
         )
         return -2
-    n = coordinator.stop_with_savepoint()
+    n = coordinator.stop_with_savepoint(stop.drain)
     log.warning(
         "attempt %d: stopping with a savepoint (%s): %s",
         attempt,
-        stop.reason,
+        f"{stop.reason}{', draining event time' if stop.drain else ''}",
         f"final checkpoint {n} triggered"
         if n is not None
         else "the input ended first, its final checkpoint is the savepoint",
@@ -231,7 +235,11 @@ def running_jobs(directory: str | None = None) -> list[RunningJob]:
     return found
 
 
-def request_stop(job: RunningJob) -> None:
-    """Ask ``job``'s driver to stop with a savepoint (it polls for the file)."""
-    with open(job.stop_file, "w") as fh:
-        fh.write(f"stop requested by pid {os.getpid()} at {time.time()}\n")
+def request_stop(job: RunningJob, drain: bool = False) -> None:
+    """Ask ``job``'s driver to stop with a savepoint (it polls for the file); ``drain``:
+    end event time first (every window fires before the savepoint). Written whole, then
+    renamed: the driver never reads half a request."""
+    tmp = job.stop_file + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(f"{DRAIN if drain else 'stop'}\nrequested by pid {os.getpid()} at {time.time()}\n")
+    os.replace(tmp, job.stop_file)

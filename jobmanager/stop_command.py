@@ -40,6 +40,13 @@ def add_parser(commands: Any) -> None:
     stop.add_argument(
         "--no-wait", action="store_true", help="ask the driver to stop and return at once"
     )
+    stop.add_argument(
+        "--drain",
+        action="store_true",
+        help="end event time before the savepoint: every window and timer fires and its "
+        "output commits (for a job that will not resume; without it, open windows stay in "
+        "the savepoint and fire after a resume)",
+    )
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -58,7 +65,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 2
     job = matches[0]
     asked = time.time()
-    request_stop(job)
+    request_stop(job, drain=args.drain)
     out.write(f"asked job {job.job!r} (driver pid {job.pid}) to stop with a savepoint\n")
     if args.no_wait:
         return 0

@@ -87,6 +87,7 @@ class OperatorChain:
         """Set by the task: partition and write records that leave the chain."""
         self.watermark = NO_WATERMARK
         """The chain's event time: the last watermark its operators were given."""
+        self.finished = False  # the final checkpoint began: event time no longer moves
         self.assigner: TimestampAssigner | None = None
         self.timed: list[int] = []  # positions of operators that want processing time
         self.records_out = 0
@@ -217,8 +218,8 @@ class OperatorChain:
         """Event time reached ``watermark`` (from the input side, or the assigner at
         ``start - 1``): timers and windows fire, what they emit leaves through ``emit``.
         Returns whether it advanced (never backwards)."""
-        if watermark <= self.watermark:
-            return False
+        if watermark <= self.watermark or self.finished:
+            return False  # after the final snapshot nothing fires: it would never commit
         self.watermark = watermark
         self._each(start, lambda op: op.on_watermark(watermark))
         return True
@@ -273,8 +274,11 @@ class OperatorChain:
 
     def finish(self) -> None:
         """All input has ended (before the final checkpoint): what operators emit now
-        leaves through ``emit``."""
+        leaves through ``emit``. Event time stops here: a stop with a savepoint ends the
+        input after its final barrier, and windows firing then would emit output no
+        checkpoint commits (they stay open in the savepoint and fire after a resume)."""
         self._each(0, lambda op: op.finish())
+        self.finished = True
 
     def notify_aborted(self, checkpoint_id: int) -> None:
         op_name = ""

@@ -196,6 +196,8 @@ class Task:
         """Act on the job manager's messages (between two batches only)."""
         for msg in self.control.take():
             if isinstance(msg, P.Trigger):
+                if msg.drain:  # a stop with drain: every window fires before the savepoint
+                    self.on_watermark(END_OF_TIME)
                 self.checkpointer.trigger_source(msg)
             elif isinstance(msg, P.Halt):
                 self.checkpointer.halt(msg.checkpoint_id)
@@ -262,8 +264,7 @@ class Task:
             self.out.send_watermark(event)
 
     def _blocked_channels(self) -> frozenset[int]:
-        handler = self._handler
-        return handler.blocked_channels if handler is not None else frozenset()
+        return self._handler.blocked_channels if self._handler is not None else frozenset()
 
     # -- the input side's elements (runtime.input_side.InputElements) ---------------------
     def on_batch(self, channel: int, side: int, batch: list[Any], frame: bytes) -> None:

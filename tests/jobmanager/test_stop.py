@@ -155,7 +155,24 @@ def test_the_registry_and_the_stop_file(tmp_path: Path) -> None:
         assert not stop.requested  # looked for at most every POLL_SECONDS
         clock.advance(POLL_SECONDS)
         assert stop.requested and "jobmanager stop" in str(stop.reason)
+        assert not stop.drain
     assert not jobs.exists()  # entry, stop file and the emptied directory removed
+
+
+def test_a_drain_request_reaches_the_sources_trigger(tmp_path: Path, monkeypatch: Any) -> None:
+    """`stop --drain` (a stop file that says so) -> StopRequest.drain -> the final
+    Trigger carries drain; a plain stop's does not."""
+    jobs = tmp_path / "jobs"
+    monkeypatch.setenv("ABSFLOW_JOBS_DIR", str(jobs))
+    with JobEntry("etl", None) as entry:
+        stop = StopRequest(entry.stop_file, clock=Clock())
+        assert main(["stop", "etl", "--drain", "--no-wait"]) == 0
+        assert stop.requested and stop.drain
+    for drain in (False, True):
+        h = Harness(tmp_path / f"h{drain}")
+        h.coord.stop_with_savepoint(drain)
+        sent = [m for _, m in h.sent.log if isinstance(m, P.Trigger)]
+        assert sent and all(t.final and t.drain is drain for t in sent)
 
 
 def test_entries_of_dead_drivers_are_dropped(tmp_path: Path) -> None:
