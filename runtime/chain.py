@@ -23,11 +23,12 @@ from runtime.event_time import TimestampAssigner
 from runtime.graph import Step, StepKind
 from runtime.operators import Operator, OperatorContext, build_operator
 from runtime.plan import JobPlan, TaskSpec, step_state
+from runtime.restored_watermark import restored_watermark
 from runtime.sinks import SinkContext
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
 from runtime.watermarks import NO_WATERMARK
-from statebackend.metadata import OperatorLayout
+from statebackend.metadata import CheckpointMetadata, OperatorLayout
 from statebackend.restore import RestorePlan, RestoreTarget
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
@@ -349,6 +350,22 @@ class OperatorChain:
                 op.restore_state(state)
         restored = [op.watermark for op in self.operators if op.uses_event_time]
         self.watermark = max(restored, default=NO_WATERMARK)
+
+    def restore_watermark(self, metadata: CheckpointMetadata | None) -> float:
+        """After `apply_operator_states`: start from the task's watermark at the checkpoint
+        (`runtime.restored_watermark`), also without an event-time operator or after a
+        rescale (the operators that lost theirs get it, without firing: what was due
+        below it fired before the checkpoint). Returns the chain's watermark."""
+        if metadata is not None and not self._drop_event_time:
+            steps = [op.step for op in self.operators] or [self.source_step]
+            parallelism = steps[0].parallelism if steps[0] is not None else 1
+            mark = restored_watermark(metadata, self.spec.task_id, parallelism)
+            if mark > self.watermark:
+                self.watermark = mark
+            for op in self.operators:
+                if op.uses_event_time and mark > op.watermark:
+                    op.watermark = mark
+        return self.watermark
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self, graceful: bool) -> None:

@@ -183,7 +183,7 @@ class Task:
                 where = f"checkpoint {env.restore_metadata.checkpoint_id} in {env.restore_root}"
                 raise TaskCancelled(f"restoring {where} failed: {err}") from err
         self.chain.apply_operator_states(states)
-        self.input_side.valve.restore(self.chain.watermark)
+        self.input_side.valve.restore(self.chain.restore_watermark(env.restore_metadata))
 
     # -- control plane -----------------------------------------------------------------
     def _send_sink_output(self, step: str, checkpoint_id: int, records: list[Any]) -> None:

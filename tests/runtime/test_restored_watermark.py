@@ -1,0 +1,99 @@
+"""Watermarks in every snapshot: a restored task starts from the watermark its ack
+recorded, also without an event-time operator, and a chain restored at another
+parallelism from the minimum over its old subtasks (on fakes, no Spark); the companion
+(``debug_drop_event_time``) starts from minus infinity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from channels.messages import Watermark
+from runtime.config import JobConfig, TaskEnvironment
+from runtime.dataflow import Dataflow
+from runtime.plan import JobPlan
+from runtime.restored_watermark import restored_watermark
+from runtime.sources import CollectionSource
+from runtime.task import Task
+from runtime.window_kinds import Tumbling
+from statebackend.metadata import CheckpointMetadata
+from statebackend.metrics import AckMetrics, CheckpointSummary
+from tests.runtime.test_event_time_task import merge_plan
+from tests.runtime.test_task import FakeIO, event
+
+NO = float("-inf")
+
+
+def metadata(**marks: float | None) -> CheckpointMetadata:
+    """A checkpoint whose tasks (``merge_0=42`` for task ``merge[0]``) acked these
+    watermarks."""
+    metrics = {
+        name.rpartition("_")[0] + f"[{name.rpartition('_')[2]}]": AckMetrics(watermark=mark)
+        for name, mark in marks.items()
+    }
+    return CheckpointMetadata(
+        7, "et", 0, False, 0.0, 0.0, 1.0, 128, {}, metrics, CheckpointSummary()
+    )
+
+
+def task_of(plan: JobPlan, task_id: str, meta: CheckpointMetadata, **settings: Any) -> Task:
+    spec = next(t for t in plan.tasks if t.task_id == task_id)
+    env = TaskEnvironment(
+        jm_endpoint="fake://jm",
+        attempt=1,
+        config=JobConfig(heartbeat_interval=3600, **settings),
+        checkpoint_root=None,
+        restore_root=None,
+        restore_metadata=meta,
+        run_id="test",
+    )
+    return Task(plan, spec, env, FakeIO(), "127.0.0.1")
+
+
+def test_own_subtask_at_the_same_parallelism_else_the_minimum() -> None:
+    meta = metadata(w_0=40.0, w_1=70.0, other_0=5.0)
+    assert restored_watermark(meta, "w[1]", 2) == 70.0
+    assert restored_watermark(meta, "w[0]", 2) == 40.0
+    assert restored_watermark(meta, "w[2]", 3) == 40.0  # rescaled 2 -> 3: the minimum
+    assert restored_watermark(metadata(w_0=40.0, w_1=70.0, w_2=9.0), "w[0]", 2) == 9.0  # 3 -> 2
+    assert restored_watermark(metadata(w_0=40.0, w_1=None), "w[1]", 2) == NO  # saw none
+    assert restored_watermark(meta, "new[0]", 1) == NO  # not in the checkpoint
+
+
+def test_a_task_without_event_time_operators_resumes_at_its_watermark(tmp_path: Path) -> None:
+    """'merge' (a union: no event-time operator) acked watermark 42: restored, it tells
+    downstream 42 when it goes idle, and forwards nothing until its input passes 42."""
+    for drop, start in ((False, 42.0), (True, NO)):
+        task = task_of(merge_plan(), "merge[0]", metadata(merge_0=42.0), debug_drop_event_time=drop)
+        io: Any = task.io
+        task.open()
+        assert task.chain.watermark == start and task.input_side.watermark == start
+        for ch in (0, 1):
+            task.input_side.dispatch(ch, 4, event(ch, Watermark(30)))
+        for ch in (0, 1):
+            task.input_side.dispatch(ch, 4, event(ch, Watermark(50)))
+        marks = [e.timestamp for _, e in io.log if isinstance(e, Watermark)]
+        # the first watermark it emits after the restore is past the one it had
+        assert marks == ([50, 50] if not drop else [30, 30, 50, 50])
+        task.close(graceful=False)
+
+
+def test_a_window_restored_at_another_parallelism_starts_from_the_minimum() -> None:
+    flow = Dataflow("et", parallelism=1)
+    (
+        flow.source(CollectionSource([("a", 1)]), name="src")
+        .assign_timestamps(lambda r: r[1], name="ts")
+        .key_by(lambda r: r[0])
+        .window(Tumbling(10), name="win", parallelism=3)
+        .count()
+        .collect("out")
+    )
+    plan = flow.plan()
+    task = task_of(plan, "win[2]", metadata(win_0=40.0, win_1=70.0))  # was at p=2
+    task.open()
+    (op,) = [o for o in task.chain.operators if o.uses_event_time]
+    assert op.watermark == 40.0 and task.chain.watermark == 40.0
+    # a record below the restored watermark is late: its window fired before the rescale
+    assert task.chain.process([("a", 35)], 0) == []
+    assert op.late_records == 1  # type: ignore[attr-defined]
+    task.close(graceful=False)
