@@ -154,10 +154,12 @@ class CheckpointCoordinator:
         return n
 
     def _halt(self, cp: PendingCheckpoint) -> None:
-        """Synchronous snapshots: halt every source, then drain (see ``_drained``)."""
+        """Synchronous snapshots: halt every task, then drain (see ``_drained``). Sources
+        stop reading; every task stops firing processing-time timers (their output would
+        change the state under the snapshot) until the checkpoint completes or aborts."""
         tasks = sorted(self.all_tasks)
         cp.drain = LoopTermination(tasks, self.send, clock=self.clock, tag=cp.checkpoint_id)
-        for index in self.sources:
+        for index in tasks:
             self.send(index, P.Halt(cp.checkpoint_id))
         cp.drain.start()
         if self.config.debug_skip_drain:  # tests only: trigger at once (waves only measure)

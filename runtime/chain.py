@@ -357,8 +357,8 @@ class OperatorChain:
         rescale (the operators that lost theirs get it, without firing: what was due
         below it fired before the checkpoint). Returns the chain's watermark."""
         if metadata is not None and not self._drop_event_time:
-            steps = [op.step for op in self.operators] or [self.source_step]
-            parallelism = steps[0].parallelism if steps[0] is not None else 1
+            first = self.operators[0].step if self.operators else self.source_step
+            parallelism = first.parallelism if first is not None else 1
             mark = restored_watermark(metadata, self.spec.task_id, parallelism)
             if mark > self.watermark:
                 self.watermark = mark

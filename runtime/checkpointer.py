@@ -261,8 +261,9 @@ class TaskCheckpointer:
             self._halted_for = trigger.checkpoint_id
 
     def halt(self, checkpoint_id: int) -> None:
-        """A source under synchronous snapshots: emit nothing from now until checkpoint
-        ``checkpoint_id`` completes or is aborted (its trigger follows once the job drained)."""
+        """Synchronous snapshots: a source emits nothing from now until checkpoint
+        ``checkpoint_id`` completes or is aborted (its trigger follows once the job
+        drained); every task fires no processing-time timer meanwhile."""
         if not self.synchronous:
             raise BarrierProtocolError(
                 f"task {self.task.task_id}: halt for checkpoint {checkpoint_id}, but snapshots "
@@ -272,7 +273,7 @@ class TaskCheckpointer:
 
     @property
     def halted(self) -> bool:
-        """A source under synchronous snapshots: the checkpoint it halted for is running."""
+        """Synchronous snapshots: the checkpoint this task halted for is running."""
         return self._halted_for is not None
 
     # -- the steps -----------------------------------------------------------------------

@@ -243,7 +243,7 @@ class Task:
 
     def _housekeeping(self, now: float, timers: bool = True) -> None:
         self.control.heartbeat(now, self._heartbeat)
-        if timers and self.chain.timed:  # processing-time timers and windows
+        if timers and self.chain.timed and not self.checkpointer.halted:  # not in a halt
             self.chain.on_processing_time(time.time())
         if self.checkpointer.writes_pending:
             self.checkpointer.collect_writes()

@@ -1,7 +1,8 @@
-"""Watermarks in every snapshot: a restored task starts from the watermark its ack
-recorded, also without an event-time operator, and a chain restored at another
-parallelism from the minimum over its old subtasks (on fakes, no Spark); the companion
-(``debug_drop_event_time``) starts from minus infinity."""
+"""Event time and snapshots, on fakes (no Spark). Watermarks in every snapshot: a
+restored task starts from the watermark its ack recorded, also without an event-time
+operator, and a chain restored at another parallelism from the minimum over its old
+subtasks; the companion (``debug_drop_event_time``) starts from minus infinity.
+Synchronous snapshots: no processing-time timer fires while the job is halted."""
 
 from __future__ import annotations
 
@@ -97,3 +98,40 @@ def test_a_window_restored_at_another_parallelism_starts_from_the_minimum() -> N
     assert task.chain.process([("a", 35)], 0) == []
     assert op.late_records == 1  # type: ignore[attr-defined]
     task.close(graceful=False)
+
+
+def test_processing_time_timers_do_not_fire_while_the_job_is_halted() -> None:
+    """Synchronous snapshots: from the Halt until its checkpoint ends, a task fires no
+    processing-time timer (the snapshot must capture a state that does not change under
+    it); once the checkpoint ends (here: aborted), the due window fires."""
+    from channels import control as P
+    from runtime.window_kinds import TumblingProcessingTime
+
+    flow = Dataflow("pt", parallelism=1)
+    (
+        flow.source(CollectionSource([("a", 1)]), name="src")
+        .key_by(lambda r: r[0])
+        .window(TumblingProcessingTime(1), name="win", parallelism=2)
+        .count()
+        .collect("out")
+    )
+    plan = flow.plan()
+    for synchronous in (True, False):
+        mode = "synchronous" if synchronous else "exactly_once"
+        task = task_of(plan, "win[0]", metadata(), snapshot_mode=mode)
+        io: Any = task.io
+        task.open()
+        (op,) = [o for o in task.chain.operators if o.step.name == "win"]
+        op.clock = lambda: 1_000.0  # type: ignore[attr-defined]  # the window [1000, 1001)
+        task.chain.process([("a", 1)], 0)
+        if synchronous:
+            io.jm.tell(P.Halt(3))
+            task._serve_control()
+        task._housekeeping(0.0)  # the wall clock is far past 1001: the window is due
+        assert len(op.state) == (1 if synchronous else 0)  # type: ignore[attr-defined]
+        if synchronous:
+            io.jm.tell(P.Abort(3, "EXPIRED"))
+            task._serve_control()
+            task._housekeeping(0.0)
+            assert len(op.state) == 0  # type: ignore[attr-defined]
+        task.close(graceful=False)
