@@ -34,7 +34,7 @@ from typing import Any
 from runtime.graph import Step, StepKind
 from runtime.operators import KeyedOperator, OperatorContext, register
 from runtime.timestamps import TimestampError
-from runtime.window_kinds import WindowKind
+from runtime.window_kinds import Tumbling, WindowKind
 from statebackend.timers import NamespacedState, TimerService
 
 log = logging.getLogger("absflow.task")
@@ -78,12 +78,51 @@ class WindowOperator(KeyedOperator):
             for r in batch:
                 add(key_fn(r), r, now, out)
             return out
+        if self.kind.__class__ is Tumbling and self.mode != "process":
+            self._process_tumbling(batch, ts_fn, out)
+            return out
         for r in batch:
             ts = ts_fn(r)
             if ts.__class__ is not int and ts.__class__ is not float:
                 raise TimestampError.of(self.name, r, ts)
             add(key_fn(r), r, ts, out)
         return out
+
+    def _process_tumbling(
+        self, batch: list[Any], ts_fn: Callable[[Any], Any], out: list[Any]
+    ) -> None:
+        """`_add` for tumbling windows with an incremental function, inlined: one window
+        per record, its accumulator straight from the key's map (the per-batch path the
+        profile showed: method calls and window lists per record)."""
+        kind: Any = self.kind
+        size, offset = kind.size, kind.offset
+        watermark = self.watermark
+        horizon = watermark - self.lateness
+        states, key_fn, fn = self.state.by_key, self.key_fn, self.fn
+        fresh, missing = self._fresh, _MISSING
+        for r in batch:
+            ts = ts_fn(r)
+            if ts.__class__ is not int and ts.__class__ is not float:
+                raise TimestampError.of(self.name, r, ts)
+            start = ts - (ts - offset) % size
+            end = start + size
+            if end <= horizon:
+                self._late(r, out)
+                continue
+            key = key_fn(r)
+            windows = states.get(key)
+            if windows is None:
+                windows = states[key] = {}
+            window = (start, end)
+            acc = windows.get(window, missing)
+            if acc is missing:
+                acc = fresh(r)
+                self._register(key, window)
+            else:
+                acc = fn(acc, r)
+            windows[window] = acc
+            if end <= watermark:  # fired already: late within lateness
+                out.append(self._result(key, window, acc))
 
     def _fresh(self, record: Any) -> Any:
         mode = self.mode

@@ -154,6 +154,12 @@ class NamespacedState:
             del self._states[key]
         return value
 
+    @property
+    def by_key(self) -> dict[Any, dict[Any, Any]]:
+        """The live ``{key: {namespace: value}}`` (a per-record fast path's direct access;
+        drop a key's map once it is empty, as ``pop`` does)."""
+        return self._states
+
     def namespaces(self, key: Any) -> dict[Any, Any]:
         """The live ``{namespace: value}`` of ``key`` (empty if none; do not keep it)."""
         return self._states.get(key) or {}
