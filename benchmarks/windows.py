@@ -1,6 +1,7 @@
 """Windowed counts: tumbling and session windows over out-of-order input, next to bytewax.
 
-    python benchmarks/windows.py [--n 1000000] [--bytewax-venv ../bytewax-venv]
+    python benchmarks/windows.py [--n 1000000] [--repeat K] [--launcher local]
+        [--bytewax-venv ../bytewax-venv]
 
 Workload: N records ``(key, ts)``, 10,000 keys (``i * 7919 % 10000``), event time
 ``i // 10`` ms plus a jitter below 500 ms (out of order; ``max_delay=500``, so nothing is
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -33,6 +35,7 @@ KEYS = 10_000
 TUMBLE_MS = 60_000
 GAP_MS = 3_000
 MAX_DELAY_MS = 500
+LAUNCHER: dict[str, Any] = {}  # --launcher local: the Spark-free harness
 
 
 def record(i: int) -> tuple[str, int]:
@@ -54,6 +57,7 @@ def build(n: int, parallelism: int, kind: WindowKind, **config: Any) -> Dataflow
 
 def absflow_run(n: int, parallelism: int, kind: WindowKind, interval: float) -> dict[str, Any]:
     config: dict[str, Any] = {"checkpoint_interval": interval} if interval else {}
+    config.update(LAUNCHER)
     t0 = time.perf_counter()
     result = build(n, parallelism, kind, **config).run()
     wall = time.perf_counter() - t0
@@ -90,27 +94,48 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--bytewax-venv", default=os.path.join(os.path.dirname(REPO), "bytewax-venv"))
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds, interleaved (every run once per round): median and min-max per run",
+    )
+    ap.add_argument("--launcher", help="'local': task processes without Spark (the harness)")
     args = ap.parse_args()
+    if args.launcher:
+        LAUNCHER["launcher"] = args.launcher
     n = args.n
     kinds: dict[str, WindowKind] = {"tumbling": Tumbling(TUMBLE_MS), "session": Session(GAP_MS)}
     absflow_run(2_000, 1, kinds["tumbling"], 0.0)  # warm-up: the Spark session starts here
     print(f"{n:,} records, {KEYS:,} keys, out of order by < {MAX_DELAY_MS} ms")
-    print(f"{'run':<38} {'records/s':>12} {'processing':>12} {'windows':>9} {'peak RSS':>9}")
-    for name, kind in kinds.items():
-        for interval in (0.0, 0.5):
-            for p in (1, 2):
-                r = absflow_run(n, p, kind, interval)
-                label = f"absflow {name} p={p} " + (f"chk {interval}s" if interval else "no chk")
-                print(
-                    f"{label:<38} {r['records_per_s']:>12,.0f} "
-                    f"{r['processing_records_per_s']:>12,.0f} {r['windows']:>9,} "
-                    f"{r['peak_rss_mib']:>7.0f} M"
-                )
-            bw = bytewax(args.bytewax_venv, n, name, interval)
-            if bw is not None:
-                label = f"bytewax 0.21 {name} " + (f"chk {interval}s" if interval else "no chk")
-                ok = "" if bw.get("correct") else "  (window counts do not add up to N)"
-                print(f"{label:<38} {bw['records_per_s']:>12,.0f} {'':>12} {bw['windows']:>9,}{ok}")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for _round in range(max(1, args.repeat)):
+        for name, kind in kinds.items():
+            for interval in (0.0, 0.5):
+                chk = f"chk {interval}s" if interval else "no chk"
+                for p in (1, 2):
+                    r = absflow_run(n, p, kind, interval)
+                    runs.setdefault(f"absflow {name} p={p} {chk}", []).append(r)
+                bw = bytewax(args.bytewax_venv, n, name, interval)
+                if bw is not None:
+                    if not bw.get("correct"):
+                        print(f"bytewax {name} {chk}: window counts do not add up to N")
+                    bw.setdefault("processing_records_per_s", float("nan"))
+                    bw.setdefault("peak_rss_mib", float("nan"))
+                    runs.setdefault(f"bytewax 0.21 {name} {chk}", []).append(bw)
+    print(
+        f"{'run (median, min-max records/s)':<38} {'records/s':>12} {'min-max':>21} "
+        f"{'processing':>12} {'windows':>9} {'peak RSS':>9}"
+    )
+    for label, results in runs.items():
+        rates = sorted(r["records_per_s"] for r in results)
+        proc = statistics.median(r["processing_records_per_s"] for r in results)
+        rss = max(r["peak_rss_mib"] for r in results)
+        print(
+            f"{label:<38} {statistics.median(rates):>12,.0f} "
+            f"{f'{rates[0]:,.0f}-{rates[-1]:,.0f}':>21} {proc:>12,.0f} "
+            f"{results[0]['windows']:>9,} {rss:>7.0f} M"
+        )
     print("\npeak task RSS against records (tumbling, p=1, checkpoints every 0.5 s):")
     for size in (n, 2 * n):
         r = absflow_run(size, 1, kinds["tumbling"], 0.5)
