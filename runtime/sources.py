@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from runtime.errors import GraphError
+from statebackend.restore import RescaledState
 
 
 class SourceReader:
@@ -30,6 +31,11 @@ class SourceReader:
 
     def restore(self, state: Any) -> None:
         """Seek to a position returned by ``snapshot`` (called before the first read)."""
+        raise NotImplementedError
+
+    def restore_rescaled(self, state: RescaledState) -> None:
+        """Restore at another parallelism from every old subtask's position (only for a
+        source whose ``rescalable`` is True): take the splits this subtask owns now."""
         raise NotImplementedError
 
     def current_split(self) -> Any:
@@ -49,6 +55,9 @@ class Source:
     """A picklable, partitioned, replayable source."""
 
     name = "source"
+    # True if its readers implement ``restore_rescaled``: a restore at another
+    # parallelism then redistributes the splits instead of being refused.
+    rescalable = False
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         raise NotImplementedError
