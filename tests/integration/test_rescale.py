@@ -121,9 +121,9 @@ def stop_at_two(name: str, inputs: Path, out: Path, chk: Path) -> str:
     finally:
         thread.join(timeout=120)
     assert "error" not in result, result.get("error")
-    run = result["run"]
-    assert run.stopped and run.savepoint
-    return str(run.savepoint)
+    stopped = result["run"]
+    assert stopped.stopped and stopped.savepoint
+    return str(stopped.savepoint)
 
 
 @pytest.mark.parametrize("parallelism", [1, 3])
