@@ -11,10 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from runtime.connectors.files import FileStreamReader, FileStreamSource
 from runtime.sinks import CollectSink, FileSink, SinkContext
+from runtime.sources import CollectionSource, GeneratorSource, Source
 from statebackend.errors import IncompatibleCheckpointError
 from statebackend.metadata import CheckpointMetadata, OperatorLayout, StepState, TaskStateHandle
 from statebackend.metrics import CheckpointSummary
@@ -91,6 +93,59 @@ def test_companion_restoring_each_subtask_from_its_own_index_repeats_records(
         emitted += read_rest(reader)
     got = collections.Counter(emitted)
     assert got != want and max(got.values()) > 1  # files done by another index re-read
+
+
+# -- strided sources (GeneratorSource, CollectionSource) ---------------------------------
+COUNT = 100
+
+
+def strided_sources() -> list[Source]:
+    return [GeneratorSource(lambda i: i, COUNT), CollectionSource(range(COUNT))]
+
+
+def read_unevenly(source: Source, parallelism: int, rounds: int) -> tuple[list[Any], list[Any]]:
+    """Subtask i reads ``rounds + i`` batches of 3; the snapshots and what was read."""
+    states, emitted = [], []
+    for i in range(parallelism):
+        reader = source.create_reader(i, parallelism)
+        for _ in range(rounds + i):
+            emitted += reader.read_batch(3) or []
+        states.append(through_msgpack(reader.snapshot()))
+    return states, emitted
+
+
+def through_msgpack(state: Any) -> Any:
+    return msgpack.unpackb(msgpack.packb(state), raw=False)
+
+
+@pytest.mark.parametrize("source", strided_sources(), ids=["generator", "collection"])
+def test_strided_sources_redistribute_twice_without_loss_or_repeat(source: Source) -> None:
+    states, emitted = read_unevenly(source, 2, 2)
+    # 2 -> 3: the new subtasks read unevenly too, and are rescaled again, 3 -> 1.
+    again = []
+    for i in range(3):
+        reader = source.create_reader(i, 3)
+        reader.restore_rescaled(RescaledState(tuple(enumerate(states)), 2))
+        for _ in range(i):
+            emitted += reader.read_batch(2) or []
+        again.append(through_msgpack(reader.snapshot()))
+    last = source.create_reader(0, 1)
+    last.restore_rescaled(RescaledState(tuple(enumerate(again)), 3))
+    while (batch := last.read_batch(7)) is not None:
+        emitted += batch
+    assert sorted(emitted) == list(range(COUNT))
+
+
+@pytest.mark.parametrize("source", strided_sources(), ids=["generator", "collection"])
+def test_companion_strided_sources_restored_per_index_lose_or_repeat(source: Source) -> None:
+    states, emitted = read_unevenly(source, 2, 2)
+    for i in range(3):
+        reader = source.create_reader(i, 3)
+        if i < 2:
+            reader.restore(states[i])
+        while (batch := reader.read_batch(7)) is not None:
+            emitted += batch
+    assert sorted(emitted) != list(range(COUNT))
 
 
 # -- transactional sinks ------------------------------------------------------------------
