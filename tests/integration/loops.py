@@ -28,7 +28,7 @@ def _steps(n: int) -> int:
     return k
 
 
-def collatz(n: int | None, rate: float | None = None, **config: Any) -> Dataflow:
+def collatz(n: int, rate: float | None = None, **config: Any) -> Dataflow:
     flow = Dataflow("collatz", parallelism=2, **config)
     loop = flow.source(GeneratorSource(_start, n, rate=rate), name="numbers").iterate(name="loop")
     step = loop.stream.map(_collatz, name="step")

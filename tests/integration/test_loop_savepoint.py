@@ -39,13 +39,14 @@ def logged_back_edge_records(chk: Path, savepoint: str) -> int:
 
 
 def stop_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Collatz, unbounded, stopped with a savepoint while records circulate."""
+    """Collatz (its input rate-limited to 6 s), stopped with a savepoint while records
+    circulate."""
     monkeypatch.setenv("ABSFLOW_JOBS_DIR", str(tmp_path / "jobs"))
     chk = tmp_path / "chk"
     result: dict[str, Any] = {}
 
     def run() -> None:
-        flow = collatz(None, rate=1_000, checkpoint_interval=0.2, checkpoint_dir=str(chk), ui=False)
+        flow = collatz(N, rate=500, checkpoint_interval=0.2, checkpoint_dir=str(chk), ui=False)
         try:
             result["run"] = flow.run(launcher="local", progress=False)
         except BaseException as err:
