@@ -161,7 +161,7 @@ class Report:
 
     def scaling_rows(self) -> list[list[str]]:
         rows = []
-        for p, study in self.scaling.items():
+        for p, study in sorted(self.scaling.items()):
             none = Spread.of(r.processing for r in study.runs["none"])
             abs_ = Spread.of(r.processing for r in study.runs["exactly_once@0.5"])
             rows.append(
