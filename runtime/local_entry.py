@@ -21,6 +21,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 import traceback
 from typing import BinaryIO
 
@@ -94,7 +95,16 @@ def main(argv: list[str], watchdog: Watchdog) -> int:
         peers: list[str] = json.loads(line)
         return peers
 
-    run_task(plan, env, index, HOST, exchange)
+    profile_dir = os.environ.get("ABSFLOW_PROFILE_DIR")
+    if profile_dir:  # a development tool: cProfile of this task, one file per task
+        import cProfile
+
+        with cProfile.Profile(time.process_time) as prof:
+            run_task(plan, env, index, HOST, exchange)
+        watchdog.done.set()  # the job manager may release the task while this writes
+        prof.dump_stats(os.path.join(profile_dir, f"task-{index}-{os.getpid()}.prof"))
+    else:
+        run_task(plan, env, index, HOST, exchange)
     watchdog.exit_when_released()
     return 0
 
