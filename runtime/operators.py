@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from channels.partitioners import is_identity, key_group_for, key_group_range
+from channels.partitioners import fast_key_fn, is_identity, key_group_for, key_group_range
 from runtime.graph import Step, StepKind
 from runtime.sinks import Sink, SinkContext
 from runtime.watermarks import NO_WATERMARK
@@ -151,7 +151,7 @@ class KeyedOperator(Operator):
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         super().__init__(step, ctx)
         assert step.key_fn is not None
-        self.key_fn: Callable[[Any], Any] = step.key_fn
+        self.key_fn: Callable[[Any], Any] = fast_key_fn(step.key_fn)  # r[c]: itemgetter
         # The record is its own key (key_by(lambda w: w)): no key_fn call per record.
         self.key_is_record = is_identity(step.key_fn)
         n = ctx.max_parallelism

@@ -23,6 +23,7 @@ from channels.partitioners import (
     PartitioningError,
     RebalancePartitioner,
     UnroutableKeyError,
+    fast_key_fn,
     is_identity,
     key_group_for,
     key_group_range,
@@ -298,3 +299,59 @@ def test_hash_identity_fast_path_is_taken() -> None:
     fast._key_fn = lambda w: pytest.fail("an identity key_fn is not called when warm")
     expected = [(t, [r for r in batch if fast.target_for_key(r) == t]) for t in range(2)]
     assert fast.partition(batch) == [(t, part) for t, part in expected if part]
+
+
+def _first_with_doc(record: Any) -> Any:
+    """A docstring does not change the body."""
+    return record[0]
+
+
+def test_fast_key_fn_turns_subscripts_by_a_constant_into_itemgetter() -> None:
+    import operator
+
+    records: list[Any] = [("a", 1), ["b", 2], "cd", {0: "x", "user": "u", -1: "y"}]
+    for fn, const in (
+        (lambda r: r[0], 0),
+        (lambda e: e["user"], "user"),
+        (lambda r: r[-1], -1),
+        (_first_with_doc, 0),
+    ):
+        fast = fast_key_fn(fn)
+        assert isinstance(fast, operator.itemgetter), fn
+        for record in records:
+            try:
+                expected: Any = fn(record)
+            except (LookupError, TypeError) as err:
+                expected = type(err)
+            try:
+                got: Any = fast(record)
+            except (LookupError, TypeError) as err:
+                got = type(err)
+            assert got == expected, (const, record)
+    for fn in (
+        lambda r: r,
+        lambda r: r[0:1],
+        lambda r: r[1.5],
+        lambda r: r[True],
+        lambda r: r[(0, 1)],
+        lambda r: r[0][1],
+        lambda r, i=0: r[i],
+        lambda *r: r[0],
+        str,
+    ):
+        assert fast_key_fn(fn) is fn, fn
+
+
+def test_hash_with_an_itemgetter_key_routes_as_the_lambda() -> None:
+    """Companion of fast_key_fn: the partitioner uses the itemgetter, and routes every
+    record where the lambda routes it."""
+    import operator
+
+    records = [(f"w{i % 97}", i) for i in range(3000)]
+    fast = HashPartitioner(lambda r: r[0], 3, 128)
+    general = HashPartitioner(lambda r: r[0] + "", 3, 128)
+    assert isinstance(fast._key_fn, operator.itemgetter)
+    assert not isinstance(general._key_fn, operator.itemgetter)
+    for start in range(0, len(records), 1000):
+        batch = records[start : start + 1000]
+        assert fast.partition(batch) == general.partition(batch)

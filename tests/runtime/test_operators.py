@@ -79,3 +79,13 @@ def test_keyed_operators_with_an_identity_key_match_the_general_path() -> None:
         step(StepKind.AGGREGATE, lambda c, _w: c + 1, lambda w: w, initial=0), 0, 128, None
     )
     assert agg.process(words) == [("a", 1), ("b", 1), ("a", 2), ("c", 1), ("a", 3), ("b", 2)]
+
+
+def test_keyed_operators_read_a_subscript_key_with_itemgetter() -> None:
+    """key_by(lambda r: r[0]) runs as operator.itemgetter(0) (no Python frame per
+    record), with the output of the lambda."""
+    import operator
+
+    op = build_operator(keyed_step(StepKind.AGGREGATE, lambda c, r: c + r[1], initial=0), 0, 128)
+    assert isinstance(op.key_fn, operator.itemgetter)  # type: ignore[attr-defined]
+    assert op.process([("a", 1), ("b", 5), ("a", 2)]) == [("a", 1), ("b", 5), ("a", 3)]
