@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -310,12 +311,13 @@ def test_fast_key_fn_turns_subscripts_by_a_constant_into_itemgetter() -> None:
     import operator
 
     records: list[Any] = [("a", 1), ["b", 2], "cd", {0: "x", "user": "u", -1: "y"}]
-    for fn, const in (
+    cases: list[tuple[Callable[[Any], Any], Any]] = [
         (lambda r: r[0], 0),
         (lambda e: e["user"], "user"),
         (lambda r: r[-1], -1),
         (_first_with_doc, 0),
-    ):
+    ]
+    for fn, const in cases:
         fast = fast_key_fn(fn)
         assert isinstance(fast, operator.itemgetter), fn
         for record in records:
