@@ -287,10 +287,25 @@ def main() -> None:
     else:
         text += "\n(matplotlib is not installed: `pip install -e '.[bench]'` for the plots)\n"
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    text += kept_sections(args.out)
     with open(args.out, "w") as fh:
         fh.write(text)
     print("\n" + text)
     say(f"wrote {args.out}" + "".join(f", {p}" for p in images))
+
+
+KEPT_HEADINGS = ("## Hot path",)  # sections other benchmarks write (benchmarks/hot_path.py)
+
+
+def kept_sections(path: str) -> str:
+    """The sections of the existing file that this benchmark does not write, from the
+    first of KEPT_HEADINGS to the end: re-running the evaluation keeps them."""
+    if not os.path.exists(path):
+        return ""
+    with open(path) as fh:
+        old = fh.read()
+    starts = [i for h in KEPT_HEADINGS if (i := old.find("\n" + h)) >= 0]
+    return "\n" + old[min(starts) + 1 :] if starts else ""
 
 
 if __name__ == "__main__":
