@@ -261,9 +261,8 @@ class TaskCheckpointer:
             self._halted_for = trigger.checkpoint_id
 
     def halt(self, checkpoint_id: int) -> None:
-        """Synchronous snapshots: a source emits nothing from now until checkpoint
-        ``checkpoint_id`` completes or is aborted (its trigger follows once the job
-        drained); every task fires no processing-time timer meanwhile."""
+        """Synchronous snapshots: until checkpoint ``checkpoint_id`` ends, a source emits
+        nothing (its trigger follows the drain) and no task fires a processing-time timer."""
         if not self.synchronous:
             raise BarrierProtocolError(
                 f"task {self.task.task_id}: halt for checkpoint {checkpoint_id}, but snapshots "
