@@ -121,12 +121,20 @@ class Recovery:
     checkpointed at superstep boundaries every ``interval`` supersteps (write then go
     on / written while the new state is produced / written while the next superstep
     runs). ``none``: a failure restarts from the start. ``max_restarts`` bounds the
-    attempts; ``rescue_timeout`` bounds the rescue read (seconds)."""
+    attempts; ``rescue_timeout`` bounds the rescue read (seconds).
+
+    ``checkpoint_dir``: where the run keeps its input partitions and superstep
+    checkpoints (in a directory of its own under it, kept after the run); the same
+    storage as streaming checkpoints: a local or shared path, or an fsspec URL
+    (``s3://bucket/prefix``, ``hdfs://...``) reached with ``storage_options``
+    (endpoint, credentials). None: a local temp dir, removed after the run. On a
+    cluster every task must reach it."""
 
     mode: RecoveryMode = "none"
     interval: int = 1
     compensation: Compensation | None = None
     checkpoint_dir: str | None = None
+    storage_options: Mapping[str, Any] | None = None
     max_restarts: int = 3
     rescue_timeout: float = 2.0
     # optimistic: with more than this share of partitions lost, restart instead

@@ -136,12 +136,13 @@ class _Head:
             pushes,
             die,
         )
-        solution, workset = SuperstepStore(wctx.input_root).read_part(
+        options = spec.recovery.storage_options
+        solution, workset = SuperstepStore(wctx.input_root, options).read_part(
             wctx.start_superstep, wctx.index
         )
-        side, _ = SuperstepStore(wctx.side_root).read_part(0, wctx.index)
+        side, _ = SuperstepStore(wctx.side_root, options).read_part(0, wctx.index)
         self.compute = PartitionCompute(spec, wctx.index, solution, workset, side)
-        self.store = SuperstepStore(wctx.checkpoint_root)
+        self.store = SuperstepStore(wctx.checkpoint_root, options)
         self.committed = wctx.start_superstep  # the superstep compute.solution is the state after
         self.proposed: int | None = None
         self.markers: dict[int, int] = defaultdict(int)
