@@ -219,6 +219,12 @@ class _Iteration:
                 f"{sorted(map(repr, unknown))[:3]}; a workset names solution keys"
             )
         self.side_parts = self._side(side, partitioner, where)
+        from runtime.iterations.loop_plan import iteration_plan
+
+        try:  # the graph checks of a streaming loop, at build time
+            self._plan = iteration_plan(self.spec)
+        except GraphError as err:
+            raise IterationError(f"{where}: {err}") from err
         try:
             pickle.dumps(step)
         except Exception as err:
@@ -248,6 +254,13 @@ class _Iteration:
                         f"iteration's {partitioner} puts in part {partitioner.owner(key)}"
                     )
         return [dict(p) for p in side.parts]
+
+    def explain(self) -> str:
+        """The iteration as a loop of the streaming plan (loop head, superstep step,
+        feedback edge and its back-edge channels), as text."""
+        text = self._plan.explain()
+        print(text)
+        return text
 
     @property
     def side(self) -> dict[Any, Any]:

@@ -31,6 +31,7 @@ from channels import control as P
 from channels import messages as M
 from channels import superstep_control as S
 from runtime.iterations.api import IterationError, IterationSpec
+from runtime.iterations.loop_plan import LoopChannels, iteration_plan
 from runtime.iterations.partition import PartitionCompute, encode_state
 from runtime.iterations.snapshots import PartWriter, SuperstepStore, write_whole
 
@@ -76,14 +77,14 @@ def run_worker(
         ctl.setsockopt(zmq.LINGER, 2000)
         ctl.connect(wctx.jm_endpoint)
         endpoints = exchange(endpoint)
-        for j, ep in enumerate(endpoints):
-            if j != wctx.index:
-                s = zctx.socket(zmq.PUSH)
-                s.setsockopt(zmq.SNDHWM, 0)
-                s.setsockopt(zmq.LINGER, 0)
-                s.connect(ep)
-                pushes[j] = s
-        head = _Head(spec, wctx, pull, ctl, pushes, die)
+        loop = LoopChannels.of(iteration_plan(spec), wctx.index)
+        for j in loop.peers:  # the feedback edge's channels out of this task
+            s = zctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.SNDHWM, 0)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(endpoints[j])
+            pushes[j] = s
+        head = _Head(spec, wctx, loop, pull, ctl, pushes, die)
         ctl.send(
             P.encode(
                 P.Register(
@@ -123,11 +124,13 @@ class _Head:
         self,
         spec: IterationSpec,
         wctx: WorkerContext,
+        loop: LoopChannels,
         pull: zmq.Socket[bytes],
         ctl: zmq.Socket[bytes],
         pushes: dict[int, zmq.Socket[bytes]],
         die: Callable[[int], None],
     ) -> None:
+        self.loop = loop
         self.spec, self.wctx, self.pull, self.ctl, self.pushes, self.die = (
             spec,
             wctx,
@@ -195,7 +198,7 @@ class _Head:
             s.send(M.encode_superstep(self.wctx.index, k, contribution))
         self.markers[k] += 1
         self.totals[k] += contribution
-        while self.markers[k] < self.spec.parallelism:
+        while self.markers[k] < len(self.loop.marker_sources):  # one per feedback input
             self._poll_once()
         total = self.totals.pop(k)
         del self.markers[k]
