@@ -151,6 +151,7 @@ class _Head:
         self.markers: dict[int, int] = defaultdict(int)
         self.totals: dict[int, float] = defaultdict(float)
         self.head_writer: PartWriter | None = None
+        self.received = 0  # messages absorbed since the last update (the next superstep's)
         self.durable = -1
         self.poller = zmq.Poller()
         self.poller.register(pull, zmq.POLLIN)
@@ -188,9 +189,10 @@ class _Head:
                 )
         started = time.perf_counter()
         out, contribution = self.compute.emit()
+        sent = sum(len(flat) for flat in out) // 2  # flat: key, message, key, message, ...
         for j, flat in enumerate(out):
             if j == self.wctx.index:
-                self.compute.absorb(flat)
+                self._absorb(flat)
                 continue
             for i in range(0, len(flat), _BATCH):
                 self.pushes[j].send(M.encode_data(self.wctx.index, flat[i : i + _BATCH]))
@@ -202,6 +204,7 @@ class _Head:
             self._poll_once()
         total = self.totals.pop(k)
         del self.markers[k]
+        received, self.received = self.received, 0  # FIFO: all of k's, none of k + 1's
         if self.head_writer is not None:  # head: the write overlapped this superstep
             self.head_writer.wait()
             self.durable, self.head_writer = self.head_writer.superstep, None
@@ -231,6 +234,8 @@ class _Head:
                     outcome.active,
                     self.durable,
                     seconds,
+                    sent,
+                    received,
                 )
             )
         )
@@ -242,6 +247,10 @@ class _Head:
         if self.pull in events:
             self._drain_pull()
 
+    def _absorb(self, flat: Any) -> None:
+        self.compute.absorb(flat)
+        self.received += len(flat) // 2
+
     def _drain_pull(self) -> None:
         """Everything queued on the data channels (data and markers of the next
         superstep may come before our Go does: FIFO keeps them apart)."""
@@ -252,7 +261,7 @@ class _Head:
                 break
             _, kind = M.decode_header(frame)
             if kind == M.KIND_DATA:
-                self.compute.absorb(M.decode_records(frame))
+                self._absorb(M.decode_records(frame))
             elif kind == M.KIND_SUPERSTEP:
                 step, contribution = M.decode_superstep(frame)
                 self.markers[step] += 1
