@@ -4,6 +4,8 @@ that reads the checkpoint back from the object store."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from runtime.iterations import Recovery
@@ -57,7 +59,11 @@ def test_kill_then_pessimistic_restore_from_s3_gives_the_exact_components(
     assert not any(k.endswith(".tmp") for k in keys)
 
 
-def test_a_storage_url_without_its_options_fails_naming_the_storage(s3_root: str) -> None:
-    recovery = Recovery("blocking", interval=2, checkpoint_dir=s3_root)  # no endpoint
-    with pytest.raises(OSError, match="s3://"):
+def test_unreachable_storage_fails_naming_the_url_and_the_cause(s3: FakeS3, s3_root: str) -> None:
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    options = {**s3.options, "endpoint_url": f"http://127.0.0.1:{port}"}
+    recovery = Recovery("blocking", interval=2, checkpoint_dir=s3_root, storage_options=options)
+    with pytest.raises(OSError, match=r"superstep checkpoint s3://.*failed: .*(onnect|refused)"):
         components().run(recovery=recovery, launcher="threads")
