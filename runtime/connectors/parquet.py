@@ -65,7 +65,7 @@ class ParquetSink(TwoPhaseCommitSink):
         self.fs, self.root = fsspec.core.url_to_fs(self.directory, **self.storage_options)
         self.root = self.root.rstrip("/")
 
-    def validate(self, step_name: str) -> None:
+    def check_system(self, step_name: str) -> None:
         self._open_fs()
         try:
             self.fs.makedirs(posixpath.join(self.root, HIDDEN), exist_ok=True)
@@ -79,7 +79,7 @@ class ParquetSink(TwoPhaseCommitSink):
         super().open(ctx)
         import pyarrow.parquet  # noqa: F401 - here, not in the first epoch's write
 
-        self.validate(ctx.step_name)
+        self.check_system(ctx.step_name)
         self.prefix = f"part-{_clean(ctx.job)}-{ctx.subtask}-"
 
     # -- writing ---------------------------------------------------------------------------

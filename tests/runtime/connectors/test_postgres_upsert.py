@@ -1,0 +1,169 @@
+"""PostgresSink upsert mode: two-phase through a staging table, no row travels in the
+snapshot, and a prepared epoch never blocks the next one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from runtime.connectors import pg_sql
+from runtime.connectors.postgres import PostgresSink
+from tests.conftest import Postgres
+from tests.runtime.connectors.test_postgres import crash, opened, rows
+
+GID1 = "absflow:clicks:pg:0:1"
+
+
+@pytest.fixture
+def keyed(postgres: Postgres, pg_table: str) -> str:
+    postgres.query(f"ALTER TABLE {pg_table} ADD PRIMARY KEY (id)")
+    postgres.query(f"DROP TABLE IF EXISTS {pg_sql.staging_name(pg_table)}")
+    return pg_table
+
+
+def upsert(pg: Postgres, table: str, **kw: Any) -> PostgresSink:
+    return opened(pg, table, mode="upsert", key=["id"], **kw)
+
+
+def staged(pg: Postgres, table: str) -> list[tuple[Any, ...]]:
+    stage = pg_sql.staging_name(table)
+    return pg.query(f"SELECT id, n, _absflow_txn FROM {stage} ORDER BY _absflow_seq")
+
+
+def test_an_epoch_is_prepared_at_the_barrier_and_merged_on_completion(
+    postgres: Postgres, keyed: str
+) -> None:
+    sink = upsert(postgres, keyed)
+    sink.write_batch([(1, "a", 1), (2, "b", 1), (1, "a", 2)])
+    state = sink.snapshot_state(1)
+    assert state["pending"] == [[1, GID1]]  # the gid, not the rows
+    assert postgres.prepared() == [GID1]
+    assert rows(postgres, keyed) == [] and staged(postgres, keyed) == []  # not committed
+    sink.write_batch([(2, "b", 5)])
+    sink.notify_checkpoint_complete(1)
+    sink.committer.drain()  # type: ignore[union-attr]
+    assert rows(postgres, keyed) == [(1, "a", 2), (2, "b", 1)]  # last per key, in order
+    assert staged(postgres, keyed) == []  # merged and deleted in one transaction
+    sink.finish()
+    sink.snapshot_state(2)
+    sink.notify_checkpoint_complete(2)
+    sink.close()
+    assert rows(postgres, keyed) == [(1, "a", 2), (2, "b", 5)]
+    assert postgres.prepared() == []
+
+
+def test_a_prepared_epoch_does_not_block_the_next_epochs_upsert_of_its_keys(
+    postgres: Postgres, keyed: str
+) -> None:
+    """The next epoch writes key 1 while the epoch that wrote it is prepared: with the
+    staging table it goes on at once (lock_timeout would raise if it waited)."""
+    sink = upsert(postgres, keyed)
+    sink._conn.execute("SET lock_timeout = '2s'")
+    sink._conn.commit()
+    sink.write_batch([(1, "a", 1)])
+    sink.snapshot_state(1)  # prepared; the checkpoint has not completed
+    sink.write_batch([(1, "a", 2)])  # would wait for the prepared one on the target
+    sink.snapshot_state(2)
+    sink.notify_checkpoint_complete(2)
+    sink.committer.drain()  # type: ignore[union-attr]
+    assert rows(postgres, keyed) == [(1, "a", 2)]
+    sink.close()
+
+
+def test_companion_a_prepared_upsert_of_the_target_blocks_the_next_epoch(
+    postgres: Postgres, keyed: str
+) -> None:
+    """Why the staging table: a prepared upsert of the target keeps its row lock, and the
+    next upsert of that key waits until the prepared one ends (here: lock_timeout)."""
+    with psycopg.connect(postgres.dsn) as first:
+        first.execute(f"INSERT INTO {keyed} VALUES (1, 'a', 1) ON CONFLICT (id) DO NOTHING")
+        first.execute("PREPARE TRANSACTION 'absflow:companion:pg:0:1'")
+    try:
+        with psycopg.connect(postgres.dsn) as second:
+            second.execute("SET lock_timeout = '500ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                second.execute(
+                    f"INSERT INTO {keyed} VALUES (1, 'a', 2) "
+                    "ON CONFLICT (id) DO UPDATE SET n = EXCLUDED.n"
+                )
+    finally:
+        postgres.query("ROLLBACK PREPARED 'absflow:companion:pg:0:1'")
+
+
+def test_crash_between_prepare_and_commit_is_merged_once_by_restore(
+    postgres: Postgres, keyed: str
+) -> None:
+    sink = upsert(postgres, keyed)
+    sink.write_batch([(1, "a", 1), (1, "a", 3)])
+    state = sink.snapshot_state(1)  # checkpoint 1 completes; the notice never arrives
+    crash(sink)
+    fresh = upsert(postgres, keyed, attempt=1, state=state)
+    assert rows(postgres, keyed) == [(1, "a", 3)]
+    assert postgres.prepared() == [] and staged(postgres, keyed) == []
+    crash(fresh)
+    postgres.query(f"UPDATE {keyed} SET n = 7")  # a later writer: a second restore keeps it
+    again = upsert(postgres, keyed, attempt=2, state=state)
+    assert rows(postgres, keyed) == [(1, "a", 7)]  # the merge is not repeated
+    again.close()
+
+
+def test_crash_between_commit_prepared_and_merge_finishes_the_merge(
+    postgres: Postgres, keyed: str
+) -> None:
+    sink = upsert(postgres, keyed)
+    sink.write_batch([(1, "a", 1)])
+    state = sink.snapshot_state(1)
+    crash(sink)
+    postgres.query(f"COMMIT PREPARED '{GID1}'")  # the committer died right after this
+    assert staged(postgres, keyed) == [(1, 1, GID1)] and rows(postgres, keyed) == []
+    fresh = upsert(postgres, keyed, attempt=1, state=state)
+    assert rows(postgres, keyed) == [(1, "a", 1)] and staged(postgres, keyed) == []
+    fresh.close()
+
+
+def test_restore_drops_epochs_after_the_restored_checkpoint(
+    postgres: Postgres, keyed: str
+) -> None:
+    sink = upsert(postgres, keyed)
+    sink.write_batch([(1, "a", 1)])
+    state1 = sink.snapshot_state(1)
+    sink.notify_checkpoint_complete(1)
+    sink.committer.drain()  # type: ignore[union-attr]
+    sink.write_batch([(2, "b", 1)])
+    sink.snapshot_state(2)  # prepared; committed but never merged (restore goes back to 1)
+    sink.write_batch([(3, "c", 1)])
+    sink.snapshot_state(3)  # prepared, never committed
+    crash(sink)
+    postgres.query("COMMIT PREPARED 'absflow:clicks:pg:0:2'")
+    fresh = upsert(postgres, keyed, attempt=1, state=state1)
+    assert postgres.prepared() == [] and staged(postgres, keyed) == []
+    assert rows(postgres, keyed) == [(1, "a", 1)]
+    fresh.write_batch([(2, "b", 1), (3, "c", 1)])  # the replay
+    fresh.finish()
+    fresh.snapshot_state(4)
+    fresh.notify_checkpoint_complete(4)
+    fresh.close()
+    assert rows(postgres, keyed) == [(1, "a", 1), (2, "b", 1), (3, "c", 1)]
+
+
+@pytest.mark.parametrize("exactly_once", [True, False])
+def test_companion_rows_after_the_checkpoint_survive_a_crash_only_without_two_phase(
+    postgres: Postgres, keyed: str, exactly_once: bool
+) -> None:
+    """Exactly once, an epoch the restore goes back over leaves nothing; at least once
+    (exactly_once=False) its upserts stay even if the replay never writes them again."""
+    sink = upsert(postgres, keyed, exactly_once=exactly_once)
+    sink.write_batch([(1, "a", 1)])
+    state1 = sink.snapshot_state(1)
+    sink.notify_checkpoint_complete(1)
+    if sink.committer is not None:
+        sink.committer.drain()
+    sink.write_batch([(9, "z", 1)])  # after checkpoint 1; the replay differs
+    if exactly_once:
+        sink.snapshot_state(2)  # prepared, checkpoint 2 never completes
+    crash(sink)
+    fresh = upsert(postgres, keyed, attempt=1, state=state1, exactly_once=exactly_once)
+    fresh.close()
+    assert (rows(postgres, keyed) == [(1, "a", 1)]) is exactly_once
