@@ -28,16 +28,14 @@ def staging_name(table: str) -> str:
     return f"{schema}.{staged}" if schema else staged
 
 
-def copy_rows(
-    conn: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
-) -> None:
+def copy_rows(conn: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     from psycopg import sql
 
     cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-    with conn.cursor() as cur:
-        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(ident(table), cols)) as out:
-            for row in rows:
-                out.write_row(row)
+    copy = sql.SQL("COPY {} ({}) FROM STDIN").format(ident(table), cols)
+    with conn.cursor() as cur, cur.copy(copy) as out:
+        for row in rows:
+            out.write_row(row)
 
 
 def upsert_rows(
@@ -65,7 +63,9 @@ def on_conflict(columns: Sequence[str], key: Sequence[str]) -> Any:
     updates = [c for c in columns if c not in key]
     action = (
         sql.SQL("DO UPDATE SET ")
-        + sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates)
+        + sql.SQL(", ").join(
+            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
+        )
         if updates
         else sql.SQL("DO NOTHING")
     )
@@ -104,7 +104,9 @@ def stage_rows(
     copy_rows(conn, staging, [*columns, TXN_COL], [(*row, gid) for row in rows])
 
 
-def merge(conn: Any, table: str, staging: str, columns: Sequence[str], key: Sequence[str], gid: str) -> int:
+def merge(
+    conn: Any, table: str, staging: str, columns: Sequence[str], key: Sequence[str], gid: str
+) -> int:
     """Upsert transaction ``gid``'s staged rows into ``table`` (the last per key in the
     order they were written) and delete them from staging, in one transaction: merging
     the same ``gid`` again finds nothing (idempotent). Returns the rows merged."""

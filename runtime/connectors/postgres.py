@@ -84,7 +84,9 @@ class PostgresSink(TwoPhaseCommitSink):
         if mode == "upsert" and not key:
             raise ValueError("PostgresSink: mode='upsert' needs key=[column, ...]")
         if if_exists not in IF_EXISTS:
-            raise ValueError(f"PostgresSink: if_exists must be one of {IF_EXISTS}, got {if_exists!r}")
+            raise ValueError(
+                f"PostgresSink: if_exists must be one of {IF_EXISTS}, got {if_exists!r}"
+            )
         missing = [k for k in key if k not in columns]
         if missing:
             raise ValueError(f"PostgresSink: key columns {missing} are not in columns")
@@ -166,9 +168,10 @@ class PostgresSink(TwoPhaseCommitSink):
                     f"{where} has no unique index on {self.key} (needed by upsert); "
                     f"add PRIMARY KEY or UNIQUE ({', '.join(self.key)})"
                 )
-            if self.exactly_once and conn.execute(
-                "SELECT to_regclass(%s)", [self.staging]
-            ).fetchone()[0] is not None:
+            if (
+                self.exactly_once
+                and conn.execute("SELECT to_regclass(%s)", [self.staging]).fetchone()[0] is not None
+            ):
                 staged = pg_sql.columns_of(conn, self.staging)
                 lost = [c for c in [*self.columns, pg_sql.TXN_COL] if c not in staged]
                 if lost:

@@ -123,9 +123,7 @@ def test_crash_between_commit_prepared_and_merge_finishes_the_merge(
     fresh.close()
 
 
-def test_restore_drops_epochs_after_the_restored_checkpoint(
-    postgres: Postgres, keyed: str
-) -> None:
+def test_restore_drops_epochs_after_the_restored_checkpoint(postgres: Postgres, keyed: str) -> None:
     sink = upsert(postgres, keyed)
     sink.write_batch([(1, "a", 1)])
     state1 = sink.snapshot_state(1)
