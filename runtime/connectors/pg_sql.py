@@ -77,25 +77,33 @@ def on_conflict(columns: Sequence[str], key: Sequence[str]) -> Any:
 
 def ensure_staging(conn: Any, table: str, staging: str, columns: Sequence[str]) -> None:
     """Create the staging table like the target (its column types, defaults and checks,
-    no indexes) if it is missing. Serialised by an advisory lock: every sink subtask
-    runs this at open."""
+    no indexes) if it is missing. Every sink subtask runs this at open, serialised by a
+    session advisory lock; the check runs in a transaction begun after the lock was
+    taken, so it sees a table another subtask created meanwhile."""
     from psycopg import sql
 
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [staging])
-        if conn.execute("SELECT to_regclass(%s)", [staging]).fetchone()[0] is not None:
-            return
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS, "
-                "{} text NOT NULL, {} bigint GENERATED ALWAYS AS IDENTITY)"
-            ).format(ident(staging), ident(table), sql.Identifier(TXN_COL), sql.Identifier(SEQ_COL))
-        )
-        conn.execute(
-            sql.SQL("CREATE INDEX ON {} ({}, {})").format(
-                ident(staging), sql.Identifier(TXN_COL), sql.Identifier(SEQ_COL)
+        conn.execute("SELECT pg_advisory_lock(hashtext(%s))", [staging])
+    try:
+        with conn.transaction():
+            if conn.execute("SELECT to_regclass(%s)", [staging]).fetchone()[0] is not None:
+                return
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS, "
+                    "{} text NOT NULL, {} bigint GENERATED ALWAYS AS IDENTITY)"
+                ).format(
+                    ident(staging), ident(table), sql.Identifier(TXN_COL), sql.Identifier(SEQ_COL)
+                )
             )
-        )
+            conn.execute(
+                sql.SQL("CREATE INDEX ON {} ({}, {})").format(
+                    ident(staging), sql.Identifier(TXN_COL), sql.Identifier(SEQ_COL)
+                )
+            )
+    finally:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", [staging])
 
 
 def stage_rows(

@@ -11,7 +11,7 @@ import pytest
 from runtime.connectors import pg_sql
 from runtime.connectors.postgres import PostgresSink
 from tests.conftest import Postgres
-from tests.runtime.connectors.test_postgres import crash, opened, rows
+from tests.runtime.connectors.test_postgres import COLS, crash, ctx, opened, rows
 
 GID1 = "absflow:clicks:pg:0:1"
 
@@ -165,3 +165,31 @@ def test_companion_rows_after_the_checkpoint_survive_a_crash_only_without_two_ph
     fresh = upsert(postgres, keyed, attempt=1, state=state1, exactly_once=exactly_once)
     fresh.close()
     assert (rows(postgres, keyed) == [(1, "a", 1)]) is exactly_once
+
+
+def test_subtasks_opening_at_once_create_the_staging_table_once(
+    postgres: Postgres, keyed: str
+) -> None:
+    """Each subtask creates the staging table if it is missing; at once, one does."""
+    import threading
+
+    sinks = [PostgresSink(postgres.dsn, keyed, COLS, "upsert", ["id"]) for _ in range(4)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(sinks))
+
+    def open_one(i: int) -> None:
+        try:
+            start.wait()
+            sinks[i].open(ctx(subtask=i))
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=open_one, args=(i,)) for i in range(len(sinks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for sink in sinks:
+        sink.close()
+    assert errors == []
+    assert staged(postgres, keyed) == []
