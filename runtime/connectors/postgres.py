@@ -21,8 +21,9 @@ rows of epochs after the restored checkpoint. No row travels in the snapshot.
 
 Append mode refuses, on a fresh start (no checkpoint restored), a table that already
 holds rows: they came from an earlier run or another job, and the job's output would be
-mixed with them (``if_exists="append"`` allows it). A restore of the same job is the
-only case where rows are expected, and the restored checkpoint says so.
+mixed with them (``if_exists="append"`` allows it). Rows are expected only from the
+same job: on a restore (the restored checkpoint says so) or a restart of the same run
+(attempt > 0; at-least-once rows may be in before any checkpoint).
 
 Both modes need ``max_prepared_transactions`` > 0 on the server (``ALTER SYSTEM SET
 max_prepared_transactions = 64`` and a restart).
@@ -301,7 +302,8 @@ class PostgresSink(TwoPhaseCommitSink):
         return [gid for (gid,) in rows if TxnId.parse(gid) is not None]
 
     def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
-        if checkpoint_id is None and self.mode == "append" and self.if_exists == "fail":
+        first = checkpoint_id is None and self.ctx.attempt == 0  # a restart is the same run
+        if first and self.mode == "append" and self.if_exists == "fail":
             self._refuse_earlier_rows()
         if not self.exactly_once:
             return

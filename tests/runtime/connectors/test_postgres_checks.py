@@ -95,6 +95,20 @@ def test_append_refuses_a_table_with_rows_of_an_earlier_run(
     assert rows(postgres, pg_table) == [(0, "earlier", 0)]  # nothing touched
 
 
+def test_a_restart_of_the_same_run_keeps_its_at_least_once_rows(
+    postgres: Postgres, pg_table: str
+) -> None:
+    """At least once, rows are in before any checkpoint; the restart (attempt 1, nothing
+    to restore) is the same run, not an earlier one."""
+    sink = opened(postgres, pg_table, exactly_once=False)
+    sink.write_batch([(1, "a", 1)])
+    crash(sink)
+    fresh = opened(postgres, pg_table, attempt=1, exactly_once=False)
+    fresh.write_batch([(1, "a", 1)])
+    fresh.close()
+    assert rows(postgres, pg_table) == [(1, "a", 1), (1, "a", 1)]
+
+
 def test_append_adds_to_earlier_rows_when_asked_and_on_restore(
     postgres: Postgres, pg_table: str
 ) -> None:

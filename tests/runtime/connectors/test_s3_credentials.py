@@ -1,10 +1,17 @@
 """Wrong S3 credentials against moto's server with authentication switched on (moto
 checks access keys against its IAM once ``INITIAL_NO_AUTH_ACTION_COUNT`` requests have
-passed; 0: from the first): the sink and the file source name the URL and the fix."""
+passed): the sinks and the file source name the URL and the fix.
+
+The Delta test runs moto in a process of its own: delta-rs holds the GIL while it waits
+for S3, so the session's in-process server could never answer it."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +19,7 @@ from typing import Any
 import boto3
 import pytest
 
+from runtime.connectors.delta import DeltaSink
 from runtime.connectors.files import FileStreamSource
 from runtime.connectors.parquet import ParquetSink
 from runtime.errors import ConnectorError
@@ -66,3 +74,52 @@ def test_wrong_s3_credentials_are_named_by_the_file_source(
     assert time.monotonic() - started < 10
     message = str(info.value)
     assert url in message and "Access Key Id" in message and "check the credentials" in message
+
+
+@pytest.fixture
+def moto_process(tmp_path: Any) -> Iterator[str]:
+    """moto's server as a child process on a free loopback port, checking every request's
+    access key from the first; yields its endpoint. Stopped (and waited for) after."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "moto did not start"
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_wrong_s3_credentials_are_named_by_the_delta_sink(moto_process: str) -> None:
+    """(moto 5.2 miscomputes the signature of S3 list requests, so a right key cannot be
+    shown to pass here; the Parquet test above shows it through fsspec.)"""
+    uri = "s3://absflow-delta/totals"
+    options = {
+        "AWS_ACCESS_KEY_ID": "wrong",
+        "AWS_SECRET_ACCESS_KEY": "wrong",
+        "AWS_ENDPOINT_URL": moto_process,
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }
+    started = time.monotonic()
+    with pytest.raises(ConnectorError) as info:
+        DeltaSink(uri, storage_options=options).check_system("delta")
+    assert time.monotonic() - started < 10
+    message = str(info.value)
+    assert uri in message and "InvalidAccessKeyId" in message and "credentials" in message
