@@ -277,7 +277,19 @@ class PostgresSink(TwoPhaseCommitSink):
             return
         self._finish_prepared(conn, "COMMIT", str(handle))
         if self.mode == "upsert":
-            pg_sql.merge(conn, self.table, self.staging, self.columns, self.key, str(handle))
+            self._merge(conn, str(handle))
+
+    def _merge(self, conn: Any, gid: str) -> None:
+        import psycopg
+
+        try:
+            pg_sql.merge(conn, self.table, self.staging, self.columns, self.key, gid)
+        except (psycopg.DataError, psycopg.IntegrityError) as err:
+            raise ConnectorError(
+                f"PostgreSQL sink '{self.ctx.step_name}': the rows of {gid} do not fit table "
+                f"{self.table!r}: {str(err).strip()}; they wait in {self.staging!r} (nothing "
+                f"is lost): fix the table's constraints and restart, the merge runs again"
+            ) from err
 
     @staticmethod
     def _finish_prepared(conn: Any, verb: str, gid: str) -> bool:
@@ -340,7 +352,7 @@ class PostgresSink(TwoPhaseCommitSink):
         ]
         for n, gid in sorted(staged):
             if checkpoint_id is not None and n <= checkpoint_id:
-                pg_sql.merge(conn, self.table, self.staging, self.columns, self.key, gid)
+                self._merge(conn, gid)
             else:
                 pg_sql.drop_staged(conn, self.staging, gid)
 

@@ -193,3 +193,19 @@ def test_subtasks_opening_at_once_create_the_staging_table_once(
         sink.close()
     assert errors == []
     assert staged(postgres, keyed) == []
+
+
+def test_rows_the_target_refuses_at_merge_wait_in_staging(postgres: Postgres, keyed: str) -> None:
+    from runtime.errors import ConnectorError
+
+    sink = upsert(postgres, keyed)  # the staging table exists now, without the check below
+    postgres.query(f"ALTER TABLE {keyed} ADD CONSTRAINT small CHECK (n < 100)")
+    sink.write_batch([(1, "a", 500)])
+    state = sink.snapshot_state(1)
+    with pytest.raises(ConnectorError, match=f"(?s)do not fit table '{keyed}'.*nothing is lost"):
+        sink.commit(1, state["pending"][0][1])
+    assert staged(postgres, keyed) == [(1, 500, GID1)] and rows(postgres, keyed) == []
+    postgres.query(f"ALTER TABLE {keyed} DROP CONSTRAINT small")
+    sink.commit(1, state["pending"][0][1])  # the retry after the fix
+    assert rows(postgres, keyed) == [(1, "a", 500)] and staged(postgres, keyed) == []
+    crash(sink)
