@@ -123,3 +123,15 @@ def test_wrong_s3_credentials_are_named_by_the_delta_sink(moto_process: str) -> 
     assert time.monotonic() - started < 10
     message = str(info.value)
     assert uri in message and "InvalidAccessKeyId" in message and "credentials" in message
+
+
+def test_a_missing_bucket_is_named_by_the_parquet_sink(s3: FakeS3) -> None:
+    """The sink creates directories, never buckets."""
+    with pytest.raises(ConnectorError, match=r"bucket 'absflow-no-such-bucket' .* does not exist"):
+        ParquetSink("s3://absflow-no-such-bucket/out", storage_options=s3.options).check_system(
+            "files"
+        )
+    ParquetSink(s3.url("out-ok"), storage_options=s3.options).check_system("files")
+    assert "absflow-no-such-bucket" not in [
+        b["Name"] for b in s3.client().list_buckets()["Buckets"]
+    ]
