@@ -1,35 +1,39 @@
-"""The ABS paper's evaluation (Carbone et al. 2015, section 6) for every snapshot mode, in
+"""The ABS paper's evaluation (Carbone et al. 2015, section 6) for the snapshot modes, in
 one command:
 
-    python benchmarks/evaluate.py            # quick: under 10 minutes on 2 cores
-    python benchmarks/evaluate.py --full     # bigger runs, more repeats, for bigger machines
+    python benchmarks/evaluate.py              # 20 s runs, 5 interleaved rounds (~30 min)
+    python benchmarks/evaluate.py --seconds 10 --repeat 3    # a quicker look
+    python benchmarks/evaluate.py --full       # every mode, p up to 8: for bigger machines
 
 On the paper's topology (benchmarks/paper_topology.py: six operators, three hash
-shuffles, chaining off, 6p tasks) it measures, with runs interleaved and repeated and
-medians reported:
+shuffles, chaining off, 6p tasks) it first measures the job's capacity (records/s without
+checkpoints), sizes every run to last ``--seconds``, and then runs ``--repeat`` rounds; a
+round runs every configuration once, in an order rotated from round to round, so slow
+drifts of the machine fall on every configuration alike. Each figure is reported as the
+median over rounds with its interquartile range (IQR); a ratio is taken within a round
+(against that round's run without checkpoints) before the median. It measures:
 
-1. processing time against the checkpoint interval (0.1, 0.25, 0.5, 1, 2 s) for each
-   mode and without checkpoints (the paper's fig. 6), as ratios to no checkpoints;
-2. processing time against parallelism p = 1..4 with aligned ABS every 0.5 s and
-   without checkpoints (fig. 7);
-3. a backpressure scenario (a hot key on one slowed keyed task): checkpoint duration and
-   alignment time per mode;
-4. per mode: alignment time, checkpoint duration p50/p99, snapshot size, channel-state
-   bytes, spilled bytes (from 1.), and the recovery time of one SIGKILL.
+1. **fig. 6, full speed**: processing time against the checkpoint interval for aligned
+   ABS (``exactly_once``) and for Naiad's synchronous snapshots, as ratios to no
+   checkpoints, with the number of checkpoints each run completed, their duration p50 /
+   p99, what they waited for (queueing, alignment, write at the task written last) and,
+   for synchronous, the share of the run the sources were halted; unaligned barriers at
+   one interval beside them;
+2. **the same, throttled**: the sources limited to ``--throttle`` of the capacity, so the
+   job is not throughput-bound: end-to-end record latency p50 / p99 (source to sink);
+3. **fig. 7**: ABS every 0.5 s against no checkpoints as the parallelism grows;
+4. **backpressure**: a hot key on one slowed keyed task, per mode;
+5. **recovery**: one SIGKILL per mode, time until processing again, exact result.
 
 Processing time is submit-to-all-output-committed minus start-up (submit to first
-record), so Spark's start-up does not blur the ratios. It prints tables, writes
-docs/evaluation.md and, when matplotlib is installed (``pip install -e '.[bench]'``),
-PNG plots beside it. Every figure is measured on this machine in this run: compare
-ratios, not absolute figures.
+record). It writes docs/evaluation.md (tables and the conclusions the figures support)
+and, with matplotlib (``pip install -e '.[bench]'``), plots with error bars beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -39,7 +43,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from paper_topology import TASKS_PER_P, build, check
+import eval_report
+from paper_topology import TASKS_PER_P, build, check, latency_hist
 
 from jobmanager import launcher
 from jobmanager.faults import Kill
@@ -51,338 +56,256 @@ DOCS = os.path.join(REPO, "docs")
 
 MODES: dict[str, dict[str, Any]] = {
     "exactly_once": {"snapshot_mode": "exactly_once"},
-    "at_least_once": {"snapshot_mode": "at_least_once"},
-    "unaligned": {"snapshot_mode": "unaligned"},
-    "aligned_timeout": {"snapshot_mode": "exactly_once", "aligned_timeout": 0.05},
     "synchronous": {"snapshot_mode": "synchronous"},
+    "unaligned": {"snapshot_mode": "unaligned"},
+    "at_least_once": {"snapshot_mode": "at_least_once"},
+    "aligned_timeout": {"snapshot_mode": "exactly_once", "aligned_timeout": 0.05},
 }
-INTERVALS = [0.1, 0.25, 0.5, 1.0, 2.0]
 # The backpressure scenario's sources emit for this long (faster than the hot task can
 # follow), so periodic checkpoints are taken under backpressure, not only after the
 # sources ended and the backlog drains.
 BACKPRESSURE_SOURCE_SECONDS = 6.0
 
 
-@dataclass
-class Setting:
-    n: int
-    parallelism: int
-    repeat: int
-    parallelisms: list[int]
-    backpressure_n: int
-    hot_sleep: float
+@dataclass(frozen=True)
+class Config:
+    """One configuration of a run: a snapshot mode at an interval, or no checkpoints."""
 
-
-QUICK = Setting(n=1_000_000, parallelism=2, repeat=2, parallelisms=[1, 2, 3, 4],
-                backpressure_n=500_000, hot_sleep=0.00004)  # fmt: skip
-FULL = Setting(n=4_000_000, parallelism=2, repeat=5, parallelisms=[1, 2, 3, 4, 6, 8],
-               backpressure_n=2_000_000, hot_sleep=0.00004)  # fmt: skip
-
-
-def processing(result: JobResult) -> float:
-    return result.duration - (result.startup_seconds or 0.0)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
-
-
-@dataclass
-class Runs:
-    results: list[JobResult] = field(default_factory=list)
+    mode: str | None
+    interval: float | None = None
 
     @property
-    def time(self) -> float:
-        return statistics.median(processing(r) for r in self.results)
+    def label(self) -> str:
+        return "none" if self.mode is None else f"{self.mode}@{self.interval}"
 
-    def checkpoints(self) -> list[dict[str, Any]]:
-        return [c for r in self.results for c in r.checkpoints if not c.get("final")]
+    def settings(self) -> dict[str, Any]:
+        if self.mode is None:
+            return {}
+        return {"checkpoint_interval": self.interval, **MODES[self.mode]}
 
-    def figure(self, key: str, q: float = 0.5) -> float:
-        return pct([float(c.get(key, 0)) for c in self.checkpoints()], q)
+
+@dataclass
+class Setting:
+    seconds: float
+    repeat: int
+    parallelism: int
+    intervals: list[float]
+    other_modes: list[str]  # beside ABS and synchronous, at 0.5 s
+    throttle: float
+    throttled: list[Config]
+    parallelisms: list[int]
+    backpressure_modes: list[str]
+    backpressure_n: int = 500_000
+    hot_sleep: float = 0.00004
+
+    def full_speed(self) -> list[Config]:
+        configs = [Config(None)]
+        for interval in self.intervals:
+            configs += [Config("exactly_once", interval), Config("synchronous", interval)]
+        return configs + [Config(m, 0.5) for m in self.other_modes]
 
 
-def run_checked(n: int, parallelism: int, say: Callable[[str], None], **kwargs: Any) -> JobResult:
-    result = build(n, parallelism, **kwargs).run()
+def default_setting(seconds: float, repeat: int, full: bool) -> Setting:
+    return Setting(
+        seconds=seconds,
+        repeat=repeat,
+        parallelism=2,
+        intervals=[0.1, 0.25, 0.5, 1.0, 2.0] if full else [0.1, 0.5, 1.0],
+        other_modes=["unaligned"] + (["at_least_once", "aligned_timeout"] if full else []),
+        throttle=0.5,
+        throttled=[
+            Config(None),
+            Config("exactly_once", 0.1),
+            Config("synchronous", 0.1),
+            Config("exactly_once", 1.0),
+        ],
+        parallelisms=[1, 2, 4, 6, 8] if full else [1, 2, 3],
+        backpressure_modes=list(MODES) if full else ["exactly_once", "unaligned", "synchronous"],
+    )
+
+
+@dataclass
+class Run:
+    """The figures of one finished run."""
+
+    processing: float
+    checkpoints: list[dict[str, Any]]
+    failed: int
+    latency: dict[int, int]
+
+    @classmethod
+    def of(cls, result: JobResult) -> Run:
+        return cls(
+            processing=result.duration - (result.startup_seconds or 0.0),
+            checkpoints=[c for c in result.checkpoints if not c.get("final")],
+            failed=len(result.failed_checkpoints),
+            latency=latency_hist(result),
+        )
+
+
+@dataclass
+class Study:
+    """Runs per configuration label, in rounds (``runs[label][round]``)."""
+
+    n: int
+    rate: float | None = None
+    runs: dict[str, list[Run]] = field(default_factory=dict)
+
+
+def run_checked(n: int, parallelism: int, **kwargs: Any) -> JobResult:
+    result = build(n, parallelism, progress=False, ui=False, **kwargs).run()
     if not check(result, n):
         raise SystemExit(f"wrong result: n={n} p={parallelism} {kwargs}")
     return result
 
 
-def key_of(mode: str | None, interval: float | None) -> str:
-    return "none" if mode is None else f"{mode}@{interval}"
+def rotated(items: list[Any], k: int) -> list[Any]:
+    k %= max(1, len(items))
+    return items[k:] + items[:k]
 
 
-def fig6(s: Setting, say: Callable[[str], None]) -> dict[str, Runs]:
-    """Processing time against the checkpoint interval, per mode (interleaved)."""
-    runs: dict[str, Runs] = {}
-    configs: list[tuple[str | None, float | None]] = [(None, None)] + [
-        (m, i) for i in INTERVALS for m in MODES
-    ]
-    for rep in range(s.repeat):
-        for mode, interval in configs:
-            cfg = {} if mode is None else {"checkpoint_interval": interval, **MODES[mode]}
-            result = run_checked(s.n, s.parallelism, say, **cfg)
-            runs.setdefault(key_of(mode, interval), Runs()).results.append(result)
-        say(f"  fig. 6 round {rep + 1}/{s.repeat} done")
-    return runs
+def calibrate(s: Setting, say: Callable[[str], None]) -> float:
+    """Records/s of the topology without checkpoints (median of three runs, the first
+    sized by a short probe)."""
+    probe = run_checked(300_000, s.parallelism)
+    rate = 300_000 / max(0.1, Run.of(probe).processing)
+    n = int(rate * min(s.seconds, 8.0))
+    rates = sorted(n / Run.of(run_checked(n, s.parallelism)).processing for _ in range(3))
+    say(f"capacity: {rates[1]:,.0f} records/s (runs {rates[0]:,.0f}-{rates[2]:,.0f})")
+    return rates[1]
 
 
-def fig7(s: Setting, say: Callable[[str], None]) -> dict[tuple[int, bool], Runs]:
-    runs: dict[tuple[int, bool], Runs] = {}
-    for rep in range(s.repeat):
-        for p in s.parallelisms:
-            for abs_on in (False, True):
-                cfg = {"checkpoint_interval": 0.5} if abs_on else {}
-                result = run_checked(s.n, p, say, **cfg)
-                runs.setdefault((p, abs_on), Runs()).results.append(result)
-        say(f"  fig. 7 round {rep + 1}/{s.repeat} done")
-    return runs
+def rounds(
+    s: Setting, capacity: float, say: Callable[[str], None]
+) -> tuple[Study, Study, dict[int, Study]]:
+    """Every round runs each configuration of the three studies once (interleaved)."""
+    full = Study(n=int(capacity * s.seconds))
+    rate = s.throttle * capacity
+    throttled = Study(n=int(rate * s.seconds), rate=rate)
+    # p = s.parallelism is the full-speed study itself (it has none and ABS every 0.5 s)
+    scaling = {p: full if p == s.parallelism else Study(n=full.n) for p in s.parallelisms}
+    jobs: list[tuple[Study, str, Callable[[], JobResult]]] = []
+    for c in s.full_speed():
+        jobs.append((full, c.label, _job(full.n, s.parallelism, c.settings())))
+    for c in s.throttled:
+        settings = {**c.settings(), "rate": rate}
+        jobs.append((throttled, c.label, _job(throttled.n, s.parallelism, settings)))
+    for p in s.parallelisms:
+        if p == s.parallelism:
+            continue
+        for c in (Config(None), Config("exactly_once", 0.5)):
+            jobs.append((scaling[p], c.label, _job(scaling[p].n, p, c.settings())))
+    for r in range(s.repeat):
+        started = time.monotonic()
+        for study, label, job in rotated(jobs, r * 7):
+            study.runs.setdefault(label, []).append(Run.of(job()))
+        say(f"  round {r + 1}/{s.repeat} done ({time.monotonic() - started:.0f} s)")
+    return full, throttled, scaling
 
 
-def backpressure(s: Setting, say: Callable[[str], None]) -> dict[str, Runs]:
-    runs: dict[str, Runs] = {}
-    for rep in range(s.repeat):
-        for mode, cfg in MODES.items():
+def _job(n: int, parallelism: int, settings: dict[str, Any]) -> Callable[[], JobResult]:
+    return lambda: run_checked(n, parallelism, **settings)
+
+
+def backpressure(s: Setting, say: Callable[[str], None]) -> Study:
+    study = Study(n=s.backpressure_n)
+    for r in range(s.repeat):
+        for mode in rotated(s.backpressure_modes, r):
             result = run_checked(
                 s.backpressure_n,
                 s.parallelism,
-                say,
                 slow_key=0,
                 slow_seconds=s.hot_sleep,
                 hot_share=4,
                 checkpoint_interval=0.25,
                 rate=s.backpressure_n / BACKPRESSURE_SOURCE_SECONDS,
-                **cfg,
+                **MODES[mode],
             )
-            runs.setdefault(mode, Runs()).results.append(result)
-        say(f"  backpressure round {rep + 1}/{s.repeat} done")
-    return runs
+            study.runs.setdefault(mode, []).append(Run.of(result))
+        say(f"  backpressure round {r + 1}/{s.repeat} done")
+    return study
 
 
-def recovery(s: Setting, say: Callable[[str], None]) -> dict[str, tuple[float | None, bool]]:
+def recovery(
+    s: Setting, capacity: float, say: Callable[[str], None]
+) -> dict[str, tuple[float | None, bool]]:
     out: dict[str, tuple[float | None, bool]] = {}
-    for mode, cfg in MODES.items():
-        flow = build(s.n, s.parallelism, rate=s.n / 6, checkpoint_interval=0.25, **cfg)
+    n = int(capacity * 3)
+    for mode in s.backpressure_modes:
+        settings = {"checkpoint_interval": 0.25, **MODES[mode]}
+        flow = build(n, s.parallelism, rate=n / 6, progress=False, ui=False, **settings)
         result = flow.run(faults=[Kill("count[1]", after_checkpoint=2)])
         seconds = result.restarts[0].recovery_seconds if result.restarts else None
-        out[mode] = (seconds, check(result, s.n))
+        out[mode] = (seconds, check(result, n))
     say("  recovery done")
     return out
 
 
-# -- reporting ---------------------------------------------------------------------------------
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def report(
-    s: Setting,
-    f6: dict[str, Runs],
-    f7: dict[tuple[int, bool], Runs],
-    bp: dict[str, Runs],
-    rec: dict[str, tuple[float | None, bool]],
-    elapsed: float,
-) -> str:
-    base = f6["none"].time
-    fig6_rows = [
-        [mode] + [f"{f6[key_of(mode, i)].time / base:.2f}" for i in INTERVALS] for mode in MODES
-    ]
-    per_mode = []
-    for mode in MODES:
-        runs = [f6[key_of(mode, i)] for i in INTERVALS]
-        merged = Runs([r for rs in runs for r in rs.results])
-        seconds, exact = rec[mode]
-        per_mode.append(
-            [
-                mode,
-                f"{merged.figure('mean_alignment_ms'):.1f}",
-                f"{merged.figure('duration_ms'):.0f} / {merged.figure('duration_ms', 0.99):.0f}",
-                f"{merged.figure('state_bytes') / 1024:.0f}",
-                f"{merged.figure('channel_state_bytes') / 1024:.1f}",
-                f"{merged.figure('spilled_bytes') / 1024:.0f}",
-                "-" if seconds is None else f"{seconds:.2f}",
-                "yes" if exact else "no",
-            ]
-        )
-    fig7_rows = [
-        [
-            str(p),
-            str(TASKS_PER_P * p),
-            f"{f7[(p, False)].time:.2f}",
-            f"{f7[(p, True)].time:.2f}",
-            f"{f7[(p, True)].time / f7[(p, False)].time:.2f}",
-        ]
-        for p in s.parallelisms
-    ]
-    bp_rows = [
-        [
-            mode,
-            f"{bp[mode].time:.2f}",
-            f"{len(bp[mode].checkpoints()) / s.repeat:.1f} / "
-            f"{sum(len(r.failed_checkpoints) for r in bp[mode].results) / s.repeat:.1f}",
-            f"{bp[mode].figure('max_alignment_ms'):.0f}",
-            f"{bp[mode].figure('duration_ms'):.0f} / {bp[mode].figure('duration_ms', 0.99):.0f}",
-            f"{bp[mode].figure('channel_state_bytes') / 1024:.1f}",
-        ]
-        for mode in MODES
-    ]
-    return "\n".join(
-        [
-            "# Evaluation: snapshot modes on the ABS paper's topology",
-            "",
-            f"Generated by `python benchmarks/evaluate.py{' --full' if s is FULL else ''}` "
-            f"on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}; {elapsed / 60:.1f} minutes. "
-            f"Topology: six operators, three hash shuffles, chaining off (6p tasks); "
-            f"{s.n:,} records, parallelism {s.parallelism}, medians of {s.repeat} "
-            "interleaved runs. Times are processing times (first record to all output "
-            "committed).",
-            "",
-            "## Processing time against the checkpoint interval (fig. 6)",
-            "",
-            f"Ratio to no checkpoints ({base:.2f} s):",
-            "",
-            table(["mode"] + [f"{i} s" for i in INTERVALS], fig6_rows),
-            "",
-            "## Per mode (all intervals above), and one kill",
-            "",
-            table(
-                [
-                    "mode",
-                    "mean alignment ms (p50)",
-                    "checkpoint ms p50 / p99",
-                    "snapshot KiB",
-                    "channel state KiB (p50)",
-                    "spilled KiB",
-                    "recovery s",
-                    "exact after the kill",
-                ],
-                per_mode,
-            ),
-            "",
-            "Recovery: SIGKILL of `count[1]` after checkpoint 2, to the first record "
-            "processed after the restore. at_least_once may count records twice after a "
-            "restore (that is its contract).",
-            "",
-            "## Processing time against parallelism (fig. 7)",
-            "",
-            table(["p", "tasks", "no checkpoints s", "ABS every 0.5 s s", "ratio"], fig7_rows),
-            "",
-            f"This machine has {os.cpu_count()} cores: at p >= 1 the 6p task processes "
-            "already share them, so more parallelism adds processes, not speed; the "
-            "figure to read is the ratio column (the cost of ABS as p grows).",
-            "",
-            "## Backpressure: a hot key on one slowed keyed task",
-            "",
-            f"{s.backpressure_n:,} records, a quarter of them on key 0, whose `regroup` "
-            f"task sleeps {s.hot_sleep * 1e6:.0f} µs per record (the job's bottleneck: every "
-            "channel into it stays full); checkpoints every 0.25 s, each may take up to "
-            "`checkpoint_timeout` (60 s).",
-            "",
-            table(
-                [
-                    "mode",
-                    "processing s",
-                    "checkpoints completed / failed per run",
-                    "max alignment ms (p50)",
-                    "checkpoint ms p50 / p99",
-                    "channel state KiB (p50)",
-                ],
-                bp_rows,
-            ),
-            "",
-            f"The sources emit for {BACKPRESSURE_SOURCE_SECONDS:.0f} s, faster than the "
-            "slow task follows. Unaligned barriers overtake: they travel a priority path "
-            "ahead of the records queued in ZeroMQ (`channel_hwm` batches on each side of "
-            "every channel, plus the kernel's buffers), a task snapshots when it reads the "
-            "first one, and the slow task's checkpoint completes once it has *read* its "
-            "queued input (its channel state), not processed it. The other modes' barriers "
-            "travel in band, behind those queues at every hop up to the slow task; "
-            "`aligned_timeout` stops the blocking after its timeout, not the queueing. "
-            "Unaligned pays with the channel state written at every checkpoint.",
-            "",
-        ]
-    )
-
-
-def plots(s: Setting, f6: dict[str, Runs], f7: dict[tuple[int, bool], Runs]) -> list[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    written = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    base = f6["none"].time
-    for mode in MODES:
-        ax.plot(INTERVALS, [f6[key_of(mode, i)].time for i in INTERVALS], marker="o", label=mode)
-    ax.axhline(base, color="grey", linestyle="--", label="no checkpoints")
-    ax.set_xscale("log")
-    ax.set_xlabel("checkpoint interval (s)")
-    ax.set_ylabel("processing time (s)")
-    ax.set_title("Processing time against checkpoint interval")
-    written.append(_save(fig, ax, "evaluation-interval.png"))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ps = s.parallelisms
-    ax.plot(ps, [f7[(p, False)].time for p in ps], marker="o", label="no checkpoints")
-    ax.plot(ps, [f7[(p, True)].time for p in ps], marker="o", label="ABS every 0.5 s")
-    ax.set_xlabel("parallelism p (6p tasks)")
-    ax.set_ylabel("processing time (s)")
-    ax.set_title("Processing time against parallelism")
-    written.append(_save(fig, ax, "evaluation-parallelism.png"))
-    return written
-
-
-def _save(fig: Any, ax: Any, name: str) -> str:
-    ax.legend(fontsize=8)
-    path = os.path.join(DOCS, name)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return path
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--full", action="store_true", help="bigger runs and more repeats")
+    ap.add_argument("--seconds", type=float, default=20.0, help="length of a run (default 20)")
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--full", action="store_true", help="every mode and interval, p up to 8")
     ap.add_argument("--out", default=os.path.join(DOCS, "evaluation.md"))
     args = ap.parse_args()
+    if args.repeat < 1 or args.seconds <= 0:
+        ap.error("--repeat must be >= 1 and --seconds > 0")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    s = FULL if args.full else QUICK
+    s = default_setting(args.seconds, args.repeat, args.full)
     started = time.monotonic()
 
     def say(text: str) -> None:
         print(f"[{time.monotonic() - started:6.0f} s] {text}", flush=True)
 
     launcher.ensure_session(TASKS_PER_P * max(s.parallelisms), JobConfig())
-    say("fig. 6: processing time against the checkpoint interval, per mode")
-    f6 = fig6(s, say)
-    say("fig. 7: processing time against parallelism")
-    f7 = fig7(s, say)
-    say("backpressure: a hot key on a slowed keyed task")
+    capacity = calibrate(s, say)
+    per_round = len(s.full_speed()) + len(s.throttled) + 2 * (len(s.parallelisms) - 1)
+    say(
+        f"{s.repeat} rounds of {per_round} configurations, {s.seconds:.0f} s runs "
+        f"(about {s.repeat * per_round * (s.seconds + 2) / 60:.0f} min), then backpressure "
+        "and recovery"
+    )
+    full, throttled, scaling = rounds(s, capacity, say)
     bp = backpressure(s, say)
-    say("recovery: one kill per mode")
-    rec = recovery(s, say)
-    text = report(s, f6, f7, bp, rec, time.monotonic() - started)
-    images = plots(s, f6, f7)
+    rec = recovery(s, capacity, say)
+    report = eval_report.Report(
+        setting=s,
+        capacity=capacity,
+        full=full,
+        throttled=throttled,
+        scaling=scaling,
+        backpressure=bp,
+        recovery=rec,
+        elapsed=time.monotonic() - started,
+        command=" ".join(["python benchmarks/evaluate.py", *sys.argv[1:]]),
+    )
+    text = report.markdown()
+    images = eval_report.plots(report, os.path.dirname(os.path.abspath(args.out)))
     if images:
-        text += (
-            "\n"
-            + "\n".join(f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in images)
-            + "\n"
-        )
+        text += "\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in images)
+        text += "\n"
     else:
         text += "\n(matplotlib is not installed: `pip install -e '.[bench]'` for the plots)\n"
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    text += kept_sections(args.out)
     with open(args.out, "w") as fh:
         fh.write(text)
     print("\n" + text)
     say(f"wrote {args.out}" + "".join(f", {p}" for p in images))
+
+
+KEPT_HEADINGS = ("## Hot path",)  # sections other benchmarks write (benchmarks/hot_path.py)
+
+
+def kept_sections(path: str) -> str:
+    """The sections of the existing file that this benchmark does not write, from the
+    first of KEPT_HEADINGS to the end: re-running the evaluation keeps them."""
+    if not os.path.exists(path):
+        return ""
+    with open(path) as fh:
+        old = fh.read()
+    starts = [i for h in KEPT_HEADINGS if (i := old.find("\n" + h)) >= 0]
+    return "\n" + old[min(starts) + 1 :] if starts else ""
 
 
 if __name__ == "__main__":

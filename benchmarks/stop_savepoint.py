@@ -92,7 +92,8 @@ def main() -> int:
         print(f"run {i + 1}: SIGTERM -> exit {seconds:.2f} s ({savepoint})", flush=True)
     print(
         f"SIGTERM -> exit with a savepoint: median {statistics.median(times):.2f} s "
-        f"over {len(times)} run(s), p=2, {args.rate:,.0f} records/s, {args.keys} keys"
+        f"(min {min(times):.2f}, max {max(times):.2f}) over {len(times)} run(s), p=2, "
+        f"{args.rate:,.0f} records/s, {args.keys} keys"
     )
     return 0
 

@@ -1,16 +1,23 @@
 """Throughput benchmark, one command, everything measured in one run on this machine.
 
     python benchmarks/throughput.py [--n 2000000] [--repeat 3] [--bytewax-venv ../bytewax-venv]
+    # steady state (start-up a small part), the issue-18 comparison:
+    python benchmarks/throughput.py --n 20000000 --repeat 5 --bytewax-venv /tmp/ev-bytewax-venv \
+        --skip-ceiling --skip-backpressure
 
-(a) the raw channel ceiling: records/s through one ZeroMQ channel (encode, send,
-    receive, decode) between two processes, with our batching;
+Interleaved rounds (``--repeat``), each running in turn:
 (b) the keyed running count (benchmarks/keyed_count.py) on absflow at parallelism
-    1 and 2 (end to end: submit -> all output committed, on a running SparkSession);
-(c) the same loop in plain Python in one process (the floor);
-plus bytewax 0.21 on the same workload when its venv is given (see ../shared/peers),
-the ratios (b)/(a), (b)/(c), (b)/bytewax, start-up time (submit -> first record),
-peak RSS of the task processes, and task RSS under backpressure (a slow sink)
-at N and 4N records.
+    1 and 2, on a running SparkSession (``--launcher local``: local task processes);
+(c) the same loop in plain Python in one process (../shared/peers/python_baseline.py,
+    the floor);
+    bytewax 0.21 on the same workload when its venv is given (see ../shared/peers);
+(a) the raw channel ceiling: records/s through one ZeroMQ channel (encode, send,
+    receive, decode) between two processes, with our batching (``--skip-ceiling``).
+Each figure is printed as median [min-max] over the rounds, in records/s over the
+processing time (first record -> all output committed) and submit -> end; then the
+ratios (b)/(a), (b)/(c), (b)/bytewax, start-up time (submit -> first record), peak RSS
+of the task processes, the task processes' CPU time per record (``--launcher local``),
+and task RSS under backpressure (a slow sink) at N/10 and 4N/10 records.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,11 +43,39 @@ from runtime.sinks import Sink
 from runtime.sources import GeneratorSource
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEERS = os.path.join(os.path.dirname(REPO), "shared", "peers")
+
+
+def _find_peers() -> str:
+    """../shared/peers of the checkout, also from a worktree nested one level deeper."""
+    here = os.path.dirname(REPO)
+    for _ in range(3):
+        candidate = os.path.join(here, "shared", "peers")
+        if os.path.isdir(candidate):
+            return candidate
+        here = os.path.dirname(here)
+    return os.path.join(os.path.dirname(REPO), "shared", "peers")
+
+
+PEERS = os.environ.get("ABSFLOW_PEERS") or _find_peers()
 
 
 def plain_python(n: int) -> float:
-    """(c): the peers' python_baseline loop (count + sink bookkeeping), records/s."""
+    """(c): the peers' python_baseline loop (count + sink bookkeeping), records/s, in a
+    process of its own (../shared/peers/python_baseline.py; this loop when it is absent)."""
+    script = os.path.join(PEERS, "python_baseline.py")
+    if os.path.exists(script):
+        got = _result_line(
+            subprocess.run(
+                [sys.executable, script, "--n", str(n)],
+                capture_output=True,
+                text=True,
+                timeout=3600,
+                check=True,
+            ).stdout
+        )
+        if got is None or not got["correct"]:
+            raise SystemExit(f"python_baseline.py: no correct RESULT line ({got})")
+        return float(got["records_per_s_execute"])
     t0 = time.perf_counter()
     counts: dict[str, int] = {}
     last: dict[str, int] = {}
@@ -55,19 +91,39 @@ def plain_python(n: int) -> float:
     return n / dt
 
 
-def absflow_run(n: int, parallelism: int) -> dict[str, Any]:
+def _result_line(out: str) -> dict[str, Any] | None:
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            got: dict[str, Any] = json.loads(line[7:])
+            return got
+    return None
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def absflow_run(n: int, parallelism: int, launcher: str) -> dict[str, Any]:
+    """One run of the keyed count: records/s submit -> end and over the processing time
+    (first record -> all output committed); with the local launcher also the task
+    processes' CPU seconds (they are this process's children, reaped by the run)."""
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
-    result = build(n, parallelism, progress=False).run()
+    result = build(n, parallelism, progress=False, launcher=launcher).run()
     wall = time.perf_counter() - t0
+    cpu = _children_cpu() - cpu0 if launcher == "local" else None
     got = check(result, n)
     if not got["correct"]:
         raise SystemExit(f"absflow p={parallelism}: wrong result {got}")
+    startup = result.startup_seconds or 0.0
     return {
         "records_per_s": n / wall,
         "wall_s": wall,
         "startup_s": result.startup_seconds,
-        "processing_records_per_s": n / max(1e-9, wall - (result.startup_seconds or 0)),
+        "processing_records_per_s": n / max(1e-9, wall - startup),
         "peak_rss_mib": max(result.peak_rss.values()) / 2**20,
+        "task_cpu_s": cpu,
     }
 
 
@@ -80,12 +136,12 @@ def bytewax(venv: str, n: int, interval: float) -> dict[str, Any] | None:
         [python, script, "--n", str(n), "--interval-s", str(interval)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=3600,
     ).stdout
-    for line in out.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return None
+    got = _result_line(out)
+    if got is not None and not got.get("correct"):
+        raise SystemExit(f"bytewax: wrong result {got}")
+    return got
 
 
 class SlowSink(Sink):
@@ -95,8 +151,8 @@ class SlowSink(Sink):
         time.sleep(0.004)
 
 
-def backpressure_rss(n: int) -> float:
-    flow = Dataflow("backpressure", parallelism=1, progress=False)
+def backpressure_rss(n: int, launcher: str) -> float:
+    flow = Dataflow("backpressure", parallelism=1, progress=False, launcher=launcher)
     (
         flow.source(GeneratorSource(lambda i: f"payload-{i:012d}-" + "x" * 64, n))
         .map(lambda s: s.upper())
@@ -107,85 +163,145 @@ def backpressure_rss(n: int) -> float:
     return max(result.peak_rss.values()) / 2**20
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--n", type=int, default=2_000_000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--bytewax-venv", default=os.path.join(os.path.dirname(REPO), "bytewax-venv"))
-    ap.add_argument(
-        "--bytewax-result", default=None, help="a 'RESULT {...}' line of the peer script"
-    )
-    ap.add_argument("--skip-backpressure", action="store_true")
-    args = ap.parse_args()
-    n = args.n
+def spread(values: list[float]) -> str:
+    """``median [min-max]`` of records/s figures, in k or M."""
 
-    print(f"warming up the SparkSession ... (N = {n:,})", flush=True)
-    build(10_000, 2, progress=False).run()
+    def short(v: float) -> str:
+        return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k"
 
+    if not values:
+        return "n/a"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return short(med)
+    return f"{short(med)} [{short(min(values))}-{short(max(values))}]"
+
+
+def ratio(a: list[float], b: list[float]) -> str:
+    """Median of the per-round ratios a/b, with their min-max (rounds pair the figures
+    measured side by side)."""
+    pairs = [x / y for x, y in zip(a, b, strict=False) if y]
+    if not pairs:
+        return "n/a"
+    med = statistics.median(pairs)
+    return f"{med:.2f} [{min(pairs):.2f}-{max(pairs):.2f}]" if len(pairs) > 1 else f"{med:.2f}"
+
+
+def run_rounds(
+    args: argparse.Namespace,
+) -> tuple[dict[str, list[float]], list[float], list[float], dict[int, list[float]]]:
+    """The interleaved rounds: per figure its value in every round."""
+    n, launcher = args.n, args.launcher
+    # Per round: submit -> end ("b1", "b2", "bytewax"), processing time ("b1p", "b2p").
     rows: dict[str, list[float]] = {
-        "a": [],
-        "a_gen": [],
-        "b1": [],
-        "b2": [],
-        "c": [],
-        "bytewax": [],
+        k: [] for k in ("a", "a_gen", "b1", "b1p", "b2", "b2p", "c", "bytewax")
     }
     startup: list[float] = []
     rss: list[float] = []
+    cpu_us: dict[int, list[float]] = {1: [], 2: []}
     for rep in range(args.repeat):
-        rows["c"].append(plain_python(n))
-        rows["a"].append(measure_channel_ceiling(n, 1000, pregenerated=True)["records_per_s"])
-        rows["a_gen"].append(measure_channel_ceiling(n, 1000, pregenerated=False)["records_per_s"])
         for p in (1, 2):
-            r = absflow_run(n, p)
+            r = absflow_run(n, p, launcher)
             rows[f"b{p}"].append(r["records_per_s"])
+            rows[f"b{p}p"].append(r["processing_records_per_s"])
             if r["startup_s"] is not None:
                 startup.append(r["startup_s"])
             rss.append(r["peak_rss_mib"])
-        if args.bytewax_result is None and rep == 0:
+            if r["task_cpu_s"] is not None:
+                cpu_us[p].append(r["task_cpu_s"] / n * 1e6)
+        rows["c"].append(plain_python(n))
+        if args.bytewax_result is None:
             bw = bytewax(args.bytewax_venv, n, 0)
             if bw is not None:
                 rows["bytewax"].append(float(bw["records_per_s_execute"]))
+        if not args.skip_ceiling:
+            rows["a"].append(measure_channel_ceiling(n, 1000, pregenerated=True)["records_per_s"])
+            rows["a_gen"].append(
+                measure_channel_ceiling(n, 1000, pregenerated=False)["records_per_s"]
+            )
         print(
             f"  round {rep + 1}/{args.repeat}: "
             + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rows.items() if v),
             flush=True,
         )
-    if args.bytewax_result:
-        rows["bytewax"].append(
-            float(json.loads(args.bytewax_result.split("RESULT ", 1)[-1])["records_per_s_execute"])
-        )
+    return rows, startup, rss, cpu_us
 
-    med = {k: statistics.median(v) for k, v in rows.items() if v}
-    print(f"\n== throughput (records/s, median of {args.repeat}) ==")
-    print(f"(a)  one channel, pre-built batches (codec + ZeroMQ):  {med['a']:>12,.0f}")
-    print(f"(a') one channel, records formatted in the loop:         {med['a_gen']:>12,.0f}")
-    print(f"(b)  absflow keyed running count, parallelism 1:        {med['b1']:>12,.0f}")
-    print(f"(b)  absflow keyed running count, parallelism 2:        {med['b2']:>12,.0f}")
-    print(f"(c)  plain Python loop, one process:                     {med['c']:>12,.0f}")
-    if "bytewax" in med:
-        print(f"     bytewax 0.21, 2 processes, no snapshots:            {med['bytewax']:>12,.0f}")
-    print("\n== ratios ==")
-    print(f"(a)/(c)           = {med['a'] / med['c']:.2f}   (target >= 1)")
-    print(f"(b p2)/(a)        = {med['b2'] / med['a']:.2f}")
-    print(f"(b p2)/(c)        = {med['b2'] / med['c']:.2f}")
-    if "bytewax" in med:
-        print(f"(b p2)/bytewax    = {med['b2'] / med['bytewax']:.2f}   (target >= 2.5, stretch 4)")
-        print(f"(b p1)/bytewax    = {med['b1'] / med['bytewax']:.2f}")
-    else:
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--n", type=int, default=2_000_000)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds")
+    ap.add_argument("--bytewax-venv", default=os.path.join(os.path.dirname(REPO), "bytewax-venv"))
+    ap.add_argument(
+        "--bytewax-result", default=None, help="a 'RESULT {...}' line of the peer script"
+    )
+    ap.add_argument("--launcher", choices=("spark", "local"), default="spark")
+    ap.add_argument("--skip-ceiling", action="store_true", help="no (a) channel ceiling")
+    ap.add_argument("--skip-backpressure", action="store_true")
+    args = ap.parse_args()
+    n, launcher = args.n, args.launcher
+
+    print(f"warming up ({launcher}) ... (N = {n:,}, {args.repeat} interleaved rounds)", flush=True)
+    build(10_000, 2, progress=False, launcher=launcher).run()
+
+    rows, startup, rss, cpu_us = run_rounds(args)
+    if args.bytewax_result:
+        got = json.loads(args.bytewax_result.split("RESULT ", 1)[-1])
+        rows["bytewax"] = [float(got["records_per_s_execute"])] * args.repeat
+
+    print(f"\n== throughput, records/s: median [min-max] of {args.repeat} rounds, N = {n:,} ==")
+    print(f"{'':56}{'processing':>24}{'submit -> end':>24}")
+    line = "{:<56}{:>24}{:>24}"
+    for p in (1, 2):
+        name = f"(b)  absflow keyed running count, parallelism {p}"
+        print(line.format(name, spread(rows[f"b{p}p"]), spread(rows[f"b{p}"])))
+    print(line.format("(c)  plain Python loop, one process (the floor)", spread(rows["c"]), ""))
+    if rows["bytewax"]:
         print(
-            "(b)/bytewax: no bytewax figure (create ../bytewax-venv as ../shared/peers/README.md says)"
+            line.format("     bytewax 0.21, 2 processes, no snapshots", "", spread(rows["bytewax"]))
         )
-    print("\n== start-up and memory ==")
+    if rows["a"]:
+        print(
+            line.format(
+                "(a)  one channel, pre-built batches (codec + ZeroMQ)", spread(rows["a"]), ""
+            )
+        )
+        print(
+            line.format(
+                "(a') one channel, records formatted in the loop", spread(rows["a_gen"]), ""
+            )
+        )
+    print("\n== ratios per round: median [min-max] ==")
+    print(f"(b p2)/(c), processing      = {ratio(rows['b2p'], rows['c'])}   (target >= 1.0)")
+    print(f"(b p2)/(c), submit -> end   = {ratio(rows['b2'], rows['c'])}")
+    if rows["bytewax"]:
+        print(
+            f"(b p2)/bytewax, submit->end = {ratio(rows['b2'], rows['bytewax'])}   (target >= 10)"
+        )
+        print(f"(b p2)/bytewax, processing  = {ratio(rows['b2p'], rows['bytewax'])}")
+        print(f"(b p1)/bytewax, submit->end = {ratio(rows['b1'], rows['bytewax'])}")
+    else:
+        print("(b)/bytewax: no bytewax figure (pass --bytewax-venv, see ../shared/peers/README.md)")
+    if rows["a"]:
+        print(f"(a)/(c)                     = {ratio(rows['a'], rows['c'])}")
+        print(f"(b p2)/(a), processing      = {ratio(rows['b2p'], rows['a'])}")
+    print("\n== start-up, CPU and memory ==")
     print(
-        f"start-up, submit -> first record (running session): median {statistics.median(startup):.2f} s, "
+        f"start-up, submit -> first record: median {statistics.median(startup):.2f} s, "
         f"max {max(startup):.2f} s   (target <= 2 s)"
     )
+    for p, figures in cpu_us.items():
+        if figures:
+            print(
+                f"task processes' CPU per record, parallelism {p} (start-up included): "
+                f"median {statistics.median(figures):.2f} µs"
+            )
     print(f"peak RSS of a task process (keyed count): {max(rss):.0f} MiB")
     if not args.skip_backpressure:
-        small, large = backpressure_rss(n // 10), backpressure_rss(n * 4 // 10)
+        small = backpressure_rss(n // 10, launcher)
+        large = backpressure_rss(n * 4 // 10, launcher)
         print(
             f"slow sink (backpressure): peak task RSS {small:.0f} MiB at {n // 10:,} records, "
             f"{large:.0f} MiB at {n * 4 // 10:,} records (flat = bounded buffers)"

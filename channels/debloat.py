@@ -9,12 +9,18 @@ queue drains within ``target`` seconds::
 
     batch = clamp(throughput x target / slots, min_batch, max_batch)
 
-Throughput is measured where the sender sees it: records sent per second over windows
-of at least ``window`` seconds, time blocked on a full queue included, so under
-backpressure it is the receiver's drain rate for this channel. It is smoothed (EWMA) and
-only ever changes between two batches. A fast channel keeps ``max_batch`` (its queue
-drains within the target anyway); only slow ones get smaller batches. The kernel's
-share is bounded separately, by the socket buffer sizes (``JobConfig.socket_buffer``).
+Throughput is measured where the sender sees it, and only while it means the receiver's
+drain rate: records sent per second over windows of at least ``window`` seconds in which
+the channel was backpressured (a send found the queue full). In such a window the queue
+is full, the sender goes at the receiver's pace, and that pace is what a barrier behind
+the queue waits for. A window without backpressure says the receiver keeps up, so the
+queue is short whatever the batch: the batch grows back (doubles, up to ``max_batch``).
+Measuring every window instead (idle time, a sender held up by its own alignment, a
+throttled source) would take a slow *sender* for a slow *receiver* and shrink batches
+that never queue; smaller batches cost more per record, the measured rate falls further,
+and the sizes spiral down to ``min_batch`` (seen as a 25x slower job). The rate is
+smoothed (EWMA) and the size only ever changes between two batches. The kernel's share is
+bounded separately, by the socket buffer sizes (``JobConfig.socket_buffer``).
 
 Per batch, not per record: `on_batch` is called once per data frame sent. Threading:
 one sizer per output channel, on the task-loop thread.
@@ -39,9 +45,11 @@ class BatchSizer:
     smoothing: float = 0.5
     batch_size: int = 0
     throughput: float = 0.0
-    """Records per second, smoothed; 0 until the first window closed."""
+    """The receiver's drain rate, records per second, smoothed over backpressured
+    windows; 0 until the first one closed."""
     _window_start: float = -1.0
     _window_records: int = 0
+    _window_blocked: float = 0.0
 
     def __post_init__(self) -> None:
         if self.target <= 0 or self.slots < 1 or not 1 <= self.min_batch <= self.max_batch:
@@ -52,23 +60,27 @@ class BatchSizer:
             )
         self.batch_size = self.max_batch
 
-    def on_batch(self, records: int, now: float) -> int:
-        """``records`` were sent at ``now`` (monotonic seconds); returns the batch size
-        to use from now on."""
+    def on_batch(self, records: int, now: float, blocked: float = 0.0) -> int:
+        """``records`` were sent at ``now`` (monotonic seconds); ``blocked`` is the
+        channel's time blocked on a full queue so far (cumulative seconds). Returns the
+        batch size to use from now on."""
         if self._window_start < 0:
-            self._window_start = now
+            self._window_start, self._window_blocked = now, blocked
             return self.batch_size
         self._window_records += records
         elapsed = now - self._window_start
         if elapsed < self.window:
             return self.batch_size
-        rate = self._window_records / elapsed
-        self.throughput = (
-            rate
-            if self.throughput == 0.0
-            else self.smoothing * rate + (1.0 - self.smoothing) * self.throughput
-        )
-        self._window_start, self._window_records = now, 0
-        size = int(self.throughput * self.target / self.slots)
+        if blocked > self._window_blocked:  # backpressured: the receiver's drain rate
+            rate = self._window_records / elapsed
+            self.throughput = (
+                rate
+                if self.throughput == 0.0
+                else self.smoothing * rate + (1.0 - self.smoothing) * self.throughput
+            )
+            size = int(self.throughput * self.target / self.slots)
+        else:  # the receiver keeps up: the queue is short, grow back
+            size = 2 * self.batch_size
+        self._window_start, self._window_records, self._window_blocked = now, 0, blocked
         self.batch_size = max(self.min_batch, min(self.max_batch, size))
         return self.batch_size

@@ -15,6 +15,8 @@ Threading: a partitioner instance belongs to one task thread.
 
 from __future__ import annotations
 
+import operator
+import types
 import zlib
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -36,6 +38,54 @@ _crc32 = zlib.crc32
 # its buffer when packing raises.
 _pack_key: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
 _BIG_INT_EXT: Final = 0
+
+
+_IDENTITY_CODE: Final = (lambda record: record).__code__.co_code
+
+
+def is_identity(fn: Any) -> bool:
+    """Whether ``fn`` is a plain Python function that returns its one argument as is
+    (``lambda w: w``, ``def key(r): return r``): keyed steps then use the record as its
+    key without calling ``fn`` per record (the key of a word count is the word).
+
+    Decided from the bytecode, so only functions that can do nothing else qualify: one
+    positional parameter, no ``*args``/``**kwargs``, a body of ``return <parameter>``.
+    """
+    if not isinstance(fn, types.FunctionType):
+        return False
+    code = fn.__code__
+    return (
+        code.co_code == _IDENTITY_CODE
+        and code.co_argcount == 1
+        and code.co_kwonlyargcount == 0
+        and not code.co_flags & (_CO_VARARGS | _CO_VARKEYWORDS)
+    )
+
+
+_CO_VARARGS: Final = 0x04
+_CO_VARKEYWORDS: Final = 0x08
+# ``return record[<constant>]``: the constant is co_consts[1] (the bytecode says LOAD_CONST 1).
+_SUBSCRIPT_CODE: Final = (lambda record: record[0]).__code__.co_code
+
+
+def fast_key_fn(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``fn``, or a C-level equivalent: ``operator.itemgetter(c)`` for a plain function whose
+    body is ``return record[c]`` with ``c`` an int or str constant (``lambda r: r[0]``,
+    ``lambda e: e["user"]``): the same ``record[c]`` with the same errors, without a
+    Python frame per record. Decided from the bytecode, like ``is_identity``."""
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    code = fn.__code__
+    if (
+        code.co_code == _SUBSCRIPT_CODE
+        and code.co_argcount == 1
+        and code.co_kwonlyargcount == 0
+        and not code.co_flags & (_CO_VARARGS | _CO_VARKEYWORDS)
+        and type(code.co_consts[1]) in (int, str)
+    ):
+        getter: Callable[[Any], Any] = operator.itemgetter(code.co_consts[1])
+        return getter
+    return fn
 
 
 class PartitioningError(AbsflowError, ValueError):
@@ -167,16 +217,19 @@ class HashPartitioner:
     Target = ``subtask_for_key_group(key_group_for(key), max_parallelism, num_targets)``,
     so a key always reaches the subtask owning its key group. A bounded
     key -> target cache (cleared when it holds ``HASH_CACHE_SIZE`` keys) makes a
-    repeated key cost one dict lookup; unhashable keys (lists) bypass it.
+    repeated key cost one dict lookup; unhashable keys (lists) bypass it. An identity
+    ``key_fn`` (``is_identity``) is not called: the record is its key; ``r[c]`` runs as
+    ``operator.itemgetter`` (``fast_key_fn``).
     """
 
-    __slots__ = ("_cache", "_key_fn", "_max_parallelism", "_num_targets", "_warm")
+    __slots__ = ("_cache", "_identity", "_key_fn", "_max_parallelism", "_num_targets", "_warm")
 
     def __init__(
         self, key_fn: Callable[[Any], Any], num_targets: int, max_parallelism: int
     ) -> None:
         _check_parallelism(num_targets, max_parallelism)
-        self._key_fn = key_fn
+        self._key_fn = fast_key_fn(key_fn)
+        self._identity = is_identity(key_fn)
         self._num_targets = num_targets
         self._max_parallelism = max_parallelism
         self._cache: dict[Any, int] = {}
@@ -198,8 +251,12 @@ class HashPartitioner:
             lookup = self._cache.__getitem__
             key_fn = self._key_fn
             try:
-                for record in records:
-                    appends[lookup(key_fn(record))](record)
+                if self._identity:
+                    for record in records:
+                        appends[lookup(record)](record)
+                else:
+                    for record in records:
+                        appends[lookup(key_fn(record))](record)
             except (KeyError, TypeError):
                 # A new or unhashable key: redo the batch with the resolving loop.
                 pass

@@ -240,7 +240,9 @@ class OutputChannel:
                 self.bytes_sent += len(frame)
                 self.batches_sent += 1
                 if self._sizer is not None:
-                    self._batch_size = self._sizer.on_batch(batch_size, time.monotonic())
+                    self._batch_size = self._sizer.on_batch(
+                        batch_size, time.monotonic(), self.blocked_seconds
+                    )
                 return
             self._first_pending_at = time.monotonic()
         pending.extend(records)
@@ -314,7 +316,9 @@ class OutputChannel:
         self.bytes_sent += len(frame)
         self.batches_sent += 1
         if self._sizer is not None:
-            self._batch_size = self._sizer.on_batch(len(batch), time.monotonic())
+            self._batch_size = self._sizer.on_batch(
+                len(batch), time.monotonic(), self.blocked_seconds
+            )
 
     def _send(self, frame: bytes) -> None:
         try:

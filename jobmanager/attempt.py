@@ -171,7 +171,7 @@ class Attempt:
         if self.stopping_with is None and self.all_registered_at is not None:
             stop = self.run_services.stop
             if stop.requested:
-                self.stopping_with = begin_stop(self.plan, self.coordinator, stop, self.number)
+                self.stopping_with = begin_stop(self.coordinator, stop, self.number)
 
     def _check(self, now: float, stage: Stage) -> Failure | None:
         """Everything that can end the attempt besides a task's own report."""

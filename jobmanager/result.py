@@ -100,6 +100,16 @@ class JobResult:
                 f"{len(self.failed_checkpoints)} failed, median duration "
                 f"{durations[len(durations) // 2]:.1f} ms"
             )
+
+            def median(key: str) -> float:
+                values = sorted(float(c.get(key, 0.0)) for c in self.checkpoints)
+                return values[len(values) // 2]
+
+            lines.append(
+                "  waited for (median, at the task written last): "
+                f"queueing {median('queueing_ms'):.1f} ms, alignment "
+                f"{median('alignment_ms'):.1f} ms, write {median('write_ms'):.1f} ms"
+            )
         for r in self.restarts:
             restored = (
                 f"checkpoint {r.restored_checkpoint}" if r.restored_checkpoint else "the start"

@@ -35,7 +35,6 @@ from jobmanager.liveness import pid_alive
 
 if TYPE_CHECKING:
     from jobmanager.coordinator import CheckpointCoordinator
-    from runtime.plan import JobPlan
 
 log = logging.getLogger("absflow.jobmanager")
 
@@ -70,20 +69,16 @@ class StopRequest:
         return self.reason is not None
 
 
-def begin_stop(
-    plan: JobPlan, coordinator: CheckpointCoordinator, stop: StopRequest, attempt: int
-) -> int:
+def begin_stop(coordinator: CheckpointCoordinator, stop: StopRequest, attempt: int) -> int:
     """Act on a stop request in a running attempt (every task registered): trigger the
-    final checkpoint kept as a savepoint. Returns its id, -1 when the input had ended
-    first (that final checkpoint becomes the savepoint), -2 when the job cannot stop so."""
-    if plan.has_loops:  # the final barrier cannot end a loop with records in flight
-        log.error(
-            "job '%s' has a loop: it cannot stop with a savepoint yet (%s ignored); press "
-            "Ctrl-C again to cancel it, and resume from its latest checkpoint",
-            plan.name,
-            stop.reason,
-        )
-        return -2
+    final checkpoint kept as a savepoint. Returns its id, or -1 when the input had ended
+    first (that final checkpoint becomes the savepoint).
+
+    A job with a loop stops the same way (cyclic ABS, DESIGN.md): the final barrier
+    ends the sources, each loop head snapshots on it and logs what comes back on its
+    back-edges until the barrier has gone round the loop, and that log is part of the
+    savepoint; the resumed job's loop heads replay it first. Records processed after
+    the barrier only reach transactions the savepoint does not commit."""
     n = coordinator.stop_with_savepoint()
     log.warning(
         "attempt %d: stopping with a savepoint (%s): %s",

@@ -11,6 +11,7 @@ Lifecycle: ``open()`` (sinks open their files here) -> ``restore`` -> ``process`
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +28,8 @@ from runtime.sinks import SinkContext
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
 from runtime.watermarks import NO_WATERMARK
-from statebackend.metadata import OperatorLayout
-from statebackend.restore import RestorePlan, RestoreTarget
+from statebackend.metadata import OperatorLayout, TaskStateHandle
+from statebackend.restore import RescaledState, RestorePlan, RestoreTarget
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
 
@@ -37,7 +38,7 @@ log = logging.getLogger("absflow.task")
 Emit = Callable[[list[Any]], None]
 """Write records that leave the chain outside ``process`` (timers, watermarks, finish)."""
 
-SinkOutputSender = Callable[[str, int, list[Any]], None]
+SinkOutputSender = Callable[[str, int, int, list[Any]], None]  # step, subtask, checkpoint
 """``send(sink step, checkpoint id, records)``: committed collect() output to the driver."""
 
 
@@ -113,6 +114,7 @@ class OperatorChain:
                     self._sink_sender(step.name),
                     producer=self._producer(position),
                     job=self.plan.name,
+                    send_as=functools.partial(self._send_sink_output, step.name),
                 )
             op = build_operator(
                 step, spec.subtask, self.plan.max_parallelism, ctx, self._drop_event_time
@@ -139,10 +141,10 @@ class OperatorChain:
         return ", ".join(self.plan.steps[edge.source].name for edge in step.inputs)
 
     def _sink_sender(self, step: str) -> Callable[[int, list[Any]], None]:
-        send = self._send_sink_output
+        send, subtask = self._send_sink_output, self.spec.subtask
 
         def send_to_driver(checkpoint_id: int, records: list[Any]) -> None:
-            send(step, checkpoint_id, records)
+            send(step, subtask, checkpoint_id, records)
 
         return send_to_driver
 
@@ -310,16 +312,24 @@ class OperatorChain:
         own states by name (for `apply_operator_states`)."""
         n = plan.checkpoint_id
 
+        def read(name: str, handle: TaskStateHandle) -> Any:
+            blob = storage.read_operator_state(n, handle, name)
+            return None if blob is None else unpack(blob)
+
         def operator_state(name: str) -> Any:
             part = plan.operators.get(name)
+            if part is not None and part.rescaled:  # union state at another parallelism
+                parts = tuple((j, read(name, handle)) for j, handle in part.rescaled)
+                return RescaledState(parts, part.old_parallelism)
             if part is None or part.operator_state is None:
                 return None
-            blob = storage.read_operator_state(n, part.operator_state, name)
-            return None if blob is None else unpack(blob)
+            return read(name, part.operator_state)
 
         if self.reader is not None and self.source_step is not None:
             position = operator_state(self.source_step.name)
-            if position is not None:
+            if isinstance(position, RescaledState):
+                self.reader.restore_rescaled(position)
+            elif position is not None:
                 self.reader.restore(position)
         states: dict[str, Any] = {}
         for op in self.operators:

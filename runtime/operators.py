@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from channels.partitioners import key_group_for, key_group_range
+from channels.partitioners import fast_key_fn, is_identity, key_group_for, key_group_range
 from runtime.graph import Step, StepKind
 from runtime.sinks import Sink, SinkContext
 from runtime.watermarks import NO_WATERMARK
@@ -151,7 +151,9 @@ class KeyedOperator(Operator):
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         super().__init__(step, ctx)
         assert step.key_fn is not None
-        self.key_fn: Callable[[Any], Any] = step.key_fn
+        self.key_fn: Callable[[Any], Any] = fast_key_fn(step.key_fn)  # r[c]: itemgetter
+        # The record is its own key (key_by(lambda w: w)): no key_fn call per record.
+        self.key_is_record = is_identity(step.key_fn)
         n = ctx.max_parallelism
         self.keyed_state = KeyedStateBackend(
             step.name,
@@ -169,6 +171,13 @@ class ReduceOperator(KeyedOperator):
         key_fn, fn, get = self.key_fn, self.step.fn, state.get
         out: list[Any] = []
         append = out.append
+        if self.key_is_record:
+            for r in batch:
+                prev = get(r, _MISSING)
+                v = r if prev is _MISSING else fn(prev, r)
+                state[r] = v
+                append(v)
+            return out
         for r in batch:
             k = key_fn(r)
             prev = get(k, _MISSING)
@@ -194,6 +203,11 @@ class AggregateOperator(KeyedOperator):
                 acc = add(initial() if acc is _MISSING else acc, r)
                 state[k] = acc
                 append((k, acc))
+        elif self.key_is_record:
+            for r in batch:
+                acc = add(get(r, initial), r)
+                state[r] = acc
+                append((r, acc))
         else:
             for r in batch:
                 k = key_fn(r)

@@ -33,8 +33,13 @@ from statebackend.metadata import StepState
 
 def step_state(step: Step) -> StepState:
     """``step`` as checkpoints record it (name, kind, parallelism, keyed; an auto-named
-    step's signature, see runtime.step_ids)."""
-    return StepState(step.name, step.kind.value, step.parallelism, step.kind.keyed, step.signature)
+    step's signature, see runtime.step_ids; whether a source or sink redistributes its
+    state at another parallelism: its ``rescalable``)."""
+    io = step.kind in (StepKind.SOURCE, StepKind.SINK)
+    rescalable = io and bool(getattr(step.fn, "rescalable", False))
+    return StepState(
+        step.name, step.kind.value, step.parallelism, step.kind.keyed, step.signature, rescalable
+    )
 
 
 @dataclass(slots=True)

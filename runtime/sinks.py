@@ -12,24 +12,26 @@ back: the sources replay it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
 from channels.errors import RecordSerializationError
+from runtime.sink_rescale import recover_rescaled
 from runtime.transactions import Committer, TxnId
+from statebackend.restore import RescaledState
 
 log = logging.getLogger("absflow.sinks")
 
 
-@dataclass
+@dataclasses.dataclass
 class SinkContext:
     """What a sink instance learns about where it runs (task process)."""
 
@@ -40,6 +42,9 @@ class SinkContext:
     send_to_driver: Callable[[int, list[Any]], None]  # (checkpoint id, records)
     producer: str = ""  # the step whose records this sink receives (named in errors)
     job: str = ""  # the job's name: part of every transaction id
+    # (subtask, checkpoint id, records): send_to_driver on behalf of an old subtask
+    # index, when a rescaled restore recovers that subtask's transactions.
+    send_as: Callable[[int, int, list[Any]], None] | None = None
 
 
 def _first(item: tuple[int, Any]) -> int:
@@ -52,7 +57,12 @@ class Sink:
     Lifecycle (task-loop thread): open -> restore_state (always, None on a fresh start)
     -> write_batch* / snapshot_state* / notify_checkpoint_complete* /
     notify_checkpoint_aborted* -> finish -> (final checkpoint) -> close.
+
+    ``rescalable``: ``restore_state`` also takes a `RescaledState` (the job was
+    restored at another parallelism); otherwise such a restore is refused.
     """
+
+    rescalable = False
 
     def validate(self, step_name: str) -> None:
         """Raise an error naming the object and fix if the sink's settings cannot work.
@@ -106,8 +116,12 @@ class TwoPhaseCommitSink(Sink):
     """
 
     commit_off_loop = False
+    rescalable = True  # pending transactions of old subtasks are recovered (see below)
 
     def open(self, ctx: SinkContext) -> None:
+        # The sink as constructed (what ``open`` has not set yet): a rescaled restore
+        # opens a copy of it as an old subtask to recover that subtask's transactions.
+        self.unopened = {k: v for k, v in vars(self).items() if k != "unopened"}
         super().open(ctx)
         self.pending: dict[int, Any] = {}
         self._lock = threading.Lock()  # guards ``pending`` against the committer thread
@@ -177,14 +191,22 @@ class TwoPhaseCommitSink(Sink):
         self._finished = True
 
     def restore_state(self, state: Any) -> None:
+        if isinstance(state, RescaledState):
+            state = recover_rescaled(self, state)
+        restored = self.recover_state(state)
+        if restored is not None:
+            self.next_id = restored + 1
+        if self.current is None:
+            self._begin()
+
+    def recover_state(self, state: Any) -> int | None:
+        """``recover`` what snapshot ``state`` holds; the restored checkpoint id (None:
+        a fresh start)."""
         state = state or {}
         pending = [(int(n), handle) for n, handle in state.get("pending", [])]
         restored = state.get("checkpoint", max((n for n, _ in pending), default=None))
         self.recover(pending, None if restored is None else int(restored))
-        if restored is not None:
-            self.next_id = int(restored) + 1
-        if self.current is None:
-            self._begin()
+        return None if restored is None else int(restored)
 
     def close(self) -> None:
         if self.committer is not None:

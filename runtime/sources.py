@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from runtime import strided
 from runtime.errors import GraphError
+from statebackend.restore import RescaledState
 
 
 class SourceReader:
@@ -30,6 +32,11 @@ class SourceReader:
 
     def restore(self, state: Any) -> None:
         """Seek to a position returned by ``snapshot`` (called before the first read)."""
+        raise NotImplementedError
+
+    def restore_rescaled(self, state: RescaledState) -> None:
+        """Restore at another parallelism from every old subtask's position (only for a
+        source whose ``rescalable`` is True): take the splits this subtask owns now."""
         raise NotImplementedError
 
     def current_split(self) -> Any:
@@ -49,6 +56,9 @@ class Source:
     """A picklable, partitioned, replayable source."""
 
     name = "source"
+    # True if its readers implement ``restore_rescaled``: a restore at another
+    # parallelism then redistributes the splits instead of being refused.
+    rescalable = False
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         raise NotImplementedError
@@ -85,30 +95,32 @@ class _GeneratorReader(SourceReader):
         parallelism: int,
         rate: float | None,
     ) -> None:
-        self.fn, self.count, self.step = fn, count, parallelism
-        self.next = subtask
+        self.fn, self.count = fn, count
+        self.subtask, self.parallelism = subtask, parallelism
+        self.pos = strided.StridedPosition(subtask, parallelism)
         self.limiter = _RateLimiter(rate / parallelism if rate else None)
 
     def read_batch(self, max_records: int) -> list[Any] | None:
-        if self.count is not None and self.next >= self.count:
+        if self.pos.ended(self.count):
             return None
         n = self.limiter.allowance(max_records)
         if n == 0:
             return []
-        stop = self.next + n * self.step
-        if self.count is not None:
-            stop = min(stop, self.count)
         fn = self.fn
-        batch = [fn(i) for i in range(self.next, stop, self.step)]
-        self.next += len(batch) * self.step
+        batch = [fn(i) for i in self.pos.take(n, self.count)]
         self.limiter.emitted_now(len(batch))
         return batch
 
     def snapshot(self) -> Any:
-        return self.next
+        return strided.encode(self.pos.next, self.pos.gaps)
 
     def restore(self, state: Any) -> None:
-        self.next = int(state)
+        self.pos.next, self.pos.gaps = strided.decode(state)
+
+    def restore_rescaled(self, state: RescaledState) -> None:
+        self.pos.next, self.pos.gaps = strided.redistribute(
+            state.parts, state.old_parallelism, self.subtask, self.parallelism
+        )
 
 
 class GeneratorSource(Source):
@@ -118,6 +130,7 @@ class GeneratorSource(Source):
     """
 
     name = "generator"
+    rescalable = True  # its positions are redistributed (runtime.strided)
 
     def __init__(
         self, fn: Callable[[int], Any], count: int | None, rate: float | None = None
@@ -142,27 +155,39 @@ class GeneratorSource(Source):
 
 class _CollectionReader(SourceReader):
     def __init__(self, items: Sequence[Any], subtask: int, parallelism: int) -> None:
-        self.items = items[subtask::parallelism]
-        self.pos = 0
+        self.items, self.subtask, self.parallelism = items, subtask, parallelism
+        self.pos = strided.StridedPosition(subtask, parallelism)
 
     def read_batch(self, max_records: int) -> list[Any] | None:
-        if self.pos >= len(self.items):
+        count = len(self.items)
+        if self.pos.ended(count):
             return None
-        batch = list(self.items[self.pos : self.pos + max_records])
-        self.pos += len(batch)
-        return batch
+        return [self.items[i] for i in self.pos.take(max_records, count)]
 
     def snapshot(self) -> Any:
-        return self.pos
+        return {"next": self.pos.next, "gaps": list(self.pos.gaps)}
+
+    def _decode(self, state: Any, subtask: int, parallelism: int) -> tuple[int, list[int]]:
+        if isinstance(state, int):  # before gaps: the position inside items[s::p]
+            return subtask + state * parallelism, []
+        return strided.decode(state)
 
     def restore(self, state: Any) -> None:
-        self.pos = int(state)
+        self.pos.next, self.pos.gaps = self._decode(state, self.subtask, self.parallelism)
+
+    def restore_rescaled(self, state: RescaledState) -> None:
+        old = state.old_parallelism
+        parts = [(j, strided.encode(*self._decode(s, j, old))) for j, s in state.parts]
+        self.pos.next, self.pos.gaps = strided.redistribute(
+            parts, old, self.subtask, self.parallelism
+        )
 
 
 class CollectionSource(Source):
     """The items of a list; subtask s takes items[s::p]."""
 
     name = "collection"
+    rescalable = True  # its positions are redistributed (runtime.strided)
 
     def __init__(self, items: Iterable[Any]) -> None:
         self.items = list(items)

@@ -186,11 +186,11 @@ class Task:
         self.input_side.valve.restore(self.chain.watermark)
 
     # -- control plane -----------------------------------------------------------------
-    def _send_sink_output(self, step: str, checkpoint_id: int, records: list[Any]) -> None:
+    def _send_sink_output(
+        self, step: str, subtask: int, checkpoint: int, records: list[Any]
+    ) -> None:
         t = self.identity
-        self.control.send(
-            P.SinkOutput(t.index, t.attempt, step, self.spec.subtask, checkpoint_id, records)
-        )
+        self.control.send(P.SinkOutput(t.index, t.attempt, step, subtask, checkpoint, records))
 
     def _serve_control(self) -> None:
         """Act on the job manager's messages (between two batches only)."""

@@ -21,7 +21,13 @@ from statebackend.metadata import (
     StepState,
     TaskStateHandle,
 )
-from statebackend.restore import RestorePlan, RestoreTarget, check_compatible, plan_restore
+from statebackend.restore import (
+    RescaledState,
+    RestorePlan,
+    RestoreTarget,
+    check_compatible,
+    plan_restore,
+)
 from statebackend.snapshot import (
     OperatorSnapshot,
     StateFileInfo,
@@ -49,6 +55,7 @@ __all__ = [
     "LocalFileSystem",
     "OperatorLayout",
     "OperatorSnapshot",
+    "RescaledState",
     "RestorePlan",
     "RestoreTarget",
     "SpillBuffer",

@@ -111,13 +111,18 @@ class StepState:
     ``"source"``, ...; empty when a checkpoint written before kinds were recorded is
     read); ``keyed`` steps can be restored at any parallelism up to max_parallelism.
     ``signature`` is set when the step's name was made up by absflow: its position in
-    the graph (``runtime.step_ids``), which a restore checks; "" for a name the user gave."""
+    the graph (``runtime.step_ids``), which a restore checks; "" for a name the user gave.
+    ``redistribute``: the step's non-keyed state is *union* state (Flink's union list
+    state): at another parallelism every new subtask gets every old subtask's state and
+    redistributes it itself (the file source's splits, a transactional sink's pending
+    transactions; see ``statebackend.restore.RescaledState``)."""
 
     name: str
     kind: str
     parallelism: int
     keyed: bool
     signature: str = ""
+    redistribute: bool = False
 
     @property
     def auto(self) -> bool:
@@ -132,6 +137,8 @@ class StepState:
         }
         if self.signature:
             body["signature"] = self.signature
+        if self.redistribute:
+            body["redistribute"] = True
         return body
 
     @classmethod
@@ -143,6 +150,7 @@ class StepState:
                 int(data["parallelism"]),
                 bool(data["keyed"]),
                 str(data.get("signature", "")),
+                bool(data.get("redistribute", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise CorruptCheckpointError(f"step entry {data!r} is malformed ({err!r})") from err

@@ -112,6 +112,11 @@ class CheckpointSummary(MetricsRecord):
     channel_state_bytes: int = 0
     halt_ms: float | None = None  # synchronous mode: halt to completion
     drain_ms: float | None = None  # synchronous mode: halt until nothing was in flight
+    # What the checkpoint waited for, at the task that finished last (`critical_split`):
+    critical_task: str = ""
+    queueing_ms: float = 0.0  # trigger to its first barrier: barriers behind records
+    alignment_ms: float = 0.0  # its first to its last barrier: a slower input channel
+    write_ms: float = 0.0  # capturing and writing its state
 
 
 def summarize(
@@ -124,6 +129,7 @@ def summarize(
         return round(max(values, default=0.0), 3)
 
     alignments = [a.alignment_ms for a in acks]
+    critical, queueing, alignment, write = critical_split(per_task)
     return CheckpointSummary(
         tasks=len(acks),
         mode=mode,
@@ -140,7 +146,36 @@ def summarize(
         backedge_bytes=sum(a.backedge_bytes for a in acks),
         channel_state_records=sum(a.channel_state_records for a in acks),
         channel_state_bytes=sum(a.channel_state_bytes for a in acks),
+        critical_task=critical,
+        queueing_ms=queueing,
+        alignment_ms=alignment,
+        write_ms=write,
     )
+
+
+def critical_split(per_task: Mapping[str, AckMetrics]) -> tuple[str, float, float, float]:
+    """What a checkpoint waited for: ``(task, queueing, alignment, write)`` in ms at the
+    task whose state was written last (the one the checkpoint's completion waited for).
+
+    Its time since the trigger splits into three parts that add up: *queueing*, until its
+    first barrier arrived (the barriers travelling behind the records queued at every hop
+    upstream, and the upstream tasks' own snapshots); *alignment*, from its first to its
+    last barrier (one input channel slower than the others); *write*, capturing and writing
+    its state. Large queueing means too much data in flight (see ``max_inflight_time``),
+    large alignment a skewed or slow input, large write a big state or slow storage."""
+    best: tuple[str, float, float, float] = ("", 0.0, 0.0, 0.0)
+    latest = -1.0
+    for task, a in sorted(per_task.items()):
+        done = a.start_delay_ms + a.alignment_ms + a.sync_ms + a.async_ms
+        if done > latest:
+            latest = done
+            best = (
+                task,
+                round(a.start_delay_ms, 3),
+                round(a.alignment_ms, 3),
+                round(a.sync_ms + a.async_ms, 3),
+            )
+    return best
 
 
 def encode(record: MetricsRecord) -> dict[str, Any]:

@@ -8,10 +8,12 @@ steps (tested without Spark):
   by the step's position in the graph too (its signature, see ``runtime.step_ids``); a checkpoint whose state has no matching step is
   refused unless ``allow_non_restored_state`` (then that state is dropped, as with
   Flink's allowNonRestoredState). Non-keyed state cannot be redistributed, so its
-  step must keep its parallelism; keyed state needs the same number of key groups.
+  step must keep its parallelism, unless it is union state (a rescalable source or
+  sink: ``StepState.redistribute``); keyed state needs the same number of key groups.
 * `plan_restore` runs in each task: for each of its operators, the state file with
   its own operator state (same subtask) and the state files whose key-group ranges
-  overlap its own.
+  overlap its own; for union state at another parallelism, every old subtask's state
+  file (the operator gets a `RescaledState` and redistributes it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from statebackend.errors import IncompatibleCheckpointError
 from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
@@ -56,7 +59,7 @@ def _match(recorded: StepState, new: StepState | None) -> StepState | None:
 
 def _unfit(recorded: StepState, new: StepState, checkpoint_groups: int, groups: int) -> str | None:
     """Why matched state cannot be restored into ``new``, or None if it can."""
-    if not recorded.keyed and new.parallelism != recorded.parallelism:
+    if not recorded.keyed and not new.redistribute and new.parallelism != recorded.parallelism:
         return (
             f"step '{new.name}' has parallelism {new.parallelism}, the checkpoint has it at "
             f"parallelism {recorded.parallelism} and its state is not keyed (it cannot be "
@@ -170,6 +173,27 @@ class OperatorRestore:
     operator: str
     operator_state: TaskStateHandle | None
     keyed_state: tuple[TaskStateHandle, ...]
+    # Union state at another parallelism: (old subtask, its state file), every old one.
+    rescaled: tuple[tuple[int, TaskStateHandle], ...] = ()
+    old_parallelism: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RescaledState:
+    """What a rescalable source or sink restores from when its parallelism changed:
+    ``parts`` is every old subtask's state as ``(old subtask, state)``, written at
+    ``old_parallelism``. The operator redistributes it (Flink's union list state): a
+    source re-assigns its splits by the rule it uses for new ones; a sink's subtask
+    ``i`` recovers the old subtasks ``j`` with ``j % parallelism == i``."""
+
+    parts: tuple[tuple[int, Any], ...]
+    old_parallelism: int
+
+    def mine(self, subtask: int, parallelism: int) -> list[tuple[int, Any]]:
+        """The old subtasks' states that new subtask ``subtask`` of ``parallelism`` owns
+        (each old one is owned by exactly one new one: its index modulo the new
+        parallelism)."""
+        return [(j, state) for j, state in self.parts if j % parallelism == subtask]
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,11 +219,18 @@ def plan_restore(
             continue
         own: TaskStateHandle | None = None
         keyed: list[TaskStateHandle] = []
+        rescaled: list[tuple[int, TaskStateHandle]] = []
+        old_parallelism = 0
         for handle in metadata.tasks.values():
             layout = handle.operators.get(name)
             if layout is None:
                 continue
-            if layout.key_groups is None and layout.parallelism != target.step.parallelism:
+            rescaling = layout.parallelism != target.step.parallelism
+            if layout.key_groups is None and rescaling and target.step.redistribute:
+                rescaled.append((layout.subtask, handle))
+                old_parallelism = layout.parallelism
+                continue
+            if layout.key_groups is None and rescaling:
                 raise IncompatibleCheckpointError(
                     f"cannot restore '{name}' at parallelism {target.step.parallelism}: the "
                     f"checkpoint has it at parallelism {layout.parallelism} and its state is "
@@ -209,5 +240,6 @@ def plan_restore(
                 own = handle
             if target.key_groups is not None and layout.overlaps(target.key_groups):
                 keyed.append(handle)
-        planned[name] = OperatorRestore(name, own, tuple(keyed))
+        rescaled.sort(key=lambda part: part[0])
+        planned[name] = OperatorRestore(name, own, tuple(keyed), tuple(rescaled), old_parallelism)
     return RestorePlan(metadata.checkpoint_id, planned)

@@ -250,6 +250,10 @@ class SnapshotBuilder:
             "spilled_bytes": s.spilled_bytes,
             "max_alignment_ms": s.max_alignment_ms,
             "max_start_delay_ms": s.max_start_delay_ms,
+            "critical_task": s.critical_task,
+            "queueing_ms": s.queueing_ms,
+            "alignment_ms": s.alignment_ms,
+            "write_ms": s.write_ms,
             "committed_records_in": committed.records_in if committed else None,
             "path": c.path,
             "tasks": {

@@ -4,7 +4,9 @@
 Each subtask lists the directory (or glob) itself and takes the files whose path hashes
 to it (crc32, stable across processes), in name order. Its position is the files it
 finished (with their sizes) and the byte offset (JSON lines, CSV) or row offset
-(Parquet) inside the open one, so a restore neither skips nor repeats a record.
+(Parquet) inside the open one, so a restore neither skips nor repeats a record. A
+restore at another parallelism unions the old subtasks' positions and each new subtask
+keeps the finished and open files it owns by the same hash (`restore_rescaled`).
 
 Bounded mode (``poll_interval_s=None``) reads the files there at the first read and
 ends; unbounded mode lists again every ``poll_interval_s``, and ends only once a
@@ -28,6 +30,7 @@ from typing import Any
 
 from runtime.errors import ConnectorError
 from runtime.sources import Source, SourceReader
+from statebackend.restore import RescaledState
 
 FORMATS = ("jsonl", "csv", "parquet")
 DEAD_LETTER = "_dead_letter"
@@ -55,6 +58,7 @@ class FileStreamSource(Source):
     header for CSV."""
 
     name = "files"
+    rescalable = True  # restore_rescaled re-assigns the old subtasks' splits
 
     def __init__(
         self,
@@ -135,7 +139,7 @@ class FileStreamReader(SourceReader):
         self.batches: Any = None
         self.listed_at: float | None = None
         self.last_listing = False  # the done marker was there: nothing new will come
-        self.resume: str | None = None  # the open file of a restored position
+        self.resume: list[tuple[str, int]] = []  # restored open files and their offsets
         self.out: list[Any] = []
 
     # -- discovery -------------------------------------------------------------------------
@@ -152,7 +156,7 @@ class FileStreamReader(SourceReader):
         if marker is not None and self.fs.exists(self.root.rstrip("/") + "/" + marker):
             self.last_listing = True  # listed after the marker: every file is in it
         files = self.source.list_files(self.fs, self.root)
-        known = set(self.queue) | {self.current, self.resume}
+        known = set(self.queue) | {self.current} | {path for path, _ in self.resume}
         for path in files:
             if _owner(path, self.parallelism) != self.subtask:
                 continue
@@ -171,18 +175,19 @@ class FileStreamReader(SourceReader):
     def read_batch(self, max_records: int) -> list[Any] | None:
         self.out = []
         self._discover(time.monotonic())
-        if self.resume is not None:
-            path, self.resume = self.resume, None
-            self._open(path)
         while len(self.out) < max_records:
             if self.current is None:
+                if self.resume:  # restored open files first, from their offsets
+                    path, self.offset = self.resume.pop(0)
+                    self._open(path)
+                    continue
                 if not self.queue:
                     break
                 self._open(self.queue.pop(0))
                 continue
             if not self._read(max_records - len(self.out)):
                 self._close_current(finished=True)
-        if not self.out and self.current is None and not self.queue:
+        if not self.out and self.current is None and not self.queue and not self.resume:
             ended = self.source.poll_interval_s is None or self.last_listing
             return None if ended else []
         return self.out
@@ -298,8 +303,27 @@ class FileStreamReader(SourceReader):
         self.done = {str(p): int(s) for p, s in dict(state["done"]).items()}
         self.queue, self.listed_at, self.last_listing = [], None, False
         current = state.get("current")
-        self.offset = int(state.get("offset", 0))
-        self.resume = None if current is None else str(current)
+        self.resume = [] if current is None else [(str(current), int(state.get("offset", 0)))]
+
+    def restore_rescaled(self, state: RescaledState) -> None:
+        """Another parallelism: union the old subtasks' positions and keep what this
+        subtask owns by the rule new files follow (`_owner`): its finished files (so they
+        are not read again) and the open files with their offsets (read on from there).
+        Files an old subtask had listed but not opened are not in any position: they
+        are listed again, and read by their new owner."""
+        self.close()
+        self.done, self.resume = {}, []
+        self.queue, self.listed_at, self.last_listing = [], None, False
+        for _, part in state.parts:
+            if part is None:
+                continue
+            for path, size in dict(part["done"]).items():
+                if _owner(str(path), self.parallelism) == self.subtask:
+                    self.done[str(path)] = int(size)
+            current = part.get("current")
+            if current is not None and _owner(str(current), self.parallelism) == self.subtask:
+                self.resume.append((str(current), int(part.get("offset", 0))))
+        self.resume.sort()
 
     def close(self) -> None:
         if self.fh is not None:

@@ -7,14 +7,20 @@ import pytest
 from channels.debloat import BatchSizer
 
 
-def feed(sizer: BatchSizer, rate: float, seconds: float, start: float = 0.0) -> float:
-    """Send at ``rate`` records/s in the sizer's current batches; returns the end time."""
-    now = start
-    sizer.on_batch(0, now)
+def feed(
+    sizer: BatchSizer, rate: float, seconds: float, start: float = 0.0, backpressured: bool = True
+) -> float:
+    """Send at ``rate`` records/s in the sizer's current batches; returns the end time.
+    Backpressured: the receiver drains at ``rate`` and every send waits on the full queue
+    (the channel's blocked time grows); otherwise the sender itself goes at ``rate``."""
+    now, blocked = start, 0.0
+    sizer.on_batch(0, now, blocked)
     while now < start + seconds:
         size = sizer.batch_size
         now += size / rate
-        sizer.on_batch(size, now)
+        if backpressured:
+            blocked += 0.5 * size / rate
+        sizer.on_batch(size, now, blocked)
     return now
 
 
@@ -41,13 +47,32 @@ def test_the_size_follows_the_throughput_both_ways() -> None:
     assert sizer.batch_size == 1000
 
 
+def test_a_slow_sender_that_never_waits_keeps_full_batches() -> None:
+    # A throttled source, or a task held up by its own alignment: the receiver keeps up,
+    # the queue is short. Sizing from this rate would shrink the batches for nothing,
+    # and smaller batches cost more per record: the spiral down to min_batch.
+    sizer = BatchSizer(max_batch=1000, slots=17, target=0.1)
+    feed(sizer, rate=5_000, seconds=3.0, backpressured=False)
+    assert sizer.batch_size == 1000
+
+
+def test_batches_grow_back_when_the_backpressure_ends() -> None:
+    sizer = BatchSizer(max_batch=1000, slots=17, target=0.1)
+    end = feed(sizer, rate=10_000, seconds=2.0)
+    assert sizer.batch_size == 58  # 10k/s x 0.1 s / 17 slots
+    feed(sizer, rate=10_000, seconds=0.35, start=end, backpressured=False)
+    assert 58 < sizer.batch_size < 1000  # doubling per window, not at once
+    feed(sizer, rate=10_000, seconds=2.0, start=end + 0.35, backpressured=False)
+    assert sizer.batch_size == 1000
+
+
 def test_never_below_the_minimum_and_only_per_window() -> None:
     sizer = BatchSizer(max_batch=1000, slots=17, target=0.1, min_batch=16)
     feed(sizer, rate=10, seconds=5.0)
     assert sizer.batch_size == 16
     fresh = BatchSizer(max_batch=1000, slots=17, target=0.1)
-    fresh.on_batch(0, 0.0)
-    assert fresh.on_batch(5, 0.05) == 1000  # the window (0.1 s) has not closed yet
+    fresh.on_batch(0, 0.0, 0.0)
+    assert fresh.on_batch(5, 0.05, 0.01) == 1000  # the window (0.1 s) has not closed yet
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from channels.partitioners import (
     PartitioningError,
     RebalancePartitioner,
     UnroutableKeyError,
+    fast_key_fn,
+    is_identity,
     key_group_for,
     key_group_range,
     stable_hash,
@@ -242,3 +245,115 @@ def test_hash_new_key_in_a_warm_batch_is_routed_once_and_in_order() -> None:
 def test_hash_rejects_more_targets_than_key_groups() -> None:
     with pytest.raises(PartitioningError, match="raise max_parallelism"):
         HashPartitioner(lambda r: r, 200, 128)
+
+
+def _identity_def(record: Any) -> Any:
+    return record
+
+
+def test_is_identity_accepts_only_functions_that_return_their_one_argument() -> None:
+    assert is_identity(lambda w: w)
+    assert is_identity(_identity_def)
+    for fn in (
+        lambda w: w[0],
+        lambda w: str(w),
+        lambda *a: a,
+        lambda w, x=1: w,
+        lambda w, *, x=1: w,
+        str,
+        len,
+        partitioners.stable_hash,
+    ):
+        assert not is_identity(fn), fn
+
+
+def test_hash_with_an_identity_key_routes_as_with_any_key_fn() -> None:
+    """The fast path (the record is its key, no key_fn call) routes every record where
+    the general path does, from the first (resolving) batch to the warm ones."""
+    records = [f"w{(i * 7919) % 1000}" for i in range(5000)]
+    fast = HashPartitioner(lambda w: w, 3, 128)
+    general = HashPartitioner(lambda w: w + "", 3, 128)
+    assert fast._identity and not general._identity
+    for start in range(0, len(records), 1000):
+        batch = records[start : start + 1000]
+        assert fast.partition(batch) == general.partition(batch)
+
+
+def test_hash_identity_fast_path_is_taken() -> None:
+    """Companion: a key_fn that counts its calls is called per record unless it is an
+    identity; an identity one is never called once the cache is warm."""
+    calls = 0
+
+    def counting(record: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return record
+
+    batch = [f"k{i % 10}" for i in range(100)]
+    general = HashPartitioner(counting, 2, 128)
+    general.partition(batch)
+    general.partition(batch)
+    assert calls == 200  # no identity: one call per record, every batch
+    fast = HashPartitioner(lambda w: w, 2, 128)
+    fast.partition(batch)  # resolves the keys (calls the function), caching them
+    fast.partition(batch)  # every key cached: the next batch takes the warm loop
+    fast._key_fn = lambda w: pytest.fail("an identity key_fn is not called when warm")
+    expected = [(t, [r for r in batch if fast.target_for_key(r) == t]) for t in range(2)]
+    assert fast.partition(batch) == [(t, part) for t, part in expected if part]
+
+
+def _first_with_doc(record: Any) -> Any:
+    """A docstring does not change the body."""
+    return record[0]
+
+
+def test_fast_key_fn_turns_subscripts_by_a_constant_into_itemgetter() -> None:
+    import operator
+
+    records: list[Any] = [("a", 1), ["b", 2], "cd", {0: "x", "user": "u", -1: "y"}]
+    cases: list[tuple[Callable[[Any], Any], Any]] = [
+        (lambda r: r[0], 0),
+        (lambda e: e["user"], "user"),
+        (lambda r: r[-1], -1),
+        (_first_with_doc, 0),
+    ]
+    for fn, const in cases:
+        fast = fast_key_fn(fn)
+        assert isinstance(fast, operator.itemgetter), fn
+        for record in records:
+            try:
+                expected: Any = fn(record)
+            except (LookupError, TypeError) as err:
+                expected = type(err)
+            try:
+                got: Any = fast(record)
+            except (LookupError, TypeError) as err:
+                got = type(err)
+            assert got == expected, (const, record)
+    for fn in (
+        lambda r: r,
+        lambda r: r[0:1],
+        lambda r: r[1.5],
+        lambda r: r[True],
+        lambda r: r[(0, 1)],
+        lambda r: r[0][1],
+        lambda r, i=0: r[i],
+        lambda *r: r[0],
+        str,
+    ):
+        assert fast_key_fn(fn) is fn, fn
+
+
+def test_hash_with_an_itemgetter_key_routes_as_the_lambda() -> None:
+    """Companion of fast_key_fn: the partitioner uses the itemgetter, and routes every
+    record where the lambda routes it."""
+    import operator
+
+    records = [(f"w{i % 97}", i) for i in range(3000)]
+    fast = HashPartitioner(lambda r: r[0], 3, 128)
+    general = HashPartitioner(lambda r: r[0] + "", 3, 128)
+    assert isinstance(fast._key_fn, operator.itemgetter)
+    assert not isinstance(general._key_fn, operator.itemgetter)
+    for start in range(0, len(records), 1000):
+        batch = records[start : start + 1000]
+        assert fast.partition(batch) == general.partition(batch)

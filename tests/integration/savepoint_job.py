@@ -48,8 +48,8 @@ def build(
     **config: Any,
 ) -> Dataflow:
     """events (2) [-> normalize] -> key_by user -> "per_user" aggregate -> rebalance ->
-    collect "out" (2). Sources and sinks keep parallelism 2 (their state is per subtask);
-    the keyed step rescales."""
+    collect "out" (2). Here only the keyed step rescales (sources and sinks can too:
+    tests/integration/test_rescale.py)."""
     config.setdefault("checkpoint_interval", 0.2)
     flow = Dataflow("clicks", parallelism=2, **config)
     events = flow.source(GeneratorSource(click, n, rate=rate), name="events")

@@ -219,3 +219,35 @@ def test_the_leak_check_sees_a_child_process_left_running() -> None:
         child.kill()
         child.wait()
     assert child.pid not in child_processes()
+
+
+def test_profile_dir_gets_a_cpu_profile_of_every_task(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ABSFLOW_PROFILE_DIR: each local task process writes a readable cProfile of itself,
+    also the tasks the job manager releases before their run returned; without the
+    variable nothing is written."""
+    import pstats
+
+    def job(out: list[Any]) -> Dataflow:
+        flow = Dataflow("profiled", parallelism=2)
+        (
+            flow.source(TestingSource(list(range(200))), name="numbers")
+            .key_by(lambda x: x % 3)
+            .aggregate(0, lambda c, _x: c + 1, name="count")
+            .sink(ListSink(out), name="counts")
+        )
+        return flow
+
+    out: list[Any] = []
+    run_local(job(out))
+    assert len(out) == 200 and not list(tmp_path.iterdir())  # off: no profile anywhere
+    monkeypatch.setenv("ABSFLOW_PROFILE_DIR", str(tmp_path))
+    out = []
+    run_local(job(out))
+    assert len(out) == 200
+    profiles = sorted(tmp_path.glob("task-*.prof"))
+    assert sorted(p.name.split("-")[1] for p in profiles) == ["0", "1", "2", "3"]
+    for path in profiles:
+        functions = {fn for _file, _line, fn in pstats.Stats(str(path)).stats}  # type: ignore[attr-defined]
+        assert "run_task" in functions

@@ -17,12 +17,22 @@ from runtime.sources import GeneratorSource
 pytestmark = [pytest.mark.harness]
 
 
+class PerSubtaskSource(GeneratorSource):
+    """A source whose positions are not redistributed (as a user's own may be)."""
+
+    rescalable = False
+
+
 def counting(
-    n: int, count_parallelism: int, source_parallelism: int = 2, **config: Any
+    n: int,
+    count_parallelism: int,
+    source_parallelism: int = 2,
+    source: type[GeneratorSource] = GeneratorSource,
+    **config: Any,
 ) -> Dataflow:
     flow = Dataflow("rescale", parallelism=source_parallelism, **config)
     (
-        flow.source(GeneratorSource(lambda i: i % 50, n), name="numbers")
+        flow.source(source(lambda i: i % 50, n), name="numbers")
         .key_by(lambda x: x)
         .aggregate(0, lambda c, _x: c + 1, name="count", parallelism=count_parallelism)
         .rebalance()
@@ -47,15 +57,31 @@ def test_restore_keyed_state_at_another_parallelism(tmp_path: Any) -> None:
     assert all(sorted(v) == list(range(61, 121)) for v in per_key.values())
 
 
+def test_a_generator_source_and_the_sink_restore_at_another_parallelism(tmp_path: Any) -> None:
+    root = str(tmp_path / "chk")
+    counting(3_000, 2, checkpoint_interval=0.05, checkpoint_dir=root).run()
+    # Every step at parallelism 3 (the source's positions and the sink's pending
+    # transactions are redistributed), records 3000..5999 read exactly once.
+    resumed = counting(
+        6_000,
+        3,
+        source_parallelism=3,
+        checkpoint_interval=0.05,
+        checkpoint_dir=str(tmp_path / "c2"),
+    ).run(restore_from=root)
+    new = [c for _, c in resumed.output("out") if c > 60]
+    assert sorted(new) == sorted(c for c in range(61, 121) for _ in range(50))
+
+
 def test_restore_with_a_changed_source_parallelism_fails_clearly(tmp_path: Any) -> None:
     root = str(tmp_path / "chk")
-    counting(2_000, 2, checkpoint_interval=0.05, checkpoint_dir=root).run()
+    counting(2_000, 2, source=PerSubtaskSource, checkpoint_interval=0.05, checkpoint_dir=root).run()
     second = tmp_path / "chk2"
     # Refused on the driver before any task starts (so no restart is tried).
     with pytest.raises(IncompatibleCheckpointError) as info:
-        counting(2_000, 2, source_parallelism=3, checkpoint_interval=0.05).run(
-            restore_from=root, checkpoint_dir=str(second)
-        )
+        counting(
+            2_000, 2, source_parallelism=3, source=PerSubtaskSource, checkpoint_interval=0.05
+        ).run(restore_from=root, checkpoint_dir=str(second))
     message = str(info.value)
     assert "numbers" in message and "parallelism" in message
     assert "restart" not in message.split(";")[0]

@@ -55,3 +55,37 @@ def test_keyed_state_survives_snapshot_and_restore() -> None:
     assert fresh.keyed_state is not None
     fresh.keyed_state.restore([blob])
     assert fresh.process([("a", 0), ("c", 0)]) == [("a", 3), ("c", 1)]
+
+
+def test_keyed_operators_with_an_identity_key_match_the_general_path() -> None:
+    """key_by(lambda w: w): the record is its key (no key_fn call per record); reduce
+    and aggregate emit exactly what they emit with an equivalent non-identity key."""
+    words = ["a", "b", "a", "c", "a", "b"]
+
+    def step(kind: StepKind, fn: Any, key_fn: Any, **args: Any) -> Step:
+        return Step(0, kind.value, kind, 1, fn=fn, args=args, key_fn=key_fn)
+
+    for kind, fn, args in (
+        (StepKind.AGGREGATE, lambda c, _w: c + 1, {"initial": 0}),
+        (StepKind.REDUCE, lambda a, b: a + b, {}),
+    ):
+        fast = build_operator(step(kind, fn, lambda w: w, **args), 0, 128, None)
+        general = build_operator(step(kind, fn, lambda w: w + "", **args), 0, 128, None)
+        assert fast.key_is_record and not general.key_is_record  # type: ignore[attr-defined]
+        assert fast.process(words) == general.process(words)
+        assert fast.process(words[:2]) == general.process(words[:2])
+        assert fast.snapshot_state(1) == general.snapshot_state(1)
+    agg = build_operator(
+        step(StepKind.AGGREGATE, lambda c, _w: c + 1, lambda w: w, initial=0), 0, 128, None
+    )
+    assert agg.process(words) == [("a", 1), ("b", 1), ("a", 2), ("c", 1), ("a", 3), ("b", 2)]
+
+
+def test_keyed_operators_read_a_subscript_key_with_itemgetter() -> None:
+    """key_by(lambda r: r[0]) runs as operator.itemgetter(0) (no Python frame per
+    record), with the output of the lambda."""
+    import operator
+
+    op = build_operator(keyed_step(StepKind.AGGREGATE, lambda c, r: c + r[1], initial=0), 0, 128)
+    assert isinstance(op.key_fn, operator.itemgetter)  # type: ignore[attr-defined]
+    assert op.process([("a", 1), ("b", 5), ("a", 2)]) == [("a", 1), ("b", 5), ("a", 3)]

@@ -80,3 +80,22 @@ def test_metadata_written_before_the_schema_still_reads() -> None:
     meta = CheckpointMetadata.from_json(json.dumps({**body, "crc32": crc}))
     assert meta.task_metrics["count[0]"].alignment_ms == 2.0
     assert meta.metrics == CheckpointSummary(tasks=1, max_alignment_ms=2.0, duration_ms=5.0)
+
+
+def test_a_checkpoint_splits_into_queueing_alignment_and_write_at_its_last_task() -> None:
+    acks = {
+        # written last: 300 + 50 + 10 + 40 = 400 ms after the trigger
+        "sink[0]": AckMetrics(start_delay_ms=300.0, alignment_ms=50.0, sync_ms=10.0, async_ms=40.0),
+        # longest alignment, but done earlier (20 + 200 + 5 + 5 = 230)
+        "count[1]": AckMetrics(start_delay_ms=20.0, alignment_ms=200.0, sync_ms=5.0, async_ms=5.0),
+        "source[0]": AckMetrics(start_delay_ms=2.0, sync_ms=1.0, async_ms=1.0),
+    }
+    s = summarize(acks, "exactly_once", 410.0)
+    assert (s.critical_task, s.queueing_ms, s.alignment_ms, s.write_ms) == (
+        "sink[0]",
+        300.0,
+        50.0,
+        50.0,
+    )
+    assert s.queueing_ms + s.alignment_ms + s.write_ms <= s.duration_ms
+    assert s.max_alignment_ms == 200.0  # the most blocked task is a separate figure

@@ -116,6 +116,7 @@
       <td>${c.checkpoint_id}${c.final ? " (final)" : ""}</td><td>${c.attempt}</td><td>${esc(c.mode)}</td>
       <td>${fmt(c.duration_ms)}</td><td>${fmt(c.state_bytes, 0)}</td><td>${fmt(c.channel_state_bytes, 0)}</td>
       <td>${fmt(c.backedge_bytes, 0)}</td><td>${fmt(c.max_alignment_ms)}</td><td>${fmt(c.max_start_delay_ms)}</td>
+      <td title="at ${esc(c.critical_task)}, the task written last">${fmt(c.queueing_ms)} / ${fmt(c.alignment_ms)} / ${fmt(c.write_ms)}</td>
       <td class="left"><details><summary>${Object.keys(c.tasks).length} tasks</summary>${Object.entries(c.tasks).map(([k, v]) => `${esc(k)} ${fmt(v.alignment_ms)} / ${fmt(v.start_delay_ms)}`).join("<br>")}</details></td></tr>`));
     setRows($("#failed-checkpoints tbody"), cp.failed.slice().reverse().map((f) => `<tr>
       <td>${f.checkpoint_id}</td><td>${fmt(f.attempt)}</td><td>${esc(f.reason)}</td><td class="left">${esc(f.detail)}</td></tr>`));

@@ -1,0 +1,155 @@
+"""Where each microsecond per record goes on the keyed count's hot path, stage by stage.
+
+    python benchmarks/hot_path.py [--n 1000000] [--batch 1000] [--repeat 5]
+
+Runs the runtime's own pieces of the keyed count (benchmarks/keyed_count.py) in this
+one process, batch by batch, as the task processes run them at parallelism 2: the
+source reader (``GeneratorSource``), the hash partitioner of ``key_by`` (2 targets),
+the data-frame codec (msgpack encode, decode), the task's input side and chain
+(``InputSide.dispatch`` -> ``on_batch`` -> ``Chain.process``) around the aggregate
+operator, and the sink operator (``CountingSink.write_batch``). Prints µs per record
+per stage (best of ``--repeat``: the figure least disturbed by other load on the
+machine), their sum, and the plain-Python loop of ../shared/peers/python_baseline.py
+for scale. No ZeroMQ, no process switches: those are what the end-to-end
+benchmarks/throughput.py adds on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from keyed_count import VOCAB, CountingSink, build
+
+from channels.messages import decode_records, encode_data
+from channels.partitioners import HashPartitioner
+from runtime.graph import StepKind
+from runtime.operators import build_operator
+from runtime.sinks import SinkContext
+
+
+def plain_python_us(n: int) -> float:
+    t0 = time.process_time()
+    counts: dict[str, int] = {}
+    last: dict[str, int] = {}
+    sink_n = 0
+    for i in range(n):
+        w = f"w{(i * 7919) % VOCAB}"
+        c = counts.get(w, 0) + 1
+        counts[w] = c
+        sink_n += 1
+        last[w] = c
+    us = (time.process_time() - t0) / n * 1e6
+    assert sum(last.values()) == n and sink_n == n
+    return us
+
+
+def best_us(fn: Callable[[], int], repeat: int) -> float:
+    """Best of ``repeat`` runs of ``fn`` (which returns its record count), µs per record."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.process_time()
+        n = fn()
+        best = min(best, (time.process_time() - t0) / n * 1e6)
+    return best
+
+
+def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
+    flow = build(n, 2, progress=False)
+    plan = flow.plan()
+    source = next(s for s in plan.steps if s.kind is StepKind.SOURCE)
+    agg = next(s for s in plan.steps if s.kind is StepKind.AGGREGATE)
+    sink_step = next(s for s in plan.steps if s.kind is StepKind.SINK)
+    assert agg.key_fn is not None
+
+    # Inputs of each stage, made once by the stage before it.
+    reader = source.fn.create_reader(0, 1)
+    batches: list[list[Any]] = []
+    while (b := reader.read_batch(batch_size)) is not None:
+        batches.append(b)
+    partitioner = HashPartitioner(agg.key_fn, 2, plan.max_parallelism)
+    parts = [part for b in batches for _, part in partitioner.partition(b)]
+    frames = [encode_data(0, part) for part in parts]
+    decoded = [decode_records(f) for f in frames]
+
+    def gen() -> int:
+        r = source.fn.create_reader(0, 1)
+        total = 0
+        while (b := r.read_batch(batch_size)) is not None:
+            total += len(b)
+        return total
+
+    def partition() -> int:
+        p = HashPartitioner(agg.key_fn, 2, plan.max_parallelism)
+        p.partition(batches[0])  # the key cache is warm at steady state
+        for b in batches:
+            p.partition(b)
+        return n
+
+    def encode() -> int:
+        for part in parts:
+            encode_data(0, part)
+        return n
+
+    def decode() -> int:
+        for f in frames:
+            decode_records(f)
+        return n
+
+    def aggregate() -> int:
+        op = build_operator(agg, 0, plan.max_parallelism)
+        for b in decoded:
+            op.process(b)
+        return n
+
+    out_batches = []
+    op = build_operator(agg, 0, plan.max_parallelism)
+    out_batches = [op.process(b) for b in decoded]
+
+    def sink() -> int:
+        s = CountingSink()
+        ctx = SinkContext(sink_step.name, 0, 1, 0, lambda _c, _r: None)
+        s.open(ctx)
+        for b in out_batches:
+            s.write_batch(b)
+        return n
+
+    return {
+        "source: generate (GeneratorSource.read_batch)": best_us(gen, repeat),
+        "key_by: partition (HashPartitioner, 2 targets)": best_us(partition, repeat),
+        "encode (msgpack)": best_us(encode, repeat),
+        "decode (msgpack)": best_us(decode, repeat),
+        "aggregate operator (running count)": best_us(aggregate, repeat),
+        "sink (CountingSink.write_batch)": best_us(sink, repeat),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    figures = stages(args.n, args.batch, args.repeat)
+    floor = min(plain_python_us(args.n) for _ in range(args.repeat))
+    width = max(map(len, figures))
+    print(f"== hot path, µs per record (best of {args.repeat}, N = {args.n:,}) ==")
+    for name, us in figures.items():
+        print(f"{name:<{width}}  {us:6.3f}")
+    total = sum(figures.values())
+    print(f"{'sum of the stages':<{width}}  {total:6.3f}")
+    print(f"{'plain Python loop, one process (the floor)':<{width}}  {floor:6.3f}")
+    print(f"sum / floor = {total / floor:.2f} (parallelism 2 has two cores for the sum)")
+
+
+if __name__ == "__main__":
+    main()

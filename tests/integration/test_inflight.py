@@ -1,0 +1,60 @@
+"""Bounded in-flight data (``max_inflight_time``, channels/debloat.py): an aligned
+checkpoint taken at full load completes within a fraction of the same job's run time
+without checkpoints; with fixed batches and the OS's socket buffers it does not.
+
+The bound is a ratio, so it holds on a slow machine as on a fast one: with fixed queues a
+barrier waits behind ``hops x queued records``, which is a fixed share of a job of ``n``
+records whatever the machine's speed; bounded queues drain within ``max_inflight_time``
+per hop, a share that shrinks as the job grows."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+
+from paper_topology import build, check
+
+from jobmanager.result import JobResult
+
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
+
+N = 200_000
+# Half the records on one key whose task sleeps 20 µs per record: the job's bottleneck,
+# so every channel up to it is full (the load at which barriers queue the longest).
+SLOW = {"hot_share": 2, "slow_key": 0, "slow_seconds": 0.00002}
+BOUND = 0.35  # median checkpoint duration / processing time without checkpoints
+
+
+def processing(result: JobResult) -> float:
+    return result.duration - (result.startup_seconds or 0.0)
+
+
+def duration_share(**config: object) -> tuple[float, JobResult]:
+    """Median duration of the checkpoints taken at full load, over the processing time
+    of the same job without checkpoints (the faster of two runs)."""
+    base = min(processing(build(N, 1, **SLOW).run()) for _ in range(2))
+    result = build(N, 1, checkpoint_interval=base / 8, **SLOW, **config).run()
+    assert check(result, N), result.outputs
+    # every checkpoint, the final one included: with fixed queues the first periodic
+    # checkpoint can take the whole run and complete as the final one
+    durations = [c["duration_ms"] / 1000 for c in result.checkpoints]
+    assert durations, result.summary()
+    return statistics.median(durations) / base, result
+
+
+def test_a_checkpoint_at_full_load_completes_within_a_share_of_the_run() -> None:
+    share, result = duration_share()
+    print(f"median checkpoint duration / run time: {share:.3f}")
+    assert share <= BOUND, result.summary()
+
+
+def test_with_fixed_batches_and_os_buffers_it_does_not() -> None:
+    # The companion: the same check fails with the mechanism off.
+    share, result = duration_share(max_inflight_time=None, socket_buffer=0)
+    print(f"median checkpoint duration / run time: {share:.3f}")
+    assert share > BOUND, result.summary()
