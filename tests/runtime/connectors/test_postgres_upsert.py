@@ -209,3 +209,31 @@ def test_rows_the_target_refuses_at_merge_wait_in_staging(postgres: Postgres, ke
     sink.commit(1, state["pending"][0][1])  # the retry after the fix
     assert rows(postgres, keyed) == [(1, "a", 500)] and staged(postgres, keyed) == []
     crash(sink)
+
+
+def test_a_rescaled_restore_merges_every_old_subtasks_epochs(
+    postgres: Postgres, keyed: str
+) -> None:
+    """Two subtasks prepare checkpoint 5 (completion never told) and 6 (never completed);
+    one subtask restores 5 for both: 5's rows merged, 6's rolled back, staging empty."""
+    import msgpack
+
+    from runtime.sinks import SinkContext
+    from statebackend.restore import RescaledState
+
+    states = []
+    for i in range(2):
+        sink = PostgresSink(postgres.dsn, keyed, COLS, "upsert", ["id"])
+        sink.open(SinkContext("pg", i, 2, 0, lambda n, r: None, job="clicks"))
+        sink.restore_state(None)
+        sink.write_batch([(i, "kept", 5)])
+        states.append(msgpack.unpackb(msgpack.packb(sink.snapshot_state(5))))
+        sink.write_batch([(i, "replayed", 6)])
+        sink.snapshot_state(6)
+        crash(sink)
+    one = PostgresSink(postgres.dsn, keyed, COLS, "upsert", ["id"])
+    one.open(SinkContext("pg", 0, 1, 1, lambda n, r: None, job="clicks"))
+    one.restore_state(RescaledState(tuple(enumerate(states)), 2))
+    assert postgres.prepared() == [] and staged(postgres, keyed) == []
+    assert rows(postgres, keyed) == [(0, "kept", 5), (1, "kept", 5)]
+    one.close()
