@@ -16,6 +16,7 @@ Each figure is the median of ``--repeat`` runs.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shutil
 import statistics
@@ -75,7 +76,7 @@ def plain(rows: int, make: Callable[[int], Any], write: Callable[[list[Any]], No
 
 
 def start_postgres(directory: str) -> tuple[Any, str]:
-    import pgserver
+    pgserver: Any = importlib.import_module("pgserver")
 
     server = pgserver.get_server(directory, cleanup_mode="stop")
     server.psql("ALTER SYSTEM SET max_prepared_transactions = 64;")
