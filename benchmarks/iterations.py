@@ -1,16 +1,22 @@
-"""Seed 004's comparison on this machine: superstep-checkpoint overhead (Table 4) and
-optimistic vs pessimistic recovery from one kill at half the supersteps (figs. 19-23),
-for PageRank (bulk) and connected components (delta), plus PageRank throughput next to
-networkx.pagerank on the same graph.
+"""Seed 004's comparison on this machine: superstep-checkpoint overhead (its Table 4)
+and the run time with one kill at half the supersteps under optimistic vs pessimistic
+recovery (its figs. 19-23), for PageRank (bulk) and connected components (delta), plus
+PageRank throughput next to networkx.pagerank on the same graph, in the same run.
 
-    python benchmarks/iterations.py                      # small: threads, ~30 s
-    python benchmarks/iterations.py --launcher spark --vertices 200000 --edges 1000000
+    python benchmarks/iterations.py                       # small: threads, ~1 min
+    python benchmarks/iterations.py --vertices 20000 --edges 100000 \\
+        --cc-vertices 50000 --cc-edges 100000 --repeat 3 --out docs/iterations-bench.md
 
-Prints a markdown table (and writes it with --out); with matplotlib (``.[bench]``) a PNG
-of the overhead and recovery bars beside it. Checkpoint interval k = round(sqrt(n)),
-n = the failure-free superstep count (the seed's choice). Times are the job manager's
-wall time of the iteration (the Spark session's start is not in them); each figure is
-the median of --repeat runs.
+Every configuration runs ``--repeat`` times; the runs are interleaved (round r runs
+every configuration once, after one warm-up run), so a load change hits them all alike.
+Figures are the median with the spread [min-max]; an overhead is computed per round
+(configuration vs the failure-free run of the same round), then its median and spread.
+Checkpoint interval k = round(sqrt(n)), n = the failure-free superstep count (the
+seed's choice); the kill ends task 1 as superstep n/2 starts. Times are the job
+manager's wall time of the iteration (a Spark session's start is not in them).
+
+Prints a markdown table (and writes it with ``--out``, with a PNG of the four panels
+beside it when matplotlib is installed: ``pip install .[bench]``).
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.iterations_plot import plot
 from runtime.iterations import BulkIteration, DeltaIteration, Recovery, l1_below
 from runtime.iterations.api import RecoveryMode
 from runtime.iterations.graphs import (
@@ -40,122 +48,187 @@ from runtime.iterations.library import (
     pagerank_compensation,
 )
 
-MODES: tuple[RecoveryMode, ...] = ("blocking", "tail", "head")
-KILL_MODES: tuple[RecoveryMode, ...] = ("optimistic", *MODES, "none")
+CHECKPOINTS: tuple[RecoveryMode, ...] = ("blocking", "tail", "head")
+KILL_MODES: tuple[RecoveryMode, ...] = ("optimistic", *CHECKPOINTS, "none")
+# seed 004 Table 4 (overhead vs no fault tolerance, %): head, tail, blocking
+SEED_TABLE4 = {
+    "PageRank": ("as-Skitter", {"head": 16.4, "tail": 11.9, "blocking": 34.6}),
+    "Connected components": ("data1", {"head": 9.6, "tail": 2.7, "blocking": 18.8}),
+}
+SEED_OPTIMISTIC_GAIN = {"PageRank": 16.81, "Connected components": 24.2}  # % vs restart
 
 
-def median_run(it: Any, recovery: Recovery, kills: list[tuple[int, int]], args: Any) -> Any:
-    runs = [
-        it.run(recovery=recovery, kills=list(kills), launcher=args.launcher)
-        for _ in range(args.repeat)
-    ]
-    runs.sort(key=lambda r: r.seconds)
-    return runs[len(runs) // 2]
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    med = statistics.median(values)
+    if len(values) == 1:
+        return fmt.format(med)
+    return f"{fmt.format(med)} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
 
 
-def study(name: str, it: Any, compensation: Any, check: Any, args: Any) -> dict[str, Any]:
-    clean = median_run(it, Recovery("none"), [], args)
-    n = clean.supersteps
+@dataclass
+class Config:
+    """One configuration of a study and its runs (one per round)."""
+
+    label: str
+    recovery: Recovery
+    kill: bool
+    runs: list[Any] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> list[float]:
+        return [r.seconds for r in self.runs]
+
+    @property
+    def median_run(self) -> Any:
+        return sorted(self.runs, key=lambda r: r.seconds)[len(self.runs) // 2]
+
+
+@dataclass
+class Study:
+    name: str
+    shape: str
+    n: int
+    k: int
+    kill_at: int
+    clean: Config
+    overhead: dict[str, Config]
+    recovery: dict[str, Config]
+    checks: dict[str, str]
+
+    def overhead_pct(self, mode: str) -> list[float]:
+        """Per round: (checkpointed - failure-free) / failure-free, in %."""
+        pairs = zip(self.overhead[mode].seconds, self.clean.seconds, strict=True)
+        return [(s - c) / c * 100 for s, c in pairs]
+
+    def gain_pct(self, mode: str, over: str = "none") -> list[float]:
+        """Per round: how much faster ``mode`` recovered than ``over`` (%)."""
+        pairs = zip(self.recovery[mode].seconds, self.recovery[over].seconds, strict=True)
+        return [(o - s) / o * 100 for s, o in pairs]
+
+
+def run_study(name: str, shape: str, it: Any, compensation: Any, check: Any, args: Any) -> Study:
+    warm = it.run(recovery=Recovery("none"), launcher=args.launcher)  # warm-up; sets n
+    n = warm.supersteps
     k = max(1, round(n**0.5))
-    rows: dict[str, Any] = {"clean": clean, "n": n, "k": k, "overhead": {}, "kill": {}}
-    for mode in MODES:
-        r = median_run(it, Recovery(mode, interval=k), [], args)
-        rows["overhead"][mode] = (r.seconds, (r.seconds - clean.seconds) / clean.seconds * 100)
     at = max(2, n // 2)
-    for mode in KILL_MODES:
-        rec = Recovery(
-            mode, interval=k, compensation=compensation if mode == "optimistic" else None
+    clean = Config("none", Recovery("none"), False)
+    overhead = {m: Config(m, Recovery(m, interval=k), False) for m in CHECKPOINTS}
+    recovery = {
+        m: Config(
+            m,
+            Recovery(m, interval=k, compensation=compensation if m == "optimistic" else None),
+            True,
         )
-        r = median_run(it, rec, [(1, at)], args)
-        rows["kill"][mode] = (r, check(r.solution, clean.solution))
-    rows["kill_at"] = at
-    print(f"{name}: {n} supersteps failure-free, {clean.seconds:.2f} s, k = {k}", file=sys.stderr)
-    return rows
+        for m in KILL_MODES
+    }
+    configs = [clean, *overhead.values(), *recovery.values()]
+    for r in range(args.repeat):
+        for c in configs:
+            kills = [(1, at)] if c.kill else []
+            c.runs.append(it.run(recovery=c.recovery, kills=kills, launcher=args.launcher))
+        print(f"{name}: round {r + 1}/{args.repeat} done", file=sys.stderr)
+    ref = clean.median_run.solution
+    checks = {m: check([run.solution for run in c.runs], ref) for m, c in recovery.items()}
+    return Study(name, shape, n, k, at, clean, overhead, recovery, checks)
 
 
-def pagerank_check(got: dict[int, float], ref: dict[int, float]) -> str:
-    diff = max(abs(got[v] - ref[v]) for v in ref)
-    return f"max abs d-rank {diff:.1e}, top-100 order {rank_order_agreement(ref, got):.0%}"
+def pagerank_check(solutions: list[dict[int, float]], ref: dict[int, float]) -> str:
+    """Worst over the runs: max |Δrank| and top-100 rank-order agreement."""
+    diff = max(max(abs(got[v] - ref[v]) for v in ref) for got in solutions)
+    order = min(rank_order_agreement(ref, got) for got in solutions)
+    return f"max abs d-rank {diff:.1e}, top-100 order {order:.0%}"
 
 
-def cc_check(got: dict[int, int], ref: dict[int, int]) -> str:
-    wrong = sum(1 for v in ref if got[v] != ref[v])
-    return "exact" if wrong == 0 else f"{wrong} labels wrong"
+def cc_check(solutions: list[dict[int, int]], ref: dict[int, int]) -> str:
+    wrong = max(sum(1 for v in ref if got[v] != ref[v]) for got in solutions)
+    return "exact" if wrong == 0 else f"up to {wrong} labels wrong"
 
 
-def table(name: str, rows: dict[str, Any]) -> str:
-    clean = rows["clean"]
+def table4(studies: list[Study]) -> str:
     out = [
-        f"### {name} ({rows['n']} supersteps failure-free, checkpoint every k = {rows['k']})",
-        "",
-        "| checkpointing | time (s) | overhead vs no FT |",
-        "|---|---:|---:|",
-        f"| none (no FT) | {clean.seconds:.3f} | - |",
+        "| algorithm | graph | supersteps n | k | no FT (s) | blocking | tail | head | "
+        "order (cheapest first) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for mode, (sec, pct) in rows["overhead"].items():
-        out.append(f"| {mode} | {sec:.3f} | {pct:+.1f} % |")
-    out += [
-        "",
-        f"One kill of task 1 as superstep {rows['kill_at']} starts:",
-        "",
-        "| recovery | total time (s) | resumed from | supersteps re-run | result vs failure-free |",
-        "|---|---:|---:|---:|---|",
-    ]
-    for mode, (r, verdict) in rows["kill"].items():
-        rec = r.recoveries[0] if r.recoveries else None
-        resumed = f"{rec.resumed_from} ({rec.kind})" if rec else "-"
-        out.append(f"| {mode} | {r.seconds:.3f} | {resumed} | {r.rerun} | {verdict} |")
+    for s in studies:
+        pct = {m: s.overhead_pct(m) for m in CHECKPOINTS}
+        order = " < ".join(sorted(CHECKPOINTS, key=lambda m: statistics.median(pct[m])))
+        cells = " | ".join(spread(pct[m], "{:+.1f}") + " %" for m in CHECKPOINTS)
+        out.append(
+            f"| {s.name} | {s.shape} | {s.n} | {s.k} | {spread(s.clean.seconds)} | {cells} | "
+            f"{order} |"
+        )
+        graph, seed = SEED_TABLE4[s.name]
+        seed_order = " < ".join(sorted(seed, key=lambda m: seed[m]))
+        seed_cells = " | ".join(f"{seed[m]:+.1f} %" for m in CHECKPOINTS)
+        out.append(f"| seed 004 | {graph} | | | | {seed_cells} | {seed_order} |")
     return "\n".join(out)
 
 
-def plot(path: str, studies: dict[str, dict[str, Any]]) -> bool:
-    try:
-        import matplotlib
+def recovery_table(s: Study) -> str:
+    out = [
+        f"{s.name}: one kill of task 1 as superstep {s.kill_at} of {s.n} starts "
+        f"(failure-free {spread(s.clean.seconds)} s)",
+        "",
+        "| recovery | total time (s) | resumed from | supersteps re-run | faster than a "
+        "restart | result vs failure-free |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for mode, c in s.recovery.items():
+        r = c.median_run
+        rec = r.recoveries[0] if r.recoveries else None
+        resumed = f"{rec.resumed_from} ({rec.kind})" if rec else "-"
+        gain = "-" if mode == "none" else spread(s.gain_pct(mode), "{:+.1f}") + " %"
+        reruns = sorted({run.rerun for run in c.runs})
+        out.append(
+            f"| {mode} | {spread(c.seconds)} | {resumed} | {'/'.join(map(str, reruns))} | "
+            f"{gain} | {s.checks[mode]} |"
+        )
+    seed = SEED_OPTIMISTIC_GAIN[s.name]
+    out.append(f"\nSeed 004: optimistic {seed} % faster than a restart.")
+    return "\n".join(out)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    width = 0.35
-    for i, (name, rows) in enumerate(studies.items()):
-        xs = [j + i * width for j in range(len(MODES))]
-        axes[0].bar(xs, [rows["overhead"][m][1] for m in MODES], width, label=name)
-        kill_modes = list(rows["kill"])
-        xs2 = [j + i * width for j in range(len(kill_modes))]
-        axes[1].bar(xs2, [rows["kill"][m][0].seconds for m in kill_modes], width, label=name)
-    axes[0].set_xticks([j + width / 2 for j in range(len(MODES))], MODES)
-    axes[0].set_ylabel("overhead vs no fault tolerance (%)")
-    axes[0].set_title("superstep checkpoints (seed 004 Table 4)")
-    first = next(iter(studies.values()))
-    axes[1].set_xticks([j + width / 2 for j in range(len(first["kill"]))], list(first["kill"]))
-    axes[1].set_ylabel("total time with one kill (s)")
-    axes[1].set_title("recovery from one kill at n/2")
-    for ax in axes:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+
+def throughput(it: BulkIteration, edges: int, vertices: int, clean: Config, args: Any) -> str:
+    import networkx as nx
+
+    g = nx.DiGraph()
+    g.add_nodes_from(range(vertices))
+    g.add_edges_from((u, v) for u, outs in it.side.items() for v in outs)
+    nx_runs = []
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        nx.pagerank(g, alpha=0.85, tol=args.tol, max_iter=1000)
+        nx_runs.append(time.perf_counter() - started)
+    run = clean.median_run
+    per_step = [s for r in clean.runs for _, s in r.superstep_seconds]
+    nx_rate = [edges * run.supersteps / s for s in nx_runs]
+    return (
+        f"PageRank throughput ({edges:,} edges, {vertices:,} vertices, p = {args.parallelism}, "
+        f"{args.launcher}): {spread([s * 1000 for s in per_step], '{:.1f}')} ms per superstep "
+        f"= {spread([edges / s for s in per_step], '{:,.0f}')} edges/s per superstep; "
+        f"networkx.pagerank on the same graph: {spread(nx_runs, '{:.3f}')} s for the whole run "
+        f"({run.supersteps} supersteps here) = {spread(nx_rate, '{:,.0f}')} edges/s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--vertices", type=int, default=5_000)
-    ap.add_argument("--edges", type=int, default=25_000)
-    ap.add_argument("--cc-vertices", type=int, default=10_000)
-    ap.add_argument("--components", type=int, default=500)
+    ap.add_argument("--vertices", type=int, default=4_000)
+    ap.add_argument("--edges", type=int, default=20_000)
+    ap.add_argument("--cc-vertices", type=int, default=8_000)
+    ap.add_argument("--cc-edges", type=int, default=16_000, help="about; plus the trees")
+    ap.add_argument("--components", type=int, default=None, help="default: cc-vertices / 20")
     ap.add_argument("--parallelism", type=int, default=3)
     ap.add_argument("--tol", type=float, default=1e-8)
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per configuration")
     ap.add_argument("--launcher", choices=("threads", "spark"), default="threads")
     ap.add_argument("--only", choices=("pagerank", "cc"), default=None, help="one study only")
     ap.add_argument("--out", default=None, help="write the markdown here (and the PNG beside it)")
     args = ap.parse_args(argv)
-    import networkx as nx
-
+    started = time.perf_counter()
     n = args.vertices
     edges = power_law_digraph(n, args.edges, seed=1)
     pr = BulkIteration(
@@ -168,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         converged=l1_below(n * args.tol),
     )
     cn = args.cc_vertices
-    cc_edges = components_graph(cn, args.components, seed=2)
+    n_components = args.components or max(1, cn // 20)
+    tree = cn - n_components  # edges of the spanning trees; extra_edges is per tree edge
+    extra = max(0.0, (args.cc_edges - tree) / max(1, tree))
+    cc_edges = components_graph(cn, n_components, extra_edges=extra, seed=2)
     cc = DeltaIteration(
         "connected_components",
         {v: v for v in range(cn)},
@@ -176,40 +252,41 @@ def main(argv: list[str] | None = None) -> int:
         side=adjacency(cn, cc_edges, undirected=True),
         parallelism=args.parallelism,
     )
-    studies: dict[str, dict[str, Any]] = {}
+    studies: list[Study] = []
     if args.only in (None, "pagerank"):
-        studies["PageRank"] = study("PageRank", pr, pagerank_compensation, pagerank_check, args)
+        shape = f"power law, {n:,} v / {len(edges):,} e"
+        studies.append(
+            run_study("PageRank", shape, pr, pagerank_compensation, pagerank_check, args)
+        )
     if args.only in (None, "cc"):
-        studies["Connected components"] = study("CC", cc, cc_compensation, cc_check, args)
+        shape = f"{n_components:,} components, {cn:,} v / {len(cc_edges):,} e"
+        study = run_study("Connected components", shape, cc, cc_compensation, cc_check, args)
         ref = union_find_labels(cn, cc_edges)
-        assert cc_check(studies["Connected components"]["clean"].solution, ref) == "exact"
-    g = nx.DiGraph()
-    g.add_nodes_from(range(n))
-    g.add_edges_from(edges)
-    started = time.perf_counter()
-    nx.pagerank(g, alpha=0.85, tol=args.tol, max_iter=1000)
-    nx_seconds = time.perf_counter() - started
-    text = "\n\n".join(table(name, rows) for name, rows in studies.items())
-    clean = (studies.get("PageRank") or {}).get("clean") or pr.run(launcher=args.launcher)
-    per_step = statistics.median(s for _, s in clean.superstep_seconds)
-    text += (
-        f"\n\nPageRank throughput ({len(edges):,} edges, {n:,} vertices, p = {args.parallelism}, "
-        f"{args.launcher}): {per_step * 1000:.1f} ms per superstep (median) = "
-        f"{len(edges) / per_step:,.0f} edges/s per superstep; networkx.pagerank on the same graph: "
-        f"{nx_seconds:.3f} s for the whole run ({clean.supersteps} supersteps here) = "
-        f"{len(edges) * clean.supersteps / nx_seconds:,.0f} edges/s\n"
-    )
+        assert cc_check([study.clean.median_run.solution], ref) == "exact", "CC is wrong"
+        studies.append(study)
+    parts = [
+        "Superstep checkpoint overhead vs no fault tolerance (seed 004 Table 4), "
+        "median [min-max] over the rounds:",
+        table4(studies),
+        *(recovery_table(s) for s in studies),
+    ]
+    if studies and studies[0].name == "PageRank":
+        parts.append(throughput(pr, len(edges), n, studies[0].clean, args))
     header = (
         f"Measured by `python benchmarks/iterations.py {' '.join(argv or sys.argv[1:])}` "
-        f"({args.launcher}, repeat {args.repeat}).\n\n"
+        f"({args.launcher}, {args.repeat} round(s), {time.perf_counter() - started:.0f} s "
+        f"in all)."
     )
-    print(header + text)
+    text = "\n\n".join([header, *parts]) + "\n"
+    print(text)
     if args.out:
         with open(args.out, "w") as fh:
-            fh.write(header + text)
+            fh.write(text)
         png = os.path.splitext(args.out)[0] + ".png"
         if plot(png, studies):
             print(f"plot: {png}")
+        else:
+            print("no plot: matplotlib is not installed (pip install .[bench])")
     return 0
 
 

@@ -211,7 +211,7 @@ def run_rounds(
                 cpu_us[p].append(r["task_cpu_s"] / n * 1e6)
         rows["c"].append(plain_python(n))
         if args.bytewax_result is None:
-            bw = bytewax(args.bytewax_venv, n, 0)
+            bw = bytewax(args.bytewax_venv, args.bytewax_n or n, 0)
             if bw is not None:
                 rows["bytewax"].append(float(bw["records_per_s_execute"]))
         if not args.skip_ceiling:
@@ -237,6 +237,13 @@ def main() -> None:
     ap.add_argument(
         "--bytewax-result", default=None, help="a 'RESULT {...}' line of the peer script"
     )
+    ap.add_argument(
+        "--bytewax-n",
+        type=int,
+        default=None,
+        help="records for bytewax (default --n): at ~180 k records/s, 20 M take ~2 min a "
+        "round, and a few million are already steady state",
+    )
     ap.add_argument("--launcher", choices=("spark", "local"), default="spark")
     ap.add_argument("--skip-ceiling", action="store_true", help="no (a) channel ceiling")
     ap.add_argument("--skip-backpressure", action="store_true")
@@ -260,7 +267,11 @@ def main() -> None:
     print(line.format("(c)  plain Python loop, one process (the floor)", spread(rows["c"]), ""))
     if rows["bytewax"]:
         print(
-            line.format("     bytewax 0.21, 2 processes, no snapshots", "", spread(rows["bytewax"]))
+            line.format(
+                f"     bytewax 0.21, 2 processes, no snapshots, N = {args.bytewax_n or n:,}",
+                "",
+                spread(rows["bytewax"]),
+            )
         )
     if rows["a"]:
         print(

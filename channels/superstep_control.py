@@ -32,7 +32,10 @@ class SuperstepDone(P.Message):
     """Task -> JM: superstep ``superstep`` is done here. ``aggregate`` is this partition's
     share of the convergence aggregate, ``active`` its workset size (delta iterations),
     ``durable`` the newest superstep whose checkpoint this task has fully written (-1:
-    none), ``seconds`` the superstep's local compute time."""
+    none), ``seconds`` the superstep's local compute time; ``sent`` / ``received``: the
+    messages this task sent on the feedback edge in superstep k (to itself too) and the
+    ones it received for k (everything ahead of the markers of k): the counts of the
+    loop termination's waves (``jobmanager.termination.Wave``)."""
 
     CODE: ClassVar[int] = 40
     task_index: int
@@ -42,6 +45,8 @@ class SuperstepDone(P.Message):
     active: int
     durable: int
     seconds: float
+    sent: int = 0
+    received: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,15 @@ Agreement: superstep k is agreed when every task's ``SuperstepDone(k)`` is in; o
 then does the job manager decide (stop: converged / workset empty / max_supersteps; or
 go on with k + 1). A slow task makes everyone wait, nothing times out.
 
+Each agreement is also one wave of the loop termination's counting (Mattern's
+counters, ``jobmanager.termination.Wave``): the messages sent on the feedback edge in
+superstep k and those received for k. The loop termination needs two equal balanced
+waves because its probes cut a running loop anywhere; here the markers of k close
+every channel first (FIFO), so the agreement is a consistent cut and one balanced wave
+proves that nothing of superstep k is in flight. A delta iteration ends on a balanced
+wave with an empty workset everywhere; an unbalanced wave (a message lost or counted
+twice) fails the run rather than deciding on a partial superstep.
+
 Superstep checkpoint c is complete when every task reported ``durable >= c``; its
 ``_metadata`` is written then (the checkpoint then counts for a restore).
 """
@@ -25,6 +34,7 @@ from channels import control as P
 from channels import superstep_control as S
 from jobmanager.iteration_launch import SparkLauncher, ThreadLauncher
 from jobmanager.iteration_result import IterationResult
+from jobmanager.termination import Wave
 from runtime.iterations.api import IterationSpec
 from runtime.iterations.partition import decode_state
 from runtime.iterations.snapshots import SuperstepStore
@@ -170,6 +180,15 @@ class IterationAttempt:
         self.result.superstep_seconds.append((k, time.perf_counter() - self.go_at))
         aggregate = sum(d.aggregate for d in dones)
         active = sum(d.active for d in dones)
+        wave = Wave(k, sum(d.sent for d in dones), sum(d.received for d in dones))
+        if not wave.balanced:
+            where = f"iteration '{self.spec.name}' (step '{self.spec.step.name}')"
+            failure = (
+                f"{where}: superstep {k} is not balanced: {wave.sent} messages sent, "
+                f"{wave.received} received (a message lost or counted twice); not deciding "
+                f"on a partial superstep"
+            )
+            return AttemptOutcome(failure, True, k, self.agreed)
         self.result.aggregates.append((k, aggregate))
         self.agreed = self.result.supersteps = k
         durable = min(d.durable for d in dones)
@@ -178,7 +197,7 @@ class IterationAttempt:
             self.result.checkpoints.append(durable)
         spec = self.spec
         if spec.delta:
-            converged = active == 0
+            converged = active == 0  # on a balanced wave: nothing of k is in flight
         else:
             converged = spec.converged is not None and spec.converged(aggregate)
         if converged or (spec.max_supersteps is not None and k >= spec.max_supersteps):

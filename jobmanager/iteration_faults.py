@@ -7,6 +7,7 @@ The flags themselves are ``jobmanager.faultargs``' (shared with the streaming ex
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 from typing import Any
@@ -33,8 +34,28 @@ def add_recovery_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoint every K supersteps (default: sqrt of the expected count)",
     )
     parser.add_argument(
-        "--checkpoint-dir", default=None, help="superstep checkpoints here (default: a temp dir)"
+        "--checkpoint-dir",
+        default=None,
+        help="superstep checkpoints here: a path or a storage URL such as s3://bucket/prefix "
+        "(default: a temp dir)",
     )
+    parser.add_argument(
+        "--storage-options",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help='fsspec options of --checkpoint-dir, e.g. \'{"endpoint_url": "http://..."}\'',
+    )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--storage-options is not JSON: {err}") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--storage-options must be a JSON object")
+    return value
 
 
 def recovery_from(args: Any, compensation: Compensation, expected_supersteps: int) -> Recovery:
@@ -44,6 +65,7 @@ def recovery_from(args: Any, compensation: Compensation, expected_supersteps: in
         interval=interval,
         compensation=compensation if args.recovery == "optimistic" else None,
         checkpoint_dir=args.checkpoint_dir,
+        storage_options=args.storage_options,
         max_restarts=max(3, (args.chaos or 0) + 1),
     )
 

@@ -45,6 +45,7 @@ class IterationResult:
     checkpoints: list[int] = field(default_factory=list)
     checkpoint_seconds: float = 0.0
     recoveries: list[RecoveryRecord] = field(default_factory=list)
+    checkpoint_root: str | None = None  # kept after the run (Recovery(checkpoint_dir=...))
 
     @property
     def rerun(self) -> int:
@@ -58,7 +59,8 @@ class IterationResult:
             f"{self.supersteps_started} supersteps started in all"
         ]
         if self.checkpoints:
-            lines.append(f"  superstep checkpoints completed: {self.checkpoints}")
+            where = f" under {self.checkpoint_root}" if self.checkpoint_root else ""
+            lines.append(f"  superstep checkpoints completed{where}: {self.checkpoints}")
         for r in self.recoveries:
             line = (
                 f"  failure during superstep {r.failed_during} ({r.reason}): {r.kind} recovery "

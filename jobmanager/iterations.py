@@ -11,12 +11,13 @@ checkpoint metadata live in this process.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -71,12 +72,12 @@ class IterationDriver:
     def run(self, kills: list[tuple[int, int]]) -> IterationResult:
         rec = self.spec.recovery
         owned = rec.checkpoint_dir is None
-        root = Path(
-            tempfile.mkdtemp(prefix=f"absflow-iter-{self.spec.name}-", dir=rec.checkpoint_dir)
-        )
-        self.checkpoints = SuperstepStore(str(root / "checkpoints"))
+        base = SuperstepStore(self._run_root(rec.checkpoint_dir), rec.storage_options)
+        self.base = base
+        self.checkpoints = self._store("checkpoints")
+        side = self._store("side")
         for i, part in enumerate(self.side_parts):
-            write_whole(SuperstepStore(str(root / "side")), 0, i, part, None).wait()
+            write_whole(side, 0, i, part, None).wait()
         zctx = zmq.Context()
         router = zctx.socket(zmq.ROUTER)
         try:
@@ -94,7 +95,7 @@ class IterationDriver:
             router.setsockopt(zmq.SNDHWM, 0)  # never EAGAIN: a refused send means a lost task
             port = router.bind_to_random_port(f"tcp://{host}")
             self.monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            return self._attempts(root, router, f"tcp://{host}:{port}", spark, list(kills))
+            return self._attempts(router, f"tcp://{host}:{port}", spark, list(kills))
         finally:
             if self.monitor is not None:
                 router.disable_monitor()
@@ -102,11 +103,28 @@ class IterationDriver:
             router.close(0)
             zctx.term()
             if owned:
-                shutil.rmtree(root, ignore_errors=True)
+                shutil.rmtree(base.root, ignore_errors=True)
+
+    def _run_root(self, checkpoint_dir: str | None) -> str:
+        """A directory of this run's own: a new temp dir, one under a local
+        ``checkpoint_dir``, or a new prefix under a storage URL (``s3://...``)."""
+        prefix = f"absflow-iter-{self.spec.name}-"
+        if checkpoint_dir is not None and "://" in checkpoint_dir:
+            if not checkpoint_dir.startswith("file://"):
+                return f"{checkpoint_dir.rstrip('/')}/{prefix}{uuid.uuid4().hex[:8]}"
+            checkpoint_dir = checkpoint_dir[len("file://") :]
+        if checkpoint_dir is not None:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+        return tempfile.mkdtemp(prefix=prefix, dir=checkpoint_dir)
+
+    def _store(self, name: str) -> SuperstepStore:
+        """The store ``name`` under this run's root (its path is what tasks are told)."""
+        return SuperstepStore(
+            self.base.fs.join(self.base.root, name), self.spec.recovery.storage_options
+        )
 
     def _attempts(
         self,
-        root: Path,
         router: zmq.Socket[bytes],
         jm: str,
         spark: Any,
@@ -115,7 +133,9 @@ class IterationDriver:
         rec = self.spec.recovery
         started = time.perf_counter()
         result = IterationResult(self.spec.name, {}, 0, False, 0, 0.0, 0, rec.mode)
-        start, input_root = 0, str(root / "input-0")
+        if rec.checkpoint_dir is not None:
+            result.checkpoint_root = self.checkpoints.root
+        start, input_root = 0, self._store("input-0").root
         self._write_input(input_root, 0, (self.solution, self.workset))
         pending_recovery: tuple[RecoveryRecord, float] | None = None
         for attempt in range(rec.max_restarts + 1):
@@ -126,8 +146,8 @@ class IterationDriver:
                     attempt,
                     start,
                     input_root,
-                    str(root / "side"),
-                    str(self.checkpoints.root),
+                    self._store("side").root,
+                    self.checkpoints.root,
                     jm,
                     "127.0.0.1",
                 )
@@ -162,9 +182,9 @@ class IterationDriver:
             pending_recovery = (record, seen)
             start = record.resumed_from
             if from_checkpoint:
-                input_root = str(self.checkpoints.root)
+                input_root = self.checkpoints.root
             else:
-                input_root = str(root / f"input-{attempt + 1}")
+                input_root = self._store(f"input-{attempt + 1}").root
                 self._write_input(input_root, start, state)
         raise TaskFailedError(
             f"{self.where} failed {rec.max_restarts + 1} times; raise Recovery(max_restarts=...) "
@@ -184,7 +204,7 @@ class IterationDriver:
 
     def _write_input(self, root: str, superstep: int, state: State) -> None:
         solution, workset = state
-        store = SuperstepStore(root)
+        store = SuperstepStore(root, self.spec.recovery.storage_options)
         parts = self.spec.partitioner.split(solution)
         for i, part in enumerate(parts):
             ws = (

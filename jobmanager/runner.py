@@ -44,6 +44,7 @@ from runtime.errors import (
     JobCancelledError,
     TaskFailedError,
 )
+from runtime.graph import StepKind
 from runtime.plan import JobPlan
 from runtime.scratch import remove_run
 from statebackend.errors import StateError, StorageAccessError
@@ -68,6 +69,9 @@ def run_job(
     faults: list[object] | None = None,
 ) -> JobResult:
     """Run ``plan`` to completion; raise TaskFailedError when restarts are exhausted."""
+    for step in plan.steps:  # connects (explain/validate stay offline): servers up, tables fit
+        if step.kind is StepKind.SINK:
+            step.fn.check_system(step.name)
     return JobManager(plan, config, restore_from, faults or []).run()
 
 

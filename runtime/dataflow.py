@@ -417,7 +417,7 @@ class Dataflow:
         check_mode_fits(self.graph, config or self.config)
         for step in self.graph.steps:
             if step.kind is StepKind.SINK:
-                step.fn.validate(step.name)  # e.g. the database is up, the table fits
+                step.fn.validate(step.name)  # offline; run_job calls check_system
         for step in self.graph.steps:
             if step.parallelism > self.max_parallelism and step.kind.keyed:
                 raise GraphError(

@@ -65,8 +65,13 @@ class Sink:
     rescalable = False
 
     def validate(self, step_name: str) -> None:
-        """Raise an error naming the system, object and fix if the sink cannot work
-        (called on the driver before the job starts; keep it to a few seconds)."""
+        """Raise an error naming the object and fix if the sink's settings cannot work.
+        Offline: explain() and validate() call it, so it must not connect anywhere."""
+
+    def check_system(self, step_name: str) -> None:
+        """Raise an error naming the system, object and fix if the sink cannot reach or
+        use its system (server down, table missing or of the wrong shape). Called by
+        run() on the driver before the job starts; keep it to a few seconds."""
 
     def open(self, ctx: SinkContext) -> None:
         self.ctx = ctx

@@ -61,7 +61,7 @@ class DeltaSink(TwoPhaseCommitSink):
                 f"storage options (endpoint, credentials)"
             ) from err
 
-    def validate(self, step_name: str) -> None:
+    def check_system(self, step_name: str) -> None:
         table = self._table()
         if table is None or self.schema is None:
             return
@@ -79,7 +79,7 @@ class DeltaSink(TwoPhaseCommitSink):
         super().open(ctx)
         import pyarrow.ipc  # noqa: F401 - here, not in the first checkpoint's pre-commit
 
-        self.validate(ctx.step_name)
+        self.check_system(ctx.step_name)
 
     def begin_transaction(self, txn_id: TxnId) -> list[Any]:
         return []

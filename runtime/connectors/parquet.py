@@ -65,8 +65,16 @@ class ParquetSink(TwoPhaseCommitSink):
         self.fs, self.root = fsspec.core.url_to_fs(self.directory, **self.storage_options)
         self.root = self.root.rstrip("/")
 
-    def validate(self, step_name: str) -> None:
+    def check_system(self, step_name: str) -> None:
+        """The output directory can be created (a local one is); an object store's bucket
+        must exist already (the sink does not create buckets)."""
         self._open_fs()
+        bucket = self.root.split("/", 1)[0]
+        if "file" not in self.fs.protocol and not self._bucket_exists(bucket):
+            raise ConnectorError(
+                f"sink '{step_name}': the bucket {bucket!r} of the Parquet output "
+                f"{self.directory} does not exist; create it or fix the URL"
+            )
         try:
             self.fs.makedirs(posixpath.join(self.root, HIDDEN), exist_ok=True)
         except Exception as err:
@@ -75,11 +83,20 @@ class ParquetSink(TwoPhaseCommitSink):
                 f"{self.directory}: {err}; check the path, bucket and credentials"
             ) from err
 
+    def _bucket_exists(self, bucket: str) -> bool:
+        try:
+            self.fs.info(bucket)  # raises, unlike exists(), when the credentials are wrong
+        except FileNotFoundError:
+            return False
+        except Exception:
+            return True  # not allowed to look (or wrong keys): the write below names it
+        return True
+
     def open(self, ctx: SinkContext) -> None:
         super().open(ctx)
         import pyarrow.parquet  # noqa: F401 - here, not in the first epoch's write
 
-        self.validate(ctx.step_name)
+        self.check_system(ctx.step_name)
         self.prefix = f"part-{_clean(ctx.job)}-{ctx.subtask}-"
 
     # -- writing ---------------------------------------------------------------------------

@@ -8,14 +8,24 @@ already (commits are idempotent). On restore, this subtask's prepared transactio
 listed in the restored snapshot are committed and all its others (sealed after the
 restored checkpoint, or by a run nobody restores) are rolled back.
 
-Upsert mode is idempotent by key, and a prepared transaction would hold its row locks
-until the checkpoint completes - the next epoch's upsert of the same key would then
-wait on the task loop for a commit only the task loop can trigger. So in upsert mode
-a checkpoint's rows (the last per key) travel in the snapshot and are upserted in one
-transaction on completion, on the committer thread; repeating it after a restore
-writes the same values (Flink's write-ahead sink).
+Append mode COPYs the rows into the target table itself. Upsert mode cannot prepare an
+upsert of the target: the prepared transaction would hold its row locks until the
+checkpoint completes, and the next epoch's upsert of the same key would wait on the
+task loop for a commit only the task loop can trigger. So an upsert epoch COPYs its rows
+into a staging table (`pg_sql`: no unique index, so no conflict and no lock on a target
+row) in the transaction that is prepared; on completion the committer runs ``COMMIT
+PREPARED`` and then, in one transaction, upserts that epoch's staged rows into the
+target (the last per key) and deletes them from staging, so a repeated merge finds
+nothing. A restore commits and merges the restored epochs in order and drops staged
+rows of epochs after the restored checkpoint. No row travels in the snapshot.
 
-Append mode needs ``max_prepared_transactions`` > 0 on the server (``ALTER SYSTEM SET
+Append mode refuses, on a fresh start (no checkpoint restored), a table that already
+holds rows: they came from an earlier run or another job, and the job's output would be
+mixed with them (``if_exists="append"`` allows it). Rows are expected only from the
+same job: on a restore (the restored checkpoint says so) or a restart of the same run
+(attempt > 0; at-least-once rows may be in before any checkpoint).
+
+Both modes need ``max_prepared_transactions`` > 0 on the server (``ALTER SYSTEM SET
 max_prepared_transactions = 64`` and a restart).
 """
 
@@ -23,9 +33,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from runtime.connectors import pg_sql
 from runtime.errors import ConnectorError
 from runtime.sinks import SinkContext, TwoPhaseCommitSink
 from runtime.transactions import TxnId
@@ -33,13 +44,13 @@ from runtime.transactions import TxnId
 log = logging.getLogger("absflow.sinks.postgres")
 
 MODES = ("append", "upsert")
+IF_EXISTS = ("fail", "append")
 
 
 @dataclass
 class _Txn:
     gid: str
     rows: int = 0
-    upserts: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict)
 
 
 class PostgresSink(TwoPhaseCommitSink):
@@ -47,7 +58,10 @@ class PostgresSink(TwoPhaseCommitSink):
 
     Records are dicts (values taken by column name) or tuples in ``columns`` order.
     ``mode="append"`` inserts every record (COPY); ``mode="upsert"`` inserts or updates
-    by ``key`` (the table needs a unique index on exactly those columns).
+    by ``key`` (the table needs a unique index on exactly those columns) through the
+    staging table ``staging_table`` (default ``<table>_absflow_staging``, created on
+    first use). ``if_exists`` (append mode): ``"fail"`` refuses to start fresh on a
+    table that holds rows, ``"append"`` adds to them.
     ``exactly_once=False`` commits each batch as it arrives (at-least-once: a restore
     replays, and appended rows repeat) - the baseline the two-phase commit is measured by.
     """
@@ -63,11 +77,17 @@ class PostgresSink(TwoPhaseCommitSink):
         key: Sequence[str] = (),
         exactly_once: bool = True,
         connect_timeout_s: int = 5,
+        if_exists: str = "fail",
+        staging_table: str | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"PostgresSink: mode must be one of {MODES}, got {mode!r}")
         if mode == "upsert" and not key:
             raise ValueError("PostgresSink: mode='upsert' needs key=[column, ...]")
+        if if_exists not in IF_EXISTS:
+            raise ValueError(
+                f"PostgresSink: if_exists must be one of {IF_EXISTS}, got {if_exists!r}"
+            )
         missing = [k for k in key if k not in columns]
         if missing:
             raise ValueError(f"PostgresSink: key columns {missing} are not in columns")
@@ -75,6 +95,8 @@ class PostgresSink(TwoPhaseCommitSink):
         self.mode, self.key = mode, list(key)
         self.exactly_once = exactly_once
         self.connect_timeout_s = connect_timeout_s
+        self.if_exists = if_exists
+        self.staging = staging_table or pg_sql.staging_name(table)
         self._conn: Any = None
         self._commit_conn: Any = None
 
@@ -88,7 +110,7 @@ class PostgresSink(TwoPhaseCommitSink):
             return "PostgreSQL (unparsable DSN)"
         return (
             f"PostgreSQL at {info.get('host', 'localhost')}:{info.get('port', 5432)} "
-            f"database {info.get('dbname', '?')!r}"
+            f"database {info.get('dbname', '?')!r} as user {info.get('user', '(default)')!r}"
         )
 
     def connect(self, autocommit: bool) -> Any:
@@ -99,12 +121,29 @@ class PostgresSink(TwoPhaseCommitSink):
                 self.dsn, autocommit=autocommit, connect_timeout=self.connect_timeout_s
             )
         except psycopg.OperationalError as err:
+            text = str(err).strip()
+            fix = (
+                "fix the user or password in the DSN (or the server's pg_hba.conf)"
+                if "authentication failed" in text or "password" in text
+                else "start the server or fix the DSN (host, port, user, password)"
+            )
             raise ConnectorError(
-                f"PostgreSQL sink: cannot connect to {self.where()}: {str(err).strip()}; "
-                f"start the server or fix the DSN (host, port, user, password)"
+                f"PostgreSQL sink: cannot connect to {self.where()}: {text}; {fix}"
             ) from err
 
     def validate(self, step_name: str) -> None:
+        """Offline (explain() and run() call it; the server may be down): the DSN parses."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            conninfo_to_dict(self.dsn)
+        except Exception as err:
+            raise ConnectorError(
+                f"sink '{step_name}': the PostgreSQL DSN does not parse: {err}; write it as "
+                f"'postgresql://user:password@host:port/dbname' or 'host=... dbname=...'"
+            ) from err
+
+    def check_system(self, step_name: str) -> None:
         conn = self.connect(autocommit=True)
         try:
             self._check(conn, step_name)
@@ -117,14 +156,7 @@ class PostgresSink(TwoPhaseCommitSink):
         where = f"sink '{step_name}': table {self.table!r} in {self.where()}"
         if conn.execute("SELECT to_regclass(%s)", [self.table]).fetchone()[0] is None:
             raise ConnectorError(f"{where} does not exist; create it with columns {self.columns}")
-        have = {
-            row[0]
-            for row in conn.execute(
-                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
-                "AND attnum > 0 AND NOT attisdropped",
-                [self.table],
-            )
-        }
+        have = pg_sql.columns_of(conn, self.table)
         missing = [c for c in self.columns if c not in have]
         if missing:
             raise ConnectorError(
@@ -132,18 +164,24 @@ class PostgresSink(TwoPhaseCommitSink):
                 f"ALTER TABLE to add them or change the sink's columns"
             )
         if self.mode == "upsert":
-            uniques = conn.execute(
-                "SELECT array_agg(a.attname::text) FROM pg_index i JOIN pg_attribute a "
-                "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
-                "WHERE i.indrelid = %s::regclass AND i.indisunique GROUP BY i.indexrelid",
-                [self.table],
-            ).fetchall()
-            if not any(set(cols) == set(self.key) for (cols,) in uniques):
+            if not any(cols == set(self.key) for cols in pg_sql.unique_keys(conn, self.table)):
                 raise ConnectorError(
                     f"{where} has no unique index on {self.key} (needed by upsert); "
                     f"add PRIMARY KEY or UNIQUE ({', '.join(self.key)})"
                 )
-        if self.exactly_once and self.mode == "append":
+            if (
+                self.exactly_once
+                and conn.execute("SELECT to_regclass(%s)", [self.staging]).fetchone()[0] is not None
+            ):
+                staged = pg_sql.columns_of(conn, self.staging)
+                lost = [c for c in [*self.columns, pg_sql.TXN_COL] if c not in staged]
+                if lost:
+                    raise ConnectorError(
+                        f"sink '{step_name}': staging table {self.staging!r} in {self.where()} "
+                        f"has no column(s) {lost}; drop it when no job runs (the sink "
+                        f"recreates it like {self.table!r})"
+                    )
+        if self.exactly_once:
             slots = int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
             if slots <= 0:
                 raise ConnectorError(
@@ -160,25 +198,41 @@ class PostgresSink(TwoPhaseCommitSink):
         if not self.exactly_once:
             return
         self._conn.rollback()  # end the checks' transaction: each epoch starts clean
+        if self.mode == "upsert":
+            pg_sql.ensure_staging(self._conn, self.table, self.staging, self.columns)
 
     def write_batch(self, records: list[Any]) -> None:
         if self.exactly_once:
             super().write_batch(records)
-        else:
-            self._write(self._conn, self._rows(records))  # autocommit: visible at once
+        else:  # autocommit: visible at once
+            rows = self._rows(records)
+            self._fit(
+                pg_sql.copy_rows
+                if self.mode == "append"
+                else lambda c, t, cols, r: pg_sql.upsert_rows(c, t, cols, self.key, r),
+                self._conn,
+                self.table,
+                rows,
+            )
 
     def begin_transaction(self, txn_id: TxnId) -> _Txn:
         return _Txn(str(txn_id))
 
     def write_to_transaction(self, txn: _Txn, records: list[Any]) -> None:
+        rows = self._rows(records)
+        if not rows:
+            return
         if self.mode == "upsert":
-            positions = [self.columns.index(k) for k in self.key]
-            for row in self._rows(records):
-                txn.upserts[tuple(row[i] for i in positions)] = row
+            gid = txn.gid
+            self._fit(
+                lambda c, t, cols, r: pg_sql.stage_rows(c, t, cols, gid, r),
+                self._conn,
+                self.staging,
+                rows,
+            )
         else:
-            rows = self._rows(records)
-            self._write(self._conn, rows)
-            txn.rows += len(rows)
+            self._fit(pg_sql.copy_rows, self._conn, self.table, rows)
+        txn.rows += len(rows)
 
     def _rows(self, records: list[Any]) -> list[tuple[Any, ...]]:
         cols = self.columns
@@ -190,59 +244,23 @@ class PostgresSink(TwoPhaseCommitSink):
                 f"(table {self.table!r} columns {cols}); map records to these columns"
             ) from err
 
-    def _write(self, conn: Any, rows: list[tuple[Any, ...]]) -> None:
-        from psycopg import sql
+    def _fit(self, write: Any, conn: Any, table: str, rows: list[tuple[Any, ...]]) -> None:
+        """Run ``write``; rows the table refuses raise a ConnectorError naming it."""
+        import psycopg
 
-        if not rows:
-            return
-        table = sql.Identifier(*self.table.split("."))
-        cols = sql.SQL(", ").join(sql.Identifier(c) for c in self.columns)
         try:
-            if self.mode == "append":
-                with conn.cursor() as cur:
-                    copy = sql.SQL("COPY {} ({}) FROM STDIN").format(table, cols)
-                    with cur.copy(copy) as out:
-                        for row in rows:
-                            out.write_row(row)
-            else:
-                updates = [c for c in self.columns if c not in self.key]
-                action = (
-                    sql.SQL("DO UPDATE SET ")
-                    + sql.SQL(", ").join(
-                        sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
-                    )
-                    if updates
-                    else sql.SQL("DO NOTHING")
-                )
-                stmt = (
-                    sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) ").format(
-                        table,
-                        cols,
-                        sql.SQL(", ").join(sql.Placeholder() * len(self.columns)),
-                        sql.SQL(", ").join(sql.Identifier(k) for k in self.key),
-                    )
-                    + action
-                )
-                with conn.cursor() as cur:
-                    cur.executemany(stmt, rows)
-        except Exception as err:
-            import psycopg
-
-            if not isinstance(err, psycopg.DataError | psycopg.ProgrammingError):
-                raise
+            write(conn, table, self.columns, rows)
+        except (psycopg.DataError, psycopg.ProgrammingError, psycopg.IntegrityError) as err:
             raise ConnectorError(
                 f"PostgreSQL sink '{self.ctx.step_name}': rows do not fit table "
-                f"{self.table!r} ({self.columns}): {str(err).strip()}"
+                f"{self.table!r} ({self.columns}): {str(err).strip()}; fix the records "
+                f"(a map before the sink) or the table's column types"
             ) from err
 
     def pre_commit(self, txn: _Txn, checkpoint_id: int) -> Any:
         from psycopg import sql
 
-        if not self.exactly_once:
-            return None
-        if self.mode == "upsert":
-            return {"rows": list(txn.upserts.values())} if txn.upserts else None
-        if txn.rows == 0:
+        if not self.exactly_once or txn.rows == 0:
             return None  # nothing to commit: no prepared transaction either
         self._conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(txn.gid)))
         return txn.gid
@@ -253,11 +271,25 @@ class PostgresSink(TwoPhaseCommitSink):
         if self._commit_conn is None or self._commit_conn.closed:
             self._commit_conn = self.connect(autocommit=True)
         conn = self._commit_conn
-        if isinstance(handle, dict):  # upsert mode: the rows themselves
+        if isinstance(handle, dict):  # a checkpoint of an older version: the rows themselves
             with conn.transaction():
-                self._write(conn, [tuple(row) for row in handle["rows"]])
-        else:
-            self._finish_prepared(conn, "COMMIT", str(handle))
+                pg_sql.upsert_rows(conn, self.table, self.columns, self.key, handle["rows"])
+            return
+        self._finish_prepared(conn, "COMMIT", str(handle))
+        if self.mode == "upsert":
+            self._merge(conn, str(handle))
+
+    def _merge(self, conn: Any, gid: str) -> None:
+        import psycopg
+
+        try:
+            pg_sql.merge(conn, self.table, self.staging, self.columns, self.key, gid)
+        except (psycopg.DataError, psycopg.IntegrityError) as err:
+            raise ConnectorError(
+                f"PostgreSQL sink '{self.ctx.step_name}': the rows of {gid} do not fit table "
+                f"{self.table!r}: {str(err).strip()}; they wait in {self.staging!r} (nothing "
+                f"is lost): fix the table's constraints and restart, the merge runs again"
+            ) from err
 
     @staticmethod
     def _finish_prepared(conn: Any, verb: str, gid: str) -> bool:
@@ -282,29 +314,62 @@ class PostgresSink(TwoPhaseCommitSink):
         return [gid for (gid,) in rows if TxnId.parse(gid) is not None]
 
     def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
+        first = checkpoint_id is None and self.ctx.attempt == 0  # a restart is the same run
+        if first and self.mode == "append" and self.if_exists == "fail":
+            self._refuse_earlier_rows()
         if not self.exactly_once:
             return
+        keep = [str(h) for _, h in pending if isinstance(h, str)]
+        for n, handle in pending:  # in checkpoint order: commit, and merge upserts
+            self.commit(n, handle)
         conn = self.connect(autocommit=True)
         try:
-            for n, handle in pending:
-                if isinstance(handle, dict):
-                    self.commit(n, handle)  # upserts: writing them again is harmless
-            keep = [str(h) for _, h in pending if isinstance(h, str)]
-            committed = sum(self._finish_prepared(conn, "COMMIT", gid) for gid in keep)
             lingering = [gid for gid in self.prepared(conn) if gid not in keep]
             for gid in lingering:
                 self._finish_prepared(conn, "ROLLBACK", gid)
+            if self.mode == "upsert":
+                self._settle_staged(conn, keep, checkpoint_id)
         finally:
             conn.close()
-        if committed or lingering:
+        if pending or lingering:
             log.info(
                 "sink '%s'[%d]: restore from checkpoint %s committed %d and rolled back %d "
                 "prepared transaction(s)",
                 self.ctx.step_name,
                 self.ctx.subtask,
                 checkpoint_id,
-                committed,
+                len(keep),
                 len(lingering),
+            )
+
+    def _settle_staged(self, conn: Any, keep: list[str], checkpoint_id: int | None) -> None:
+        """Staged rows of committed epochs the restored snapshot does not list: merged in
+        order if the restored checkpoint covers them, dropped (the sources replay them) if not."""
+        staged = [
+            (txn.checkpoint_id, gid)
+            for gid in pg_sql.staged_txns(conn, self.staging, self.txn_id(0).owner)
+            if gid not in keep and (txn := TxnId.parse(gid)) is not None
+        ]
+        for n, gid in sorted(staged):
+            if checkpoint_id is not None and n <= checkpoint_id:
+                self._merge(conn, gid)
+            else:
+                pg_sql.drop_staged(conn, self.staging, gid)
+
+    def _refuse_earlier_rows(self) -> None:
+        conn = self.connect(autocommit=True)
+        try:
+            earlier = pg_sql.has_rows(conn, self.table)
+        finally:
+            conn.close()
+        if earlier:
+            raise ConnectorError(
+                f"PostgreSQL sink '{self.ctx.step_name}': table {self.table!r} in "
+                f"{self.where()} already holds rows (from an earlier run or another job) "
+                f"and job {self.ctx.job!r} starts fresh (no checkpoint restored), so its "
+                f"rows would mix with them. Empty the table (TRUNCATE {self.table}), write "
+                f"to another table, restore the job from its checkpoint "
+                f"(run(restore_from=...)), or pass if_exists='append' to add to them"
             )
 
     def close(self) -> None:

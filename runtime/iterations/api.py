@@ -121,12 +121,20 @@ class Recovery:
     checkpointed at superstep boundaries every ``interval`` supersteps (write then go
     on / written while the new state is produced / written while the next superstep
     runs). ``none``: a failure restarts from the start. ``max_restarts`` bounds the
-    attempts; ``rescue_timeout`` bounds the rescue read (seconds)."""
+    attempts; ``rescue_timeout`` bounds the rescue read (seconds).
+
+    ``checkpoint_dir``: where the run keeps its input partitions and superstep
+    checkpoints (in a directory of its own under it, kept after the run); the same
+    storage as streaming checkpoints: a local or shared path, or an fsspec URL
+    (``s3://bucket/prefix``, ``hdfs://...``) reached with ``storage_options``
+    (endpoint, credentials). None: a local temp dir, removed after the run. On a
+    cluster every task must reach it."""
 
     mode: RecoveryMode = "none"
     interval: int = 1
     compensation: Compensation | None = None
     checkpoint_dir: str | None = None
+    storage_options: Mapping[str, Any] | None = None
     max_restarts: int = 3
     rescue_timeout: float = 2.0
     # optimistic: with more than this share of partitions lost, restart instead
@@ -211,6 +219,12 @@ class _Iteration:
                 f"{sorted(map(repr, unknown))[:3]}; a workset names solution keys"
             )
         self.side_parts = self._side(side, partitioner, where)
+        from runtime.iterations.loop_plan import iteration_plan
+
+        try:  # the graph checks of a streaming loop, at build time
+            self._plan = iteration_plan(self.spec)
+        except GraphError as err:
+            raise IterationError(f"{where}: {err}") from err
         try:
             pickle.dumps(step)
         except Exception as err:
@@ -240,6 +254,13 @@ class _Iteration:
                         f"iteration's {partitioner} puts in part {partitioner.owner(key)}"
                     )
         return [dict(p) for p in side.parts]
+
+    def explain(self) -> str:
+        """The iteration as a loop of the streaming plan (loop head, superstep step,
+        feedback edge and its back-edge channels), as text."""
+        text = self._plan.explain()
+        print(text)
+        return text
 
     @property
     def side(self) -> dict[Any, Any]:

@@ -1,6 +1,8 @@
 """Superstep checkpoints of an iteration's state (seed 004 §5, pessimistic recovery).
 
-Layout under the iteration's checkpoint directory (a local or shared filesystem)::
+Layout under the iteration's checkpoint root, on the same storage as streaming
+checkpoints (`statebackend.fs`: a local or shared directory, or an fsspec URL such as
+``s3://bucket/prefix`` opened with the job's ``storage_options``)::
 
     sstep-<k>/part-<i>-a<n> lz4 frame of msgpack objects: [[key, value], ...] chunks,
                             then {"workset": [...] | None}; written by attempt n
@@ -10,58 +12,70 @@ Layout under the iteration's checkpoint directory (a local or shared filesystem)
 Parts carry their attempt, so a writer left over from a failed attempt (a thread of a
 reused Python worker finishing a head checkpoint) cannot replace a newer attempt's part.
 
-A part is written to a temp name, fsynced, then renamed; a superstep counts only with
-its ``_metadata``. ``PartWriter`` takes the chunks as they are produced, on its own
-thread, which is what makes the three variants differ: *blocking* writes the whole
-state and waits, *tail* feeds the chunks while the update produces them, *head* writes
-the committed state while the next superstep runs.
+A part is written through `FileSystem.open_write` (locally: temp file, fsync, rename;
+on an object store: one upload that appears when it is closed), and a superstep counts
+only with its ``_metadata`` (one whole-file write, last). ``PartWriter`` takes the
+chunks as they are produced, on its own thread, which is what makes the three variants
+differ: *blocking* writes the whole state and waits, *tail* feeds the chunks while the
+update produces them, *head* writes the committed state while the next superstep runs.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import queue
-import shutil
 import threading
 import time
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import lz4.frame
 import msgpack
 
+from statebackend.fs import FileSystem, filesystem_for
+
 __all__ = ["PartWriter", "SuperstepStore"]
 
 _END = object()
+METADATA = "_metadata"
 
 
 class SuperstepStore:
-    def __init__(self, root: str) -> None:
-        self.root = Path(root)
+    """The superstep checkpoints under ``root`` (a path or a storage URL, opened with
+    ``storage_options``). The constructor does no I/O; any thread may use it."""
 
-    def part_path(self, superstep: int, index: int, attempt: int) -> Path:
-        return self.root / f"sstep-{superstep}" / f"part-{index}-a{attempt}"
+    def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.fs: FileSystem
+        self.fs, self.root = filesystem_for(root, storage_options)
+
+    def __repr__(self) -> str:
+        return f"SuperstepStore({self.root!r})"
+
+    def directory(self, superstep: int) -> str:
+        return self.fs.join(self.root, f"sstep-{superstep}")
+
+    def part_path(self, superstep: int, index: int, attempt: int) -> str:
+        return self.fs.join(self.directory(superstep), f"part-{index}-a{attempt}")
 
     def complete(self, superstep: int, parallelism: int, attempt: int, retain: int = 2) -> None:
         """Every part of ``superstep`` by ``attempt`` is written: make it count, drop
         older ones."""
-        d = self.root / f"sstep-{superstep}"
-        tmp = d / "_metadata.tmp"
         meta = {"superstep": superstep, "parallelism": parallelism, "attempt": attempt}
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, d / "_metadata")
+        path = self.fs.join(self.directory(superstep), METADATA)
+        self.fs.write_whole(path, json.dumps(meta).encode())
         done = self.completed()
         for old in done[:-retain]:
-            shutil.rmtree(self.root / f"sstep-{old}", ignore_errors=True)
+            self.fs.remove_tree(self.directory(old))
 
     def completed(self) -> list[int]:
-        if not self.root.is_dir():
+        if not self.fs.is_dir(self.root):
             return []
         found = []
-        for d in self.root.glob("sstep-*"):
-            if (d / "_metadata").exists():
-                found.append(int(d.name.split("-", 1)[1]))
+        for name in self.fs.list_dirs(self.root):
+            if name.startswith("sstep-") and self.fs.exists(
+                self.fs.join(self.root, name, METADATA)
+            ):
+                found.append(int(name.split("-", 1)[1]))
         return sorted(found)
 
     def latest(self) -> int | None:
@@ -71,11 +85,14 @@ class SuperstepStore:
     def read_part(self, superstep: int, index: int) -> tuple[dict[Any, Any], set[Any] | None]:
         """Part ``index`` of ``superstep``: of the attempt its ``_metadata`` names (0
         without metadata: the job manager's own input files)."""
-        meta = self.root / f"sstep-{superstep}" / "_metadata"
-        attempt = json.loads(meta.read_text())["attempt"] if meta.exists() else 0
+        meta = self.fs.join(self.directory(superstep), METADATA)
+        attempt = json.loads(self.fs.read_bytes(meta))["attempt"] if self.fs.exists(meta) else 0
         solution: dict[Any, Any] = {}
         workset: set[Any] | None = None
-        with lz4.frame.open(self.part_path(superstep, index, attempt), "rb") as f:
+        with (
+            self.fs.open_read(self.part_path(superstep, index, attempt)) as raw,
+            lz4.frame.open(raw, "rb") as f,
+        ):
             unpacker = msgpack.Unpacker(f, raw=False, use_list=False, strict_map_key=False)
             for obj in unpacker:
                 if isinstance(obj, dict):
@@ -92,6 +109,7 @@ class PartWriter:
 
     def __init__(self, store: SuperstepStore, superstep: int, index: int, attempt: int = 0) -> None:
         self.superstep = superstep
+        self.fs = store.fs
         self.path = store.part_path(superstep, index, attempt)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._error: BaseException | None = None
@@ -110,20 +128,15 @@ class PartWriter:
 
     def _run(self) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            with open(tmp, "wb") as raw:
-                with lz4.frame.open(raw, "wb") as f:
-                    while (obj := self._queue.get()) is not _END:
-                        started = time.perf_counter()
-                        f.write(msgpack.packb(obj, use_bin_type=True))
-                        self.seconds += time.perf_counter() - started
+            with self.fs.open_write(self.path) as raw:
+                f = lz4.frame.open(raw, "wb")
+                while (obj := self._queue.get()) is not _END:
+                    started = time.perf_counter()
+                    f.write(msgpack.packb(obj, use_bin_type=True))
+                    self.seconds += time.perf_counter() - started
                 started = time.perf_counter()
-                f.close()
-                raw.flush()
-                os.fsync(raw.fileno())
-                self.seconds += time.perf_counter() - started
-            os.replace(tmp, self.path)
+                f.close()  # the frame's end; open_write's exit makes it durable
+            self.seconds += time.perf_counter() - started
         except BaseException as err:  # reported by wait()
             self._error = err
 

@@ -31,6 +31,7 @@ from channels import control as P
 from channels import messages as M
 from channels import superstep_control as S
 from runtime.iterations.api import IterationError, IterationSpec
+from runtime.iterations.loop_plan import LoopChannels, iteration_plan
 from runtime.iterations.partition import PartitionCompute, encode_state
 from runtime.iterations.snapshots import PartWriter, SuperstepStore, write_whole
 
@@ -76,14 +77,14 @@ def run_worker(
         ctl.setsockopt(zmq.LINGER, 2000)
         ctl.connect(wctx.jm_endpoint)
         endpoints = exchange(endpoint)
-        for j, ep in enumerate(endpoints):
-            if j != wctx.index:
-                s = zctx.socket(zmq.PUSH)
-                s.setsockopt(zmq.SNDHWM, 0)
-                s.setsockopt(zmq.LINGER, 0)
-                s.connect(ep)
-                pushes[j] = s
-        head = _Head(spec, wctx, pull, ctl, pushes, die)
+        loop = LoopChannels.of(iteration_plan(spec), wctx.index)
+        for j in loop.peers:  # the feedback edge's channels out of this task
+            s = zctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.SNDHWM, 0)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(endpoints[j])
+            pushes[j] = s
+        head = _Head(spec, wctx, loop, pull, ctl, pushes, die)
         ctl.send(
             P.encode(
                 P.Register(
@@ -123,11 +124,13 @@ class _Head:
         self,
         spec: IterationSpec,
         wctx: WorkerContext,
+        loop: LoopChannels,
         pull: zmq.Socket[bytes],
         ctl: zmq.Socket[bytes],
         pushes: dict[int, zmq.Socket[bytes]],
         die: Callable[[int], None],
     ) -> None:
+        self.loop = loop
         self.spec, self.wctx, self.pull, self.ctl, self.pushes, self.die = (
             spec,
             wctx,
@@ -136,17 +139,19 @@ class _Head:
             pushes,
             die,
         )
-        solution, workset = SuperstepStore(wctx.input_root).read_part(
+        options = spec.recovery.storage_options
+        solution, workset = SuperstepStore(wctx.input_root, options).read_part(
             wctx.start_superstep, wctx.index
         )
-        side, _ = SuperstepStore(wctx.side_root).read_part(0, wctx.index)
+        side, _ = SuperstepStore(wctx.side_root, options).read_part(0, wctx.index)
         self.compute = PartitionCompute(spec, wctx.index, solution, workset, side)
-        self.store = SuperstepStore(wctx.checkpoint_root)
+        self.store = SuperstepStore(wctx.checkpoint_root, options)
         self.committed = wctx.start_superstep  # the superstep compute.solution is the state after
         self.proposed: int | None = None
         self.markers: dict[int, int] = defaultdict(int)
         self.totals: dict[int, float] = defaultdict(float)
         self.head_writer: PartWriter | None = None
+        self.received = 0  # messages absorbed since the last update (the next superstep's)
         self.durable = -1
         self.poller = zmq.Poller()
         self.poller.register(pull, zmq.POLLIN)
@@ -184,9 +189,10 @@ class _Head:
                 )
         started = time.perf_counter()
         out, contribution = self.compute.emit()
+        sent = sum(len(flat) for flat in out) // 2  # flat: key, message, key, message, ...
         for j, flat in enumerate(out):
             if j == self.wctx.index:
-                self.compute.absorb(flat)
+                self._absorb(flat)
                 continue
             for i in range(0, len(flat), _BATCH):
                 self.pushes[j].send(M.encode_data(self.wctx.index, flat[i : i + _BATCH]))
@@ -194,10 +200,11 @@ class _Head:
             s.send(M.encode_superstep(self.wctx.index, k, contribution))
         self.markers[k] += 1
         self.totals[k] += contribution
-        while self.markers[k] < self.spec.parallelism:
+        while self.markers[k] < len(self.loop.marker_sources):  # one per feedback input
             self._poll_once()
         total = self.totals.pop(k)
         del self.markers[k]
+        received, self.received = self.received, 0  # FIFO: all of k's, none of k + 1's
         if self.head_writer is not None:  # head: the write overlapped this superstep
             self.head_writer.wait()
             self.durable, self.head_writer = self.head_writer.superstep, None
@@ -227,6 +234,8 @@ class _Head:
                     outcome.active,
                     self.durable,
                     seconds,
+                    sent,
+                    received,
                 )
             )
         )
@@ -238,6 +247,10 @@ class _Head:
         if self.pull in events:
             self._drain_pull()
 
+    def _absorb(self, flat: Any) -> None:
+        self.compute.absorb(flat)
+        self.received += len(flat) // 2
+
     def _drain_pull(self) -> None:
         """Everything queued on the data channels (data and markers of the next
         superstep may come before our Go does: FIFO keeps them apart)."""
@@ -248,7 +261,7 @@ class _Head:
                 break
             _, kind = M.decode_header(frame)
             if kind == M.KIND_DATA:
-                self.compute.absorb(M.decode_records(frame))
+                self._absorb(M.decode_records(frame))
             elif kind == M.KIND_SUPERSTEP:
                 step, contribution = M.decode_superstep(frame)
                 self.markers[step] += 1

@@ -8,6 +8,7 @@ import pytest
 from runtime.iterations import Recovery
 from runtime.iterations.graphs import union_find_labels
 from runtime.iterations.library import cc_compensation
+from tests.conftest import FakeS3
 from tests.iterations.graphs import CC_EDGES, N_CC, components, networkx_ranks, pagerank
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
@@ -28,3 +29,14 @@ def test_sigkill_then_tail_checkpoint_recovery_on_spark_converges_to_networkx() 
     assert rec.kind == "checkpoint" and rec.resumed_from == 4
     ref = networkx_ranks()
     assert max(abs(result.solution[v] - ref[v]) for v in ref) < 1e-4
+
+
+def test_sigkill_then_blocking_restore_from_s3_on_spark(s3: FakeS3, s3_root: str) -> None:
+    """Every task reads its input from, and writes its superstep checkpoints to, moto's
+    S3; a task's Python worker is SIGKILLed and the next barrier stage restores from S3."""
+    recovery = Recovery("blocking", interval=2, checkpoint_dir=s3_root, storage_options=s3.options)
+    result = components().run(recovery=recovery, kills=[(1, 5)], launcher="spark")
+    assert result.solution == union_find_labels(N_CC, CC_EDGES)
+    (rec,) = result.recoveries
+    assert rec.kind == "checkpoint" and rec.resumed_from == 4 and "died" in rec.reason
+    assert result.checkpoint_root is not None and result.checkpoint_root.startswith("s3://")

@@ -230,3 +230,29 @@ def test_the_job_manager_decides_a_superstep_only_when_every_task_reported(tmp_p
     run._on(S.SuperstepDone(1, 0, 1, 0.5, 4, -1, 0.0))
     assert [m for _, m in router.sent] == [S.SuperstepGo(2, False)] * 3
     assert result.aggregates == [(1, 1.5)]
+
+
+def test_an_unbalanced_superstep_fails_the_run_instead_of_being_decided(tmp_path: Path) -> None:
+    from jobmanager.iteration_attempt import IterationAttempt
+    from jobmanager.iteration_result import IterationResult
+
+    spec = BulkIteration(
+        "pr", RANKS, PageRankStep(4), side=OUT, parallelism=2, max_supersteps=9
+    ).spec
+    router = _Router()
+    result = IterationResult("pr", {}, 0, False, 1, 0.0, 0, "none")
+    fake_router: Any = router
+    fake_launcher: Any = _Running()
+    run = IterationAttempt(
+        spec, 0, 0, fake_router, fake_launcher, [], SuperstepStore(str(tmp_path)), result
+    )
+    for i in range(2):
+        run._on(P.Register(i, 0, f"iter-{i}", 1, "h", "e"))
+    assert run._on(S.SuperstepDone(0, 0, 1, 0.5, 4, -1, 0.0, 7, 6)) is None
+    assert run._on(S.SuperstepDone(1, 0, 1, 0.5, 4, -1, 0.0, 5, 6)) is None  # 12 = 12
+    router.sent.clear()
+    run._on(S.SuperstepDone(0, 0, 2, 0.5, 4, -1, 0.0, 7, 6))
+    outcome = run._on(S.SuperstepDone(1, 0, 2, 0.5, 4, -1, 0.0, 5, 5))  # 12 sent, 11 received
+    assert outcome is not None and outcome.fatal and outcome.agreed == 1
+    assert "superstep 2 is not balanced: 12 messages sent, 11 received" in (outcome.failure or "")
+    assert router.sent == []  # no decision on a partial superstep

@@ -4,10 +4,13 @@ flags, and the errors bad flags give."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from typing import Any
 
 import pytest
+
+from tests.conftest import FakeS3
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -89,3 +92,26 @@ def test_superstep_trigger_is_refused_by_streaming_jobs(capsys: Any) -> None:
     with pytest.raises(SystemExit):
         wordcount.main(["--words", "10", "--kill-task", "count[0]", "--after", "superstep:2"])
     assert "applies to iterations" in capsys.readouterr().err
+
+
+def test_cc_example_keeps_its_superstep_checkpoints_on_s3(
+    s3: FakeS3, s3_root: str, capsys: Any
+) -> None:
+    cc = load_example("connected_components_bulk")
+    args = [
+        *SMALL_CC,
+        *("--recovery", "tail", "--interval", "1", "--kill-task", "1", "--after", "superstep:3"),
+        *("--checkpoint-dir", s3_root, "--storage-options", json.dumps(s3.options)),
+    ]
+    assert cc.main(args) == 0
+    out = capsys.readouterr().out
+    assert "OK: equal to union-find" in out and "checkpoint recovery" in out
+    assert f"under {s3_root}/" in out
+
+
+def test_storage_options_must_be_a_json_object(capsys: Any) -> None:
+    cc = load_example("connected_components_bulk")
+    with pytest.raises(SystemExit) as exc:
+        cc.main([*SMALL_CC, "--storage-options", "[1, 2]"])
+    assert exc.value.code == 2
+    assert "--storage-options must be a JSON object" in capsys.readouterr().err

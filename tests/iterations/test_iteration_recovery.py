@@ -207,3 +207,50 @@ def test_a_survivor_that_cannot_answer_the_rescue_read_in_time_counts_as_lost() 
     assert rec.kind == "start" and "falling back to the start" in rec.note
     assert 0 in rec.lost_partitions or "no surviving task answered" in rec.note
     assert result.supersteps == 3 and sum(result.solution.values()) == pytest.approx(1.0)
+
+
+def test_a_lost_message_is_caught_by_the_superstep_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.iterations import worker
+
+    absorb = worker._Head._absorb
+    dropped: list[int] = []
+
+    def lossy(self: Any, flat: Any) -> None:
+        if flat and not dropped:  # lose one batch of messages, once
+            dropped.append(len(flat) // 2)
+            return
+        absorb(self, flat)
+
+    monkeypatch.setattr(worker._Head, "_absorb", lossy)
+    with pytest.raises(IterationError, match=r"superstep 1 is not balanced"):
+        components().run(launcher="threads")
+    assert dropped and dropped[0] > 0
+
+
+def test_companion_without_the_counts_a_lost_message_gives_wrong_components(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same loss with the check switched off (every wave counts as balanced): the
+    run ends "converged" with wrong labels, which is what the balanced wave prevents."""
+    from jobmanager import iteration_attempt
+    from jobmanager.termination import Wave
+    from runtime.iterations import worker
+
+    absorb = worker._Head._absorb
+    dropped: list[int] = []
+
+    def lossy(self: Any, flat: Any) -> None:
+        if flat and not dropped:
+            dropped.append(len(flat) // 2)
+            return
+        absorb(self, flat)
+
+    class Unchecked(Wave):
+        @property
+        def balanced(self) -> bool:
+            return True
+
+    monkeypatch.setattr(worker._Head, "_absorb", lossy)
+    monkeypatch.setattr(iteration_attempt, "Wave", Unchecked)
+    result = components().run(launcher="threads")
+    assert result.converged and result.solution != CC_REF

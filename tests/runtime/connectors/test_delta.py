@@ -138,4 +138,4 @@ def test_a_schema_the_table_lacks_is_refused_before_the_job(tmp_path: Path) -> N
     sink.close()
     wrong = DeltaSink(uri, schema=pa.schema([("user", pa.string()), ("city", pa.string())]))
     with pytest.raises(ConnectorError, match=r"has no column\(s\) \['city'\]"):
-        wrong.validate("delta")
+        wrong.check_system("delta")

@@ -128,4 +128,4 @@ def test_an_unwritable_directory_is_named(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(ConnectorError, match="cannot create the Parquet output directory"):
-        ParquetSink(str(blocker / "out")).validate("files")
+        ParquetSink(str(blocker / "out")).check_system("files")

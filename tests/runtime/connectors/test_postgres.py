@@ -161,7 +161,7 @@ def test_server_down_is_named_within_seconds(tmp_path: Any) -> None:
     sink = PostgresSink(dsn, "t", COLS, connect_timeout_s=2)
     started = time.monotonic()
     with pytest.raises(ConnectorError) as info:
-        sink.validate("pg")
+        sink.check_system("pg")
     assert time.monotonic() - started < 5
     message = str(info.value)
     assert "cannot connect to PostgreSQL at" in message and "5999" in message
@@ -170,11 +170,11 @@ def test_server_down_is_named_within_seconds(tmp_path: Any) -> None:
 
 def test_wrong_table_schema_is_named(postgres: Postgres, pg_table: str) -> None:
     with pytest.raises(ConnectorError, match=r"has no column\(s\) \['city'\]"):
-        PostgresSink(postgres.dsn, pg_table, ["id", "city"]).validate("pg")
+        PostgresSink(postgres.dsn, pg_table, ["id", "city"]).check_system("pg")
     with pytest.raises(ConnectorError, match="does not exist; create it"):
-        PostgresSink(postgres.dsn, "no_such_table", COLS).validate("pg")
+        PostgresSink(postgres.dsn, "no_such_table", COLS).check_system("pg")
     with pytest.raises(ConnectorError, match=r"no unique index on \['id'\]"):
-        PostgresSink(postgres.dsn, pg_table, COLS, mode="upsert", key=["id"]).validate("pg")
+        PostgresSink(postgres.dsn, pg_table, COLS, mode="upsert", key=["id"]).check_system("pg")
 
 
 def test_a_record_that_does_not_fit_names_the_table(postgres: Postgres, pg_table: str) -> None:
@@ -183,16 +183,3 @@ def test_a_record_that_does_not_fit_names_the_table(postgres: Postgres, pg_table
         sink.write_batch([(1, "a", "not a number")])
     crash(sink)
     assert rows(postgres, pg_table) == []
-
-
-def test_the_driver_checks_the_sink_before_the_job_starts(tmp_path: Any) -> None:
-    from runtime import Dataflow
-    from runtime.sources import CollectionSource
-
-    flow = Dataflow("down", parallelism=1)
-    dsn = f"postgresql://postgres@/postgres?host={tmp_path}&port=5999"
-    flow.source(CollectionSource([1]), name="one").sink(
-        PostgresSink(dsn, "t", COLS, connect_timeout_s=2), name="pg"
-    )
-    with pytest.raises(ConnectorError, match="cannot connect to PostgreSQL"):
-        flow.validate()
