@@ -296,7 +296,9 @@ class Report:
                 "",
                 f"## Throttled to {100 * s.throttle:.0f} % of capacity: latency",
                 "",
-                f"{self.throttled.n:,} records at {self.throttled.rate or 0:,.0f} records/s.",
+                f"{self.throttled.n:,} records at {self.throttled.rate or 0:,.0f} records/s. "
+                "Latency is from the time the source's schedule says a record is due to the "
+                "sink, so time a source spent held back (halted, backpressured) counts.",
                 "",
                 table(
                     [

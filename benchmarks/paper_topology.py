@@ -6,7 +6,8 @@ chaining is off, so parallelism p gives 6p tasks:
     source (offsets) -> parse -> key_by -> count (keyed) -> key_by -> regroup (keyed)
                      -> key_by -> total (keyed) -> sink (a checkpointed count)
 
-Record i is ``(i % KEYS, i, t)`` with ``t`` the wall-clock time the source emitted it;
+Record i is ``(i % KEYS, i, t)`` with ``t`` the wall-clock time the source emitted it
+(with a ``rate``: the time its schedule says it should have been emitted);
 every step carries the ``t`` of the record that caused its output, so the sink measures
 each record's end-to-end latency (a histogram in 1 ms buckets, checkpointed with the
 sink). The source is deterministic and spread over its subtasks (subtask s takes i = s, s
@@ -108,8 +109,22 @@ def build(
 ) -> Dataflow:
     flow = Dataflow("abs-eval", parallelism=parallelism, chaining=False, **config)
 
+    origin: list[float] = []  # per task process (the closure is copied into each)
+
+    def stamp(i: int) -> float:
+        """When record ``i`` should be emitted: now at full speed; with a ``rate``, its
+        place in the schedule (``i / rate`` after the first record this subtask emitted),
+        so a source held back (a synchronous halt, backpressure) adds the time its records
+        waited to their latency instead of hiding it (coordinated omission)."""
+        if rate is None:
+            return time.time()
+        if not origin:
+            origin.append(time.time() - i / rate)
+        return origin[0] + i / rate
+
     def skewed(i: int) -> Record:
-        return (0, i, time.time()) if hot_share and i % hot_share == 0 else record(i)
+        key = 0 if hot_share and i % hot_share == 0 else i % KEYS
+        return (key, i, stamp(i))
 
     def regroup(key: int, value: tuple[int, tuple[int, float]], state: Any) -> list[Any]:
         if key == slow_key:

@@ -6,11 +6,15 @@ table (every update) and to PostgreSQL (the latest total per user, upserted).
     python examples/clickstream.py --dsn postgresql://user:pw@host/db
     python examples/clickstream.py --kill-task totals[1] --after chk3
     python examples/clickstream.py --chaos 3            # 3 random kills
+    python examples/clickstream.py --rescale-to 3       # stop with a savepoint, resume at p=3
 
 A generator thread writes --files files of --events events in all (some malformed
 lines, some events without a user) into <--out>/incoming, one every --every seconds
 (the first before the job starts, the others once it committed its first checkpoint),
-then a _SUCCESS marker: the source ends once it has read everything before it.
+then a _SUCCESS marker: the source ends once it has read everything before it. With
+``--rescale-to P`` the job is stopped with a savepoint (as ``python -m jobmanager stop``
+does) once it committed a checkpoint and a third of the files are in, then resumed from
+that savepoint at parallelism P while files keep landing; the check covers both runs.
 Needs ``pip install absflow[connectors] pgserver``. The result is checked against the
 totals computed from the generated files.
 """
@@ -32,6 +36,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jobmanager import faultargs
+from jobmanager.stop import request_stop, running_jobs
 from runtime import Dataflow
 from runtime.connectors.delta import DeltaSink
 from runtime.connectors.files import FileStreamSource, is_dead_letter
@@ -110,6 +115,23 @@ def build(
     return flow
 
 
+def stop_mid_run(job: str, incoming: str, delta: str, files: int) -> None:
+    """Ask ``job`` to stop with a savepoint once it committed to Delta and a third of the
+    files are in (what ``python -m jobmanager stop JOB`` does)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        landed = [f for f in os.listdir(incoming) if f.startswith("clicks-")]
+        running = [j for j in running_jobs() if j.job == job]
+        if (
+            running
+            and len(landed) >= max(2, files // 3)
+            and os.path.isdir(os.path.join(delta, "_delta_log"))
+        ):
+            request_stop(running[0])
+            return
+        time.sleep(0.05)
+
+
 def start_postgres(directory: str) -> tuple[Any, str]:
     import pgserver
 
@@ -128,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=20)
     ap.add_argument("--every", type=float, default=0.1, help="seconds between two files")
     ap.add_argument("--parallelism", type=int, default=2)
+    ap.add_argument(
+        "--rescale-to",
+        type=int,
+        default=None,
+        metavar="P",
+        help="stop with a savepoint mid-run, then resume from it at parallelism P",
+    )
     ap.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: start one)")
     ap.add_argument("--out", default=None, help="directory for input and the Delta table")
     faultargs.add_checkpoint_arguments(ap)
@@ -156,16 +185,36 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             conn.execute("TRUNCATE user_totals")
         lines = events(args.events)
         config = faultargs.checkpoint_config(args)
+        if args.rescale_to:
+            if not config:
+                ap.error("--rescale-to needs checkpoints (--checkpoint-interval > 0)")
+            config["checkpoint_dir"] = config["checkpoint_dir"] or os.path.join(args.out, "chk")
         flow = build(args, dsn, delta, args.parallelism, **config)
         faults = faultargs.faults_from(ap, args, flow.plan())
         writer = threading.Thread(
             target=generate, args=(incoming, lines, args.files, args.every, delta), daemon=True
         )
         writer.start()
+        if args.rescale_to:
+            threading.Thread(
+                target=stop_mid_run, args=(flow.name, incoming, delta, args.files), daemon=True
+            ).start()
         result = flow.run(faults=faults)
-        writer.join()
+        restarts = len(result.restarts)
         print(result.summary())
-        return check(lines, dsn, delta, len(result.restarts))
+        if args.rescale_to and result.stopped:
+            print(
+                f"stopped with savepoint {result.savepoint}; resuming at parallelism "
+                f"{args.rescale_to} while files keep landing"
+            )
+            flow = build(args, dsn, delta, args.rescale_to, **config)
+            result = flow.run(restore_from=result.savepoint)
+            restarts += len(result.restarts)
+            print(result.summary())
+        elif args.rescale_to:
+            print("the job ended before the stop was asked: no savepoint, nothing to resume")
+        writer.join()
+        return check(lines, dsn, delta, restarts)
     finally:
         if server is not None:
             server.cleanup()

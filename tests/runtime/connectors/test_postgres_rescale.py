@@ -13,6 +13,7 @@ from runtime.connectors.postgres import PostgresSink
 from runtime.sinks import SinkContext
 from statebackend.restore import RescaledState
 from tests.conftest import Postgres
+from tests.runtime.connectors.test_postgres import crash
 
 COLS = ["id", "name", "n"]
 
@@ -21,14 +22,6 @@ def sink_at(pg: Postgres, table: str, subtask: int, parallelism: int) -> Postgre
     sink = PostgresSink(pg.dsn, table, COLS)
     sink.open(SinkContext("pg", subtask, parallelism, 0, lambda n, r: None, job="clicks"))
     return sink
-
-
-def crash(sink: PostgresSink) -> None:
-    if sink.committer is not None:
-        sink.committer.stop()
-    for conn in (sink._conn, sink._commit_conn):
-        if conn is not None:
-            conn.close()
 
 
 def prepared_at_two(pg: Postgres, table: str) -> list[Any]:
