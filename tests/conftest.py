@@ -165,6 +165,7 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(ENV_VAR, "local")
     ports, dirs, children = _listening_ports(), _absflow_tmp(), child_processes()
     yield
+    close_dashboards()  # they outlive a job on purpose (until the driver exits)
     deadline = time.monotonic() + 5.0
     while True:
         extra_ports, extra_dirs = _listening_ports() - ports, _absflow_tmp() - dirs
