@@ -244,25 +244,29 @@ class CollectSink(TwoPhaseCommitSink):
 
     Committed batches go to the driver tagged (step, subtask, checkpoint id); the
     driver keeps the first copy of each, so re-commits after a restore are dropped.
-    Records cross to the driver as msgpack: a transaction is packed when it is sealed
-    (pre-commit), so a record that cannot cross fails there, naming the step that
-    produced it (a RecordSerializationError: restarting cannot help).
+    Records cross to the driver as msgpack, packed as they arrive (one call per batch):
+    sealing a transaction at a barrier only joins bytes, so a large epoch does not hold
+    up the barrier, and a record that cannot cross fails as it arrives, naming the step
+    that produced it (a RecordSerializationError: restarting cannot help).
     """
 
-    def begin_transaction(self, txn_id: TxnId) -> list[Any]:
-        return []
+    def begin_transaction(self, txn_id: TxnId) -> _PackedTxn:
+        return _PackedTxn()
 
-    def write_to_transaction(self, txn: list[Any], records: list[Any]) -> None:
-        txn.extend(records)
-
-    def pre_commit(self, txn: list[Any], checkpoint_id: int) -> bytes:
+    def write_to_transaction(self, txn: _PackedTxn, records: list[Any]) -> None:
         try:
-            packed: bytes = msgpack.packb(txn, use_bin_type=True)
+            packed: bytes = msgpack.packb(records, use_bin_type=True)
         except (TypeError, ValueError, OverflowError) as err:
             raise RecordSerializationError.of_batch(
-                txn, err, step=self.ctx.producer or self.ctx.step_name
+                records, err, step=self.ctx.producer or self.ctx.step_name
             ) from err
-        return packed
+        header = len(_ARRAY_HEADER.pack_array_header(len(records)))
+        txn.parts.append(memoryview(packed)[header:])  # the records, without their list
+        txn.count += len(records)
+
+    def pre_commit(self, txn: _PackedTxn, checkpoint_id: int) -> bytes:
+        header: bytes = _ARRAY_HEADER.pack_array_header(txn.count)
+        return header + b"".join(txn.parts)
 
     def commit(self, checkpoint_id: int, handle: Any) -> None:
         # A handle is the packed transaction (or, from older checkpoints, the records).
@@ -272,6 +276,17 @@ class CollectSink(TwoPhaseCommitSink):
             else handle
         )
         self.ctx.send_to_driver(checkpoint_id, list(records))
+
+
+_ARRAY_HEADER = msgpack.Packer()
+
+
+@dataclasses.dataclass(slots=True)
+class _PackedTxn:
+    """An open `CollectSink` transaction: its records packed batch by batch."""
+
+    parts: list[memoryview] = dataclasses.field(default_factory=list)
+    count: int = 0
 
 
 class FileSink(TwoPhaseCommitSink):

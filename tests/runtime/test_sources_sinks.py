@@ -407,12 +407,28 @@ def test_collect_sink_restores_transactions_of_older_checkpoints() -> None:
     assert again.received == [(1, ["a", ("b", 2)])]
 
 
+def test_collect_sink_packs_batches_into_one_transaction() -> None:
+    """Batches of every size (msgpack's three list headers) seal into one list."""
+    driver = Driver()
+    sink = CollectSink()
+    sink.open(ctx(driver=driver))
+    batches = [list(range(n)) for n in (3, 0, 20, 70_000)]
+    for batch in batches:
+        sink.write_batch(batch)
+    state = through_msgpack(sink.snapshot_state(1))
+    fresh = CollectSink()
+    fresh.open(ctx(attempt=1, driver=driver))
+    fresh.restore_state(state)
+    expected = [r for batch in batches for r in batch]
+    assert driver.received == [(1, expected)]
+
+
 def test_collect_sink_names_the_step_that_produced_an_unserializable_record() -> None:
     sink = CollectSink()
     sink.open(SinkContext("out", 0, 1, 0, Driver(), producer="to_set"))
-    sink.write_batch([1, ("k", {2, 3})])
+    sink.write_batch([0])
     with pytest.raises(RecordSerializationError) as info:
-        sink.snapshot_state(1)
+        sink.write_batch([1, ("k", {2, 3})])  # as it arrives, not at the next barrier
     err = info.value
     assert (err.step, err.index, err.offending_type) == ("to_set", 1, "set")
     message = str(err)
