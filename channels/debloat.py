@@ -15,11 +15,15 @@ the channel was backpressured (a send found the queue full). In such a window th
 is full, the sender goes at the receiver's pace, and that pace is what a barrier behind
 the queue waits for. A window without backpressure says the receiver keeps up, so the
 queue is short whatever the batch: the batch grows back (doubles, up to ``max_batch``).
+The rate used is the highest of the last ``memory`` backpressured windows: a receiver
+that stops draining for a moment (aligning its inputs on a barrier, descheduled, taking
+its snapshot) is not slow, and sizing from that dip would shrink the batches behind every
+checkpoint; a receiver that stays slow for ``memory`` windows is.
 Measuring every window instead (idle time, a sender held up by its own alignment, a
 throttled source) would take a slow *sender* for a slow *receiver* and shrink batches
 that never queue; smaller batches cost more per record, the measured rate falls further,
-and the sizes spiral down to ``min_batch`` (seen as a 25x slower job). The rate is
-smoothed (EWMA) and the size only ever changes between two batches. The kernel's share is
+and the sizes spiral down to ``min_batch`` (seen as a 25x slower job); so would sizing
+from the dips. The size only ever changes between two batches. The kernel's share is
 bounded separately, by the socket buffer sizes (``JobConfig.socket_buffer``).
 
 Per batch, not per record: `on_batch` is called once per data frame sent. Threading:
@@ -28,7 +32,8 @@ one sizer per output channel, on the task-loop thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -42,21 +47,27 @@ class BatchSizer:
     """Seconds the queued records may take to drain (``max_inflight_time``)."""
     min_batch: int = 16
     window: float = 0.1
-    smoothing: float = 0.5
+    memory: int = 5
     batch_size: int = 0
     throughput: float = 0.0
-    """The receiver's drain rate, records per second, smoothed over backpressured
-    windows; 0 until the first one closed."""
+    """The receiver's drain rate, records per second: the highest of the last ``memory``
+    backpressured windows; 0 until the first one closed."""
+    _rates: deque[float] = field(default_factory=deque)
     _window_start: float = -1.0
     _window_records: int = 0
     _window_blocked: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.target <= 0 or self.slots < 1 or not 1 <= self.min_batch <= self.max_batch:
+        if (
+            self.target <= 0
+            or self.slots < 1
+            or self.memory < 1
+            or not 1 <= self.min_batch <= self.max_batch
+        ):
             raise ValueError(
-                f"BatchSizer needs target > 0, slots >= 1 and 1 <= min_batch <= max_batch, "
-                f"got target={self.target}, slots={self.slots}, "
-                f"min_batch={self.min_batch}, max_batch={self.max_batch}"
+                f"BatchSizer needs target > 0, slots >= 1, memory >= 1 and "
+                f"1 <= min_batch <= max_batch, got target={self.target}, slots={self.slots}, "
+                f"memory={self.memory}, min_batch={self.min_batch}, max_batch={self.max_batch}"
             )
         self.batch_size = self.max_batch
 
@@ -72,12 +83,10 @@ class BatchSizer:
         if elapsed < self.window:
             return self.batch_size
         if blocked > self._window_blocked:  # backpressured: the receiver's drain rate
-            rate = self._window_records / elapsed
-            self.throughput = (
-                rate
-                if self.throughput == 0.0
-                else self.smoothing * rate + (1.0 - self.smoothing) * self.throughput
-            )
+            self._rates.append(self._window_records / elapsed)
+            if len(self._rates) > self.memory:
+                self._rates.popleft()
+            self.throughput = max(self._rates)
             size = int(self.throughput * self.target / self.slots)
         else:  # the receiver keeps up: the queue is short, grow back
             size = 2 * self.batch_size

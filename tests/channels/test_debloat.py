@@ -13,7 +13,9 @@ def feed(
     """Send at ``rate`` records/s in the sizer's current batches; returns the end time.
     Backpressured: the receiver drains at ``rate`` and every send waits on the full queue
     (the channel's blocked time grows); otherwise the sender itself goes at ``rate``."""
-    now, blocked = start, 0.0
+    # The channel's blocked time is cumulative and never above the time elapsed: starting
+    # each call at ``start`` keeps it growing across calls.
+    now, blocked = start, start
     sizer.on_batch(0, now, blocked)
     while now < start + seconds:
         size = sizer.batch_size
@@ -66,6 +68,19 @@ def test_batches_grow_back_when_the_backpressure_ends() -> None:
     assert sizer.batch_size == 1000
 
 
+def test_a_dip_does_not_shrink_the_batches_but_a_lasting_slowdown_does() -> None:
+    # A receiver aligning on a barrier (or descheduled) drains nothing for a window: that
+    # is no measure of its speed. Sizing from it shrank the batches behind every
+    # checkpoint; at 0.1 s intervals they never grew back and the job ran 3x slower.
+    sizer = BatchSizer(max_batch=1000, slots=9, target=0.05)
+    end = feed(sizer, rate=90_000, seconds=1.0)
+    assert sizer.batch_size == 500  # 90k/s x 0.05 s / 9 slots
+    end = feed(sizer, rate=2_000, seconds=0.15, start=end)  # one slow window
+    assert sizer.batch_size == 500
+    feed(sizer, rate=9_000, seconds=2.0, start=end)  # slow for longer than memory windows
+    assert sizer.batch_size == 50
+
+
 def test_never_below_the_minimum_and_only_per_window() -> None:
     sizer = BatchSizer(max_batch=1000, slots=17, target=0.1, min_batch=16)
     feed(sizer, rate=10, seconds=5.0)
@@ -77,7 +92,7 @@ def test_never_below_the_minimum_and_only_per_window() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"target": 0.0}, {"slots": 0}, {"min_batch": 0}, {"min_batch": 2000}],
+    [{"target": 0.0}, {"slots": 0}, {"memory": 0}, {"min_batch": 0}, {"min_batch": 2000}],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
     settings = {"max_batch": 1000, "slots": 17, "target": 0.1, **kwargs}
