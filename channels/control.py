@@ -116,7 +116,8 @@ class SourceEnded(Message):
 
 @dataclass(frozen=True, slots=True)
 class SinkOutput(Message):
-    """Records a collect sink committed for ``checkpoint_id`` (the driver dedupes)."""
+    """Records a collect sink committed for ``checkpoint_id`` (the driver dedupes): a
+    list, or a msgpack-packed list that the driver keeps packed until the output is read."""
 
     CODE: ClassVar[int] = 6
     task_index: int
@@ -124,7 +125,7 @@ class SinkOutput(Message):
     step: str
     subtask: int
     checkpoint_id: int
-    records: list[Any]
+    records: list[Any] | bytes
 
 
 @dataclass(frozen=True, slots=True)

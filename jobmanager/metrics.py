@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgpack
+
 from jobmanager.coordinator import CompletedCheckpoint
 from jobmanager.result import JobResult, Restart
 from runtime.graph import StepKind
@@ -212,13 +214,18 @@ class CommittedOutputs:
         self.collect_sinks = [
             s.name for s in plan.steps if s.kind is StepKind.SINK and isinstance(s.fn, CollectSink)
         ]
-        self._batches: dict[tuple[str, int, int], list[Any]] = {}
+        self._batches: dict[tuple[str, int, int], list[Any] | bytes] = {}
         self.committed_up_to = committed_up_to
 
-    def add(self, step: str, subtask: int, checkpoint_id: int, records: Iterable[Any]) -> None:
+    def add(
+        self, step: str, subtask: int, checkpoint_id: int, records: Iterable[Any] | bytes
+    ) -> None:
+        """A committed batch: its records, or a msgpack-packed list of them, kept packed
+        (the driver's loop does not unpack them while the job runs)."""
         if checkpoint_id <= self.committed_up_to:
             return
-        self._batches.setdefault((step, subtask, checkpoint_id), list(records))
+        batch = records if isinstance(records, bytes) else list(records)
+        self._batches.setdefault((step, subtask, checkpoint_id), batch)
 
     def drop_after(self, checkpoint_id: int | None) -> None:
         """The run restarts from ``checkpoint_id`` (None: from scratch)."""
@@ -233,5 +240,7 @@ class CommittedOutputs:
         for (step, _subtask, _n), records in sorted(
             self._batches.items(), key=lambda kv: (kv[0][2], kv[0][1])
         ):
+            if isinstance(records, bytes):
+                records = msgpack.unpackb(records, raw=False, strict_map_key=False, use_list=False)
             out.setdefault(step, []).extend(records)
         return out

@@ -39,7 +39,7 @@ log = logging.getLogger("absflow.task")
 Emit = Callable[[list[Any]], None]
 """Write records that leave the chain outside ``process`` (timers, watermarks, finish)."""
 
-SinkOutputSender = Callable[[str, int, int, list[Any]], None]  # step, subtask, checkpoint
+SinkOutputSender = Callable[[str, int, int, list[Any] | bytes], None]  # step, subtask, checkpoint
 """``send(sink step, checkpoint id, records)``: committed collect() output to the driver."""
 
 
@@ -142,10 +142,10 @@ class OperatorChain:
         step = self.steps[position]
         return ", ".join(self.plan.steps[edge.source].name for edge in step.inputs)
 
-    def _sink_sender(self, step: str) -> Callable[[int, list[Any]], None]:
+    def _sink_sender(self, step: str) -> Callable[[int, list[Any] | bytes], None]:
         send, subtask = self._send_sink_output, self.spec.subtask
 
-        def send_to_driver(checkpoint_id: int, records: list[Any]) -> None:
+        def send_to_driver(checkpoint_id: int, records: list[Any] | bytes) -> None:
             send(step, subtask, checkpoint_id, records)
 
         return send_to_driver

@@ -39,12 +39,14 @@ class SinkContext:
     subtask: int
     parallelism: int
     attempt: int
-    send_to_driver: Callable[[int, list[Any]], None]  # (checkpoint id, records)
+    # (checkpoint id, records): a list, or a msgpack-packed list that travels as is (the
+    # driver unpacks it when the output is read)
+    send_to_driver: Callable[[int, list[Any] | bytes], None]
     producer: str = ""  # the step whose records this sink receives (named in errors)
     job: str = ""  # the job's name: part of every transaction id
     # (subtask, checkpoint id, records): send_to_driver on behalf of an old subtask
     # index, when a rescaled restore recovers that subtask's transactions.
-    send_as: Callable[[int, int, list[Any]], None] | None = None
+    send_as: Callable[[int, int, list[Any] | bytes], None] | None = None
 
 
 def _first(item: tuple[int, Any]) -> int:
@@ -269,13 +271,11 @@ class CollectSink(TwoPhaseCommitSink):
         return header + b"".join(txn.parts)
 
     def commit(self, checkpoint_id: int, handle: Any) -> None:
-        # A handle is the packed transaction (or, from older checkpoints, the records).
-        records = (
-            msgpack.unpackb(handle, raw=False, strict_map_key=False, use_list=False)
-            if isinstance(handle, bytes)
-            else handle
+        # A handle is the packed transaction, sent on as is: neither this task nor the
+        # driver's loop unpacks it (or, from older checkpoints, the records).
+        self.ctx.send_to_driver(
+            checkpoint_id, handle if isinstance(handle, bytes) else list(handle)
         )
-        self.ctx.send_to_driver(checkpoint_id, list(records))
 
 
 _ARRAY_HEADER = msgpack.Packer()

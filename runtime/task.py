@@ -187,7 +187,7 @@ class Task:
 
     # -- control plane -----------------------------------------------------------------
     def _send_sink_output(
-        self, step: str, subtask: int, checkpoint: int, records: list[Any]
+        self, step: str, subtask: int, checkpoint: int, records: list[Any] | bytes
     ) -> None:
         t = self.identity
         self.control.send(P.SinkOutput(t.index, t.attempt, step, subtask, checkpoint, records))

@@ -149,6 +149,13 @@ def test_companion_strided_sources_restored_per_index_lose_or_repeat(source: Sou
 
 
 # -- transactional sinks ------------------------------------------------------------------
+def unpacked(records: list[Any] | bytes) -> list[Any]:
+    """A batch as the driver reads it (a packed list is unpacked)."""
+    if isinstance(records, bytes):
+        return list(msgpack.unpackb(records, raw=False, use_list=False))
+    return records
+
+
 class Driver:
     """Committed output as the driver receives it: (subtask, checkpoint) -> records."""
 
@@ -156,11 +163,11 @@ class Driver:
         self.got: dict[tuple[int, int], list[Any]] = {}
 
     def context(self, subtask: int, parallelism: int) -> SinkContext:
-        def send(n: int, records: list[Any]) -> None:
-            self.got.setdefault((subtask, n), records)  # the first copy, as the driver
+        def send(n: int, records: list[Any] | bytes) -> None:
+            self.got.setdefault((subtask, n), unpacked(records))  # the first copy, as the driver
 
-        def send_as(j: int, n: int, records: list[Any]) -> None:
-            self.got.setdefault((j, n), records)
+        def send_as(j: int, n: int, records: list[Any] | bytes) -> None:
+            self.got.setdefault((j, n), unpacked(records))
 
         return SinkContext("out", subtask, parallelism, 0, send, job="j", send_as=send_as)
 

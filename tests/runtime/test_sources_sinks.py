@@ -179,7 +179,9 @@ class Driver:
     def __init__(self) -> None:
         self.received: list[tuple[int, list[Any]]] = []
 
-    def __call__(self, checkpoint_id: int, records: list[Any]) -> None:
+    def __call__(self, checkpoint_id: int, records: list[Any] | bytes) -> None:
+        if isinstance(records, bytes):  # a packed list, as the driver unpacks it
+            records = list(msgpack.unpackb(records, raw=False, use_list=False))
         self.received.append((checkpoint_id, records))
 
 
