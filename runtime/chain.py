@@ -19,7 +19,7 @@ from typing import Any
 
 import msgpack
 
-from runtime.errors import OperatorFailure, TaskCancelled
+from runtime.errors import OperatorFailure, RecordSerializationError, TaskCancelled
 from runtime.event_time import TimestampAssigner
 from runtime.graph import Step, StepKind
 from runtime.operators import Operator, OperatorContext, build_operator
@@ -168,7 +168,7 @@ class OperatorChain:
                 if not batch:
                     return batch
                 i += 1
-        except (TaskCancelled, OperatorFailure):
+        except (TaskCancelled, OperatorFailure, RecordSerializationError):  # named already
             raise
         except Exception as err:
             raise OperatorFailure(self.operators[i].name, err) from err
@@ -187,7 +187,7 @@ class OperatorChain:
                     self.records_out += len(batch)
                 batch = processes[i](batch, 0)
                 i += 1
-        except (TaskCancelled, OperatorFailure):
+        except (TaskCancelled, OperatorFailure, RecordSerializationError):  # named already
             raise
         except Exception as err:
             raise OperatorFailure(self.operators[i].name, err) from err
@@ -201,7 +201,7 @@ class OperatorChain:
         op = self.operators[i]
         try:
             emitted = call(op)
-        except (TaskCancelled, OperatorFailure):
+        except (TaskCancelled, OperatorFailure, RecordSerializationError):  # named already
             raise
         except Exception as err:
             raise OperatorFailure(op.name, err) from err
