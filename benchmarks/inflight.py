@@ -1,0 +1,122 @@
+"""How much data a channel may hold in flight: aligned checkpoint duration against
+throughput, on the paper topology at full speed, in one command:
+
+    python benchmarks/inflight.py                  # 10 s runs, 5 interleaved rounds (~12 min)
+    python benchmarks/inflight.py --seconds 5 --repeat 3      # a quicker look
+
+An aligned barrier waits at every hop behind the records queued ahead of it, so the
+channel settings (``max_inflight_time``: the batch sizer's target; ``channel_hwm``:
+batches queued on each side; ``socket_buffer``: the kernel's share) set both how long a
+checkpoint takes at full load and how much each frame costs. Every round runs each
+setting twice, without checkpoints (throughput) and with aligned checkpoints every
+``--interval`` seconds (their durations), in an order rotated from round to round. It
+prints, per setting: processing time without checkpoints (median [IQR]), throughput
+relative to the issue-18 baseline (fixed batches, 8 batches per side, OS buffers) within
+each round, checkpoints per run, and pooled checkpoint duration p50 / p90 / p99 with
+what they waited for (queueing / alignment / write, medians); ``--out`` also writes the
+table to a Markdown file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from eval_report import Spread, pooled, q, table, waited
+from evaluate import Run, rotated, run_checked
+from paper_topology import TASKS_PER_P
+
+from jobmanager import launcher
+from runtime.config import JobConfig
+
+SETTINGS: dict[str, dict[str, Any]] = {
+    "before (fixed 1000-record batches, hwm 8, OS buffers)": {
+        "max_inflight_time": None,
+        "channel_hwm": 8,
+        "socket_buffer": 0,
+    },
+    "default (0.05 s, hwm 4, 8 KiB)": {},
+    "0.02 s, hwm 2": {"max_inflight_time": 0.02, "channel_hwm": 2},
+    "0.02 s, hwm 1": {"max_inflight_time": 0.02, "channel_hwm": 1},
+    "0.01 s, hwm 1": {"max_inflight_time": 0.01, "channel_hwm": 1},
+}
+BASELINE = next(iter(SETTINGS))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of a run (default 10)")
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--interval", type=float, default=0.1, help="checkpoint interval (0.1 s)")
+    ap.add_argument("--parallelism", type=int, default=2)
+    ap.add_argument("--out", help="also write the table to this Markdown file")
+    args = ap.parse_args()
+    if args.repeat < 1 or args.seconds <= 0 or args.interval <= 0:
+        ap.error("--repeat must be >= 1, --seconds and --interval > 0")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.0f} s] {text}", flush=True)
+
+    p = args.parallelism
+    launcher.ensure_session(TASKS_PER_P * p, JobConfig())
+    probe = Run.of(run_checked(300_000, p))
+    n = int(300_000 / max(0.1, probe.processing) * args.seconds)
+    say(f"runs of {n:,} records (~{args.seconds:.0f} s at the default setting)")
+    plain: dict[str, list[Run]] = {name: [] for name in SETTINGS}
+    checkpointed: dict[str, list[Run]] = {name: [] for name in SETTINGS}
+    jobs = [(name, interval) for name in SETTINGS for interval in (None, args.interval)]
+    for r in range(args.repeat):
+        for name, interval in rotated(jobs, r * 3):
+            result = run_checked(n, p, checkpoint_interval=interval, **SETTINGS[name])
+            (plain if interval is None else checkpointed)[name].append(Run.of(result))
+        say(f"round {r + 1}/{args.repeat} done")
+    rows = []
+    for name in SETTINGS:
+        base = plain[BASELINE]
+        speed = Spread.of(
+            b.processing / x.processing for x, b in zip(plain[name], base, strict=True)
+        )
+        d = pooled(checkpointed[name], "duration_ms")
+        rows.append(
+            [
+                name,
+                Spread.of(x.processing for x in plain[name]).fmt(2),
+                speed.fmt(2),
+                Spread.of(len(x.checkpoints) for x in checkpointed[name]).fmt(0),
+                f"{q(d, 0.5):.0f} / {q(d, 0.9):.0f} / {q(d, 0.99):.0f}" if d else "-",
+                waited(checkpointed[name]),
+            ]
+        )
+    header = [
+        "setting",
+        "processing s, no checkpoints",
+        f"throughput vs {BASELINE.split(' (')[0]}",
+        f"checkpoints per run (every {args.interval:g} s)",
+        "duration p50 / p90 / p99 ms",
+        "waited: queueing / alignment / write ms",
+    ]
+    text = (
+        f"Generated on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}.\n\n"
+        f"`python {' '.join(['benchmarks/inflight.py', *sys.argv[1:]])}`: paper topology, "
+        f"p={p}, {n:,} records per run, {args.repeat} interleaved rounds, medians [IQR]; "
+        "durations pooled over the rounds.\n\n" + table(header, rows) + "\n"
+    )
+    print("\n" + text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write("# In-flight data: checkpoint duration against throughput\n\n" + text)
+        say(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
