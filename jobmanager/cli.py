@@ -212,9 +212,10 @@ def _print_metadata(meta: CheckpointMetadata, path: str, out: TextIO) -> None:
     rows = [[task, *(getattr(m, k) for k in TASK_METRICS)] for task, m in meta.task_metrics.items()]
     out.write(table(["task", *TASK_METRICS], rows) + "\n")
 
-    out.write(f"\nstate files ({len(meta.tasks)})\n")
+    out.write(f"\ntask states ({len(meta.tasks)}; inline: held in _metadata)\n")
     files = [
-        [task, h.file, h.size, f"{h.crc32:#010x}", _operators(h)] for task, h in meta.tasks.items()
+        [task, h.describe(), h.size, f"{h.crc32:#010x}", _operators(h)]
+        for task, h in meta.tasks.items()
     ]
     out.write(table(["task", "file", "size", "crc32", "operators"], files) + "\n\n")
 
@@ -241,7 +242,7 @@ def show_checkpoint(
         out.write(f"verification: CORRUPT: {info.problem}\n")
         return 1
     files = len(info.metadata.tasks)
-    count = "1 state file matches its" if files == 1 else f"{files} state files match their"
+    count = "1 task state matches its" if files == 1 else f"{files} task states match their"
     out.write(f"verification: OK ({count} recorded size and checksums)\n")
     return 0
 

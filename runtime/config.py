@@ -46,6 +46,9 @@ class JobConfig:
     max_concurrent_checkpoints: int = 1
     tolerable_checkpoint_failures: int = 3
     retained_checkpoints: int = 3
+    # A task state of at most this many bytes goes inline in the ack and _metadata, not
+    # into a state file of its own (Flink's state.storage.fs.memory-threshold); 0: files.
+    state_inline_threshold: int = 20 * 1024
     snapshot_mode: SnapshotMode | str = SnapshotMode.EXACTLY_ONCE
     aligned_timeout: float | None = None  # exactly_once: turn unaligned when aligning longer
     restart_strategy: Any = (
@@ -109,11 +112,6 @@ class JobConfig:
                 f"max_inflight_time must be > 0 seconds (or None for fixed batches), "
                 f"got {self.max_inflight_time!r}."
             )
-        if not isinstance(self.socket_buffer, int) or self.socket_buffer < 0:
-            raise GraphError(
-                f"socket_buffer must be an int >= 0 (bytes; 0 for the OS default), "
-                f"got {self.socket_buffer!r}."
-            )
         if self.checkpoint_interval is not None and not self.checkpoint_interval > 0:
             raise GraphError(
                 f"checkpoint_interval must be > 0 seconds (or None for off), got {self.checkpoint_interval!r}."
@@ -124,15 +122,7 @@ class JobConfig:
                 f"storage_options must be a dict of fsspec keyword arguments with str keys "
                 f"(e.g. {{'endpoint_url': 'http://host:9000'}}), got {type(options).__name__}."
             )
-        for name in (
-            "batch_size",
-            "channel_hwm",
-            "max_concurrent_checkpoints",
-            "retained_checkpoints",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise GraphError(f"{name} must be an int >= 1, got {value!r}.")
+        _check_counts(self)
         if not isinstance(self.ui_port, int) or not 0 <= self.ui_port <= 65535:
             raise GraphError(f"ui_port must be a TCP port 0..65535 (0: any), got {self.ui_port!r}.")
         if not isinstance(self.ui_host, str) or not self.ui_host:
@@ -159,6 +149,26 @@ class JobConfig:
         if unknown:
             raise GraphError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(names)}.")
         return dataclasses.replace(self, **changes)
+
+
+def _check_counts(config: JobConfig) -> None:
+    """The settings that are whole numbers: counts (>= 1) and byte sizes (>= 0)."""
+    for name in (
+        "batch_size",
+        "channel_hwm",
+        "max_concurrent_checkpoints",
+        "retained_checkpoints",
+    ):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise GraphError(f"{name} must be an int >= 1, got {value!r}.")
+    for name, zero in (
+        ("socket_buffer", "0 for the OS default"),
+        ("state_inline_threshold", "0 writes every task state to a file"),
+    ):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise GraphError(f"{name} must be an int >= 0 (bytes; {zero}), got {value!r}.")
 
 
 @dataclass(frozen=True)
@@ -192,4 +202,8 @@ class TaskEnvironment:
     def open_storage(self, root: str) -> CheckpointStorage:
         """The checkpoint storage at ``root`` (one of the roots above), opened with the
         driver's ``storage_options`` (no I/O)."""
-        return CheckpointStorage(root, storage_options=self.config.storage_options)
+        return CheckpointStorage(
+            root,
+            storage_options=self.config.storage_options,
+            inline_threshold=self.config.state_inline_threshold,
+        )

@@ -2,9 +2,10 @@
 
 * `OperatorLayout` — where one operator's state in a task state file came from
   (subtask, parallelism, key-group range).
-* `TaskStateHandle` — one task's state file (name, size, crc32, operators); a task
-  sends it in its ``Ack`` (`encode`/`decode` to a plain dict for the control plane)
-  and ``_metadata`` lists one per task.
+* `TaskStateHandle` — one task's state file (name, size, crc32, operators), or the
+  same bytes held inline when they are small (Flink's memory threshold); a task sends
+  it in its ``Ack`` (`encode`/`decode` to a plain dict for the control plane) and
+  ``_metadata`` lists one per task.
 * `StepState` — a step whose state the checkpoint holds (name, kind, parallelism,
   keyed): what a restore checks the new job against.
 * `CheckpointMetadata` — the ``_metadata`` file: readable JSON with a ``"crc32"`` of
@@ -16,7 +17,10 @@ Decoding raises CorruptCheckpointError naming what is missing or malformed.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import reprlib
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -72,37 +76,50 @@ class OperatorLayout:
 
 @dataclass(frozen=True, slots=True)
 class TaskStateHandle:
-    """One task's state file in a checkpoint: ``file`` (a name inside the checkpoint),
-    its ``size`` and whole-file ``crc32``, and the layout of each operator in it."""
+    """One task's state in a checkpoint: the state file ``file`` (a name inside the
+    checkpoint), its ``size`` and whole-file ``crc32``, and the layout of each operator
+    in it. A small state is not written as a file: its bytes (the same format) travel
+    ``inline`` in the task's ack and in ``_metadata``, and ``file`` is empty."""
 
     file: str
     size: int
     crc32: int
     operators: Mapping[str, OperatorLayout] = field(default_factory=dict)
+    inline: bytes | None = None
 
     def encode(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "file": self.file,
             "size": self.size,
             "crc32": self.crc32,
             "operators": {name: layout.encode() for name, layout in self.operators.items()},
         }
+        if self.inline is not None:  # base64: the same dict goes into the JSON _metadata
+            out["inline"] = base64.b64encode(self.inline).decode("ascii")
+        return out
 
     @classmethod
     def decode(cls, data: Any) -> TaskStateHandle:
         try:
             operators = data.get("operators") or {}
+            inline = data.get("inline")
             return cls(
                 str(data["file"]),
                 int(data["size"]),
                 int(data["crc32"]),
                 {str(name): OperatorLayout.decode(op) for name, op in operators.items()},
+                None if inline is None else base64.b64decode(inline, validate=True),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as err:
             raise CorruptCheckpointError(
-                f"task state handle {data!r} is malformed ({err!r}): expected "
-                f"{{'file': str, 'size': int, 'crc32': int, 'operators': {{...}}}}"
+                f"task state handle {reprlib.repr(data)} is malformed ({err!r}): expected "
+                f"{{'file': str, 'size': int, 'crc32': int, 'operators': {{...}}, "
+                f"'inline': base64?}}"
             ) from err
+
+    def describe(self) -> str:
+        """Where the state is: the file name, or "inline" (held in ``_metadata``)."""
+        return "inline" if self.inline is not None else self.file
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +266,7 @@ class CheckpointMetadata:
                 f"({_LIST_HINT})"
             )
         try:
-            tasks = {str(t): TaskStateHandle.decode(h) for t, h in body["tasks"].items()}
+            tasks = {str(t): _task_handle(source, str(t), h) for t, h in body["tasks"].items()}
             steps = body.get("steps")
             return cls(
                 checkpoint_id=int(body["checkpoint_id"]),
@@ -279,3 +296,12 @@ class CheckpointMetadata:
             raise CorruptCheckpointError(
                 f"checkpoint metadata {source!r} is malformed ({err}) ({_LIST_HINT})"
             ) from err
+
+
+def _task_handle(source: str, task: str, data: Any) -> TaskStateHandle:
+    try:
+        return TaskStateHandle.decode(data)
+    except CorruptCheckpointError as err:
+        raise CorruptCheckpointError(
+            f"checkpoint metadata {source!r}, task {task!r}: {err} ({_LIST_HINT})"
+        ) from err

@@ -8,6 +8,11 @@
         count[1].state
         _metadata            CheckpointMetadata JSON, written LAST
 
+A task state of at most ``inline_threshold`` bytes is not a file: the same bytes go
+inline in the task's ack and in ``_metadata`` (Flink's ``state.storage.fs.memory-threshold``),
+which saves a file create, write, fsync and rename per task and checkpoint, and their
+deletion later (one PUT and one DELETE each on an object store).
+
 A checkpoint counts as completed only once its ``_metadata`` exists; a ``chk-<n>``
 directory without one is in progress or was aborted. Writers: each task writes its
 own state file (`write_task_state`); the coordinator writes ``_metadata``
@@ -23,12 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import io
 import logging
 import re
 import uuid
-from collections.abc import Mapping
+import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from statebackend.errors import (
     CheckpointNotFoundError,
@@ -82,11 +89,15 @@ class CheckpointStorage:
         root: str,
         fs: FileSystem | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        inline_threshold: int = 0,
     ) -> None:
+        """``inline_threshold``: task states of at most this many bytes are held inline in
+        the ack and ``_metadata`` instead of a state file (0: always a file)."""
         if fs is None:
             fs, root = filesystem_for(root, storage_options)
         self.fs: FileSystem = fs
         self.root: str = root
+        self.inline_threshold = inline_threshold
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.root!r})"
@@ -128,9 +139,13 @@ class CheckpointStorage:
         layout: Mapping[str, OperatorLayout],
     ) -> TaskStateHandle:
         """Write a task's state file whole (any thread): afterwards it is complete, or
-        absent. Returns the handle the task acknowledges with."""
+        absent; a state of at most ``inline_threshold`` bytes is not written but held in
+        the handle. Returns the handle the task acknowledges with."""
         path = self.task_state_path(checkpoint_id, task_id)
         encoded = encode_task_snapshot(snapshots)
+        if encoded.size <= self.inline_threshold:
+            data = b"".join(encoded.chunks)
+            return TaskStateHandle("", encoded.size, zlib.crc32(data), dict(layout), data)
         with self.fs.open_write(path) as out:
             crc = write_chunks(out, encoded.chunks)
         return TaskStateHandle(f"{task_id}.state", encoded.size, crc, dict(layout))
@@ -138,16 +153,28 @@ class CheckpointStorage:
     def read_operator_state(
         self, checkpoint_id: int, handle: TaskStateHandle, operator: str
     ) -> bytes | None:
-        """The operator-state blob of ``operator`` in a state file, or None."""
-        with self.fs.open_read(self.fs.join(self.location(checkpoint_id), handle.file)) as f:
+        """The operator-state blob of ``operator`` in a task's state, or None."""
+        with self._open_state(checkpoint_id, handle) as f:
             return read_operator_state(f, operator)
 
     def read_keyed_state(
         self, checkpoint_id: int, handle: TaskStateHandle, operator: str, key_groups: range
     ) -> list[bytes]:
-        """Keyed-state blobs of ``operator`` in a state file overlapping ``key_groups``."""
-        with self.fs.open_read(self.fs.join(self.location(checkpoint_id), handle.file)) as f:
+        """Keyed-state blobs of ``operator`` in a task's state overlapping ``key_groups``."""
+        with self._open_state(checkpoint_id, handle) as f:
             return read_keyed_state(f, operator, key_groups)
+
+    @contextlib.contextmanager
+    def _open_state(self, checkpoint_id: int, handle: TaskStateHandle) -> Iterator[BinaryIO]:
+        """A task's state, from its file or from the bytes held inline (named in errors)."""
+        directory = self.location(checkpoint_id)
+        if handle.inline is not None:
+            inline = io.BytesIO(handle.inline)
+            inline.name = f"{self.fs.join(directory, METADATA)} (inline state)"
+            yield inline
+            return
+        with self.fs.open_read(self.fs.join(directory, handle.file)) as f:
+            yield f
 
     # -- metadata (coordinator) -------------------------------------------------------------
     def write_metadata(self, metadata: CheckpointMetadata) -> str:
@@ -201,6 +228,9 @@ class CheckpointStorage:
         metadata = self.read_metadata(checkpoint_id)
         directory = self.location(checkpoint_id)
         for task_id, handle in sorted(metadata.tasks.items()):
+            if handle.inline is not None:
+                self._check_inline(checkpoint_id, task_id, handle)
+                continue
             path = self.fs.join(directory, handle.file)
             try:
                 actual = self.fs.size(path)
@@ -223,6 +253,20 @@ class CheckpointStorage:
                         f"checkpoint {checkpoint_id}: task {task_id!r}: {err.what} in {path!r}"
                     ) from err
         return metadata
+
+    def _check_inline(self, checkpoint_id: int, task_id: str, handle: TaskStateHandle) -> None:
+        """The inline state of ``task_id``: its recorded size, crc32 and every section."""
+        data = handle.inline or b""
+        where = f"checkpoint {checkpoint_id}: the inline state of task {task_id!r}"
+        if len(data) != handle.size:
+            raise CorruptCheckpointError(
+                f"{where} has {len(data)} bytes, metadata records {handle.size}"
+            )
+        try:
+            with self._open_state(checkpoint_id, handle) as f:
+                verify_state_file(f, handle.crc32)
+        except CorruptStateError as err:
+            raise CorruptCheckpointError(f"{where}: {err.what}") from err
 
     def status(self, checkpoint_id: int) -> CheckpointInfo:
         """Whether checkpoint ``checkpoint_id`` is completed, incomplete or corrupt."""

@@ -20,6 +20,7 @@ from runtime import Dataflow, GraphError, TaskFailedError
 from runtime.errors import AbsflowError
 from runtime.sources import GeneratorSource, Source, SourceReader
 from runtime.testing import ABORT, EOF, ListSink, TestingSource, TestingSourceAbort, run_local
+from statebackend import CheckpointStorage
 from tests.conftest import child_processes
 
 pytestmark = [pytest.mark.harness]  # the harness fixture: see tests/conftest.py
@@ -118,10 +119,15 @@ def test_injected_raise_at_record_names_the_step() -> None:
     assert info.value.operator == "sum" and "injected failure at record 100" in str(info.value)
 
 
-def test_sigkill_after_checkpoint_k_gives_the_failure_free_output() -> None:
+@pytest.mark.parametrize("inline_threshold", [20 * 1024, 0], ids=["inline", "files"])
+def test_sigkill_after_checkpoint_k_gives_the_failure_free_output(
+    tmp_path: Any, inline_threshold: int
+) -> None:
     # rate-limited: the job outlives checkpoint 2 even on a fast machine
+    root = tmp_path / "chk"
+    config = {"checkpoint_dir": str(root), "state_inline_threshold": inline_threshold}
     killed = run_local(
-        keyed_sums(60_000, rate=60_000, checkpoint_interval=0.05),
+        keyed_sums(60_000, rate=60_000, checkpoint_interval=0.05, **config),
         faults=[Kill("sum[1]", after_checkpoint=2)],
     )
     clean = run_local(keyed_sums(60_000))
@@ -130,6 +136,18 @@ def test_sigkill_after_checkpoint_k_gives_the_failure_free_output() -> None:
     assert restart.cause is FailureCause.TASK_DIED and restart.restored_checkpoint is not None
     assert restart.restored_checkpoint >= 2
     assert collections.Counter(killed.output("sums")) == collections.Counter(clean.output("sums"))
+    # Where the restored and retained checkpoints kept each task's state.
+    storage = CheckpointStorage(str(root))
+    retained = storage.completed_checkpoints()
+    assert retained
+    for n in retained:
+        handles = storage.check(n).tasks
+        state_files = {p.name for p in (root / f"chk-{n}").glob("*.state")}
+        assert state_files == {h.file for h in handles.values() if h.inline is None}
+        small = {task for task, h in handles.items() if h.size <= inline_threshold}
+        assert {task for task, h in handles.items() if h.inline is not None} == small
+        if inline_threshold:
+            assert {"numbers[0]", "numbers[1]", "sum[0]", "sum[1]"} <= small
 
 
 def test_without_checkpoints_a_kill_is_not_survived() -> None:

@@ -182,7 +182,7 @@ def test_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         line for line in out.splitlines() if line.startswith("src[0]") and ".state" in line
     )
     assert "src[0].state" in state_row and "src" in state_row.split()[-1]
-    assert "verification: OK (1 state file matches" in out
+    assert "verification: OK (1 task state matches" in out
     assert "  max_alignment_ms    7.25" in out
 
 

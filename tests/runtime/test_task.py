@@ -8,6 +8,7 @@ checkpoint it is acked, and says Alive to heartbeats).
 from __future__ import annotations
 
 import logging
+import zlib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -262,8 +263,8 @@ def test_unaligned_barriers_overtake_queued_input_which_becomes_channel_state(
     task.close(graceful=True)
 
 
-def test_state_files_are_written_through_the_storage(tmp_path: Path) -> None:
-    task, io = merge_task(tmp_path, checkpoint_interval=1.0)
+def _final_ack_handle(tmp_path: Path, **settings: Any) -> tuple[P.Ack, TaskStateHandle]:
+    task, io = merge_task(tmp_path, checkpoint_interval=1.0, **settings)
     task.open()
     b = Barrier(1, 0.0, final=True)
     io.gate.frames.extend(
@@ -271,11 +272,24 @@ def test_state_files_are_written_through_the_storage(tmp_path: Path) -> None:
     )
     task.run()
     (ack,) = io.jm.of_type(P.Ack)
-    handle = TaskStateHandle.decode(ack.state)
+    task.close(graceful=True)
+    return ack, TaskStateHandle.decode(ack.state)
+
+
+def test_state_files_are_written_through_the_storage(tmp_path: Path) -> None:
+    ack, handle = _final_ack_handle(tmp_path, state_inline_threshold=0)
     assert handle.file == "merge[0].state" and handle.operators == {}  # nothing stateful
+    assert handle.inline is None
     assert (tmp_path / "chk" / "chk-1" / "merge[0].state").stat().st_size == handle.size
     assert ack.metrics["state_bytes"] == handle.size
-    task.close(graceful=True)
+
+
+def test_a_small_state_travels_inline_in_the_ack(tmp_path: Path) -> None:
+    ack, handle = _final_ack_handle(tmp_path)  # the default threshold, 20 KiB
+    assert handle.file == "" and handle.inline is not None
+    assert len(handle.inline) == handle.size == ack.metrics["state_bytes"]
+    assert zlib.crc32(handle.inline) == handle.crc32
+    assert not (tmp_path / "chk" / "chk-1" / "merge[0].state").exists()
 
 
 def test_an_abort_from_the_job_manager_reaches_the_handler_with_its_reason(
