@@ -99,7 +99,10 @@ def test_storage_a_task_cannot_write_fails_the_job_naming_the_url_and_host(
     s3: FakeS3, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The driver probe passes (bypassed here, as when only the driver reaches the
-    storage); the tasks' first state writes fail: one fatal failure, no restarts."""
+    storage); the tasks' first state writes fail: one fatal failure, no restarts.
+    Every task state goes to a file here: a state small enough to travel inline in the
+    ack never touches the storage from the task, so a task finds out at its first state
+    that does not fit in the ack."""
 
     def unprobed(root: str, options: Any = None) -> CheckpointStorage:
         return CheckpointStorage(root, storage_options=options)
@@ -108,7 +111,7 @@ def test_storage_a_task_cannot_write_fails_the_job_naming_the_url_and_host(
     url = "s3://absflow-no-such-bucket/chk"
     started = time.monotonic()
     with pytest.raises(TaskFailedError) as info:
-        pipeline(N, **on_s3(s3, url), timeout=90).run()
+        pipeline(N, **on_s3(s3, url), state_inline_threshold=0, timeout=90).run()
     assert time.monotonic() - started < 30  # ~6 s here: one attempt, no restarts
     message = str(info.value)
     assert f"checkpoint storage {url!r}" in message and " on host " in message

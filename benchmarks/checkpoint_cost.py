@@ -1,0 +1,126 @@
+"""What an aligned checkpoint costs on the paper topology: CPU per checkpoint and time.
+
+    python benchmarks/checkpoint_cost.py                    # 10 s runs, 5 interleaved rounds
+    python benchmarks/checkpoint_cost.py --seconds 5 --repeat 3     # a quicker look
+
+On a machine whose cores the job keeps busy, a checkpoint's overhead is the CPU it takes
+from the records. Each round runs three settings, in an order rotated from round to
+round: no checkpoints; ABS every ``--interval`` s with the default
+``state_inline_threshold`` (small task states travel inline in the ack and
+``_metadata``); and ABS with every task state in a file of its own
+(``state_inline_threshold=0``, as before inline states). The tasks run on the local
+launcher, so they are this process's children and ``getrusage(RUSAGE_CHILDREN)``
+measures their CPU; the job manager runs in this process. Per checkpointed setting it
+prints, against the no-checkpoint run of the same round: processing time (ratio),
+extra CPU per completed checkpoint (task processes' user and system time, the job
+manager's), all median [IQR] over the rounds; and pooled over the rounds, checkpoint
+duration and state write time (p50 / p99).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from eval_report import Spread, pooled, q, table
+from evaluate import Run, rotated, run_checked
+
+SETTINGS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "ABS, small states inline (default)": {},
+    "ABS, every state a file": {"state_inline_threshold": 0},
+}
+
+
+def cpu() -> tuple[float, float, float]:
+    """(children user, children system, this process user + system) seconds."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return children.ru_utime, children.ru_stime, me.ru_utime + me.ru_stime
+
+
+def measured(n: int, p: int, settings: dict[str, Any]) -> tuple[Run, tuple[float, ...]]:
+    before = cpu()
+    run = Run.of(run_checked(n, p, launcher="local", **settings))
+    return run, tuple(b - a for a, b in zip(before, cpu(), strict=True))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of a run (default 10)")
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--interval", type=float, default=0.1, help="checkpoint interval (0.1 s)")
+    ap.add_argument("--parallelism", type=int, default=2)
+    args = ap.parse_args()
+    if args.repeat < 1 or args.seconds <= 0 or args.interval <= 0:
+        ap.error("--repeat must be >= 1, --seconds and --interval > 0")
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.0f} s] {text}", flush=True)
+
+    p = args.parallelism
+    probe, _ = measured(300_000, p, {})
+    n = int(300_000 / max(0.1, probe.processing) * args.seconds)
+    say(f"runs of {n:,} records (~{args.seconds:.0f} s without checkpoints)")
+    runs: dict[str, list[tuple[Run, tuple[float, ...]]]] = {name: [] for name in SETTINGS}
+    for r in range(args.repeat):
+        for name in rotated(list(SETTINGS), r):
+            interval = None if name == "none" else args.interval
+            runs[name].append(measured(n, p, {"checkpoint_interval": interval, **SETTINGS[name]}))
+        say(f"round {r + 1}/{args.repeat} done")
+    rows = []
+    for name in list(SETTINGS)[1:]:
+        pairs = list(zip(runs[name], runs["none"], strict=True))
+
+        def extra(i: int, pairs: list[Any] = pairs) -> str:
+            """Extra CPU of kind ``i`` per completed checkpoint, ms (median [IQR])."""
+            return Spread.of(
+                (c[i] - b[i]) / max(1, len(run.checkpoints)) * 1000 for (run, c), (_, b) in pairs
+            ).fmt(1)
+
+        checkpointed = [run for run, _ in runs[name]]
+        d, w = pooled(checkpointed, "duration_ms"), pooled(checkpointed, "write_ms")
+        rows.append(
+            [
+                name,
+                Spread.of(run.processing / b.processing for (run, _), (b, _) in pairs).fmt(3),
+                Spread.of(len(run.checkpoints) for run in checkpointed).fmt(0),
+                extra(0),
+                extra(1),
+                extra(2),
+                f"{q(d, 0.5):.0f} / {q(d, 0.99):.0f}",
+                f"{q(w, 0.5):.1f} / {q(w, 0.99):.1f}",
+            ]
+        )
+    header = [
+        "setting",
+        "time vs none",
+        "checkpoints per run",
+        "CPU per checkpoint, ms: tasks user",
+        "tasks system",
+        "job manager",
+        "duration p50 / p99 ms",
+        "write p50 / p99 ms",
+    ]
+    plain = Spread.of(run.processing for run, _ in runs["none"]).fmt(2)
+    print(
+        f"\nGenerated on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}. `python "
+        f"{' '.join(['benchmarks/checkpoint_cost.py', *sys.argv[1:]])}`: paper topology, "
+        f"p={p}, local launcher, {n:,} records per run (no checkpoints: {plain} s), "
+        f"ABS every {args.interval:g} s, {args.repeat} interleaved rounds, medians [IQR].\n\n"
+        + table(header, rows)
+    )
+
+
+if __name__ == "__main__":
+    main()
