@@ -19,7 +19,6 @@ duration and state write time (p50 / p99).
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import resource
@@ -30,7 +29,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from eval_report import Spread, pooled, q, table
+from eval_report import Spread, pooled, q, round_args, stopwatch, table
 from evaluate import Run, rotated, run_checked
 
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -54,18 +53,8 @@ def measured(n: int, p: int, settings: dict[str, Any]) -> tuple[Run, tuple[float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=10.0, help="length of a run (default 10)")
-    ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
-    ap.add_argument("--interval", type=float, default=0.1, help="checkpoint interval (0.1 s)")
-    ap.add_argument("--parallelism", type=int, default=2)
-    args = ap.parse_args()
-    if args.repeat < 1 or args.seconds <= 0 or args.interval <= 0:
-        ap.error("--repeat must be >= 1, --seconds and --interval > 0")
-    started = time.monotonic()
-
-    def say(text: str) -> None:
-        print(f"[{time.monotonic() - started:6.0f} s] {text}", flush=True)
+    args = round_args(__doc__, 10.0)
+    say = stopwatch()
 
     p = args.parallelism
     probe, _ = measured(300_000, p, {})
@@ -112,14 +101,20 @@ def main() -> None:
         "write p50 / p99 ms",
     ]
     plain = Spread.of(run.processing for run, _ in runs["none"]).fmt(2)
-    print(
-        f"\nGenerated on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, Python "
+    text = (
+        f"Generated on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}. `python "
         f"{' '.join(['benchmarks/checkpoint_cost.py', *sys.argv[1:]])}`: paper topology, "
         f"p={p}, local launcher, {n:,} records per run (no checkpoints: {plain} s), "
         f"ABS every {args.interval:g} s, {args.repeat} interleaved rounds, medians [IQR].\n\n"
         + table(header, rows)
+        + "\n"
     )
+    print("\n" + text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write("# What an aligned checkpoint costs\n\n" + text)
+        say(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -8,11 +8,12 @@ show.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,31 @@ if TYPE_CHECKING:
 # Targets of the issue this evaluation answers (issue 18), checked in the conclusions.
 OVERHEAD_TARGET = 0.05  # ABS every 0.1 s
 P99_TARGET_MS = 250.0  # aligned checkpoint duration at full load
+
+
+def round_args(doc: str | None, seconds: float) -> argparse.Namespace:
+    """The command line of a benchmark of interleaved rounds on the paper topology:
+    ``--seconds`` a run, ``--repeat`` rounds, checkpoints every ``--interval`` s."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=seconds, help=f"length of a run ({seconds:g})")
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--interval", type=float, default=0.1, help="checkpoint interval (0.1 s)")
+    ap.add_argument("--parallelism", type=int, default=2)
+    ap.add_argument("--out", help="also write the table to this Markdown file")
+    args = ap.parse_args()
+    if args.repeat < 1 or args.seconds <= 0 or args.interval <= 0:
+        ap.error("--repeat must be >= 1, --seconds and --interval > 0")
+    return args
+
+
+def stopwatch() -> Callable[[str], None]:
+    """``say(text)``: print ``text`` after the seconds since this call."""
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.0f} s] {text}", flush=True)
+
+    return say
 
 
 @dataclass(frozen=True)

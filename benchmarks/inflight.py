@@ -19,7 +19,6 @@ table to a Markdown file.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from eval_report import Spread, pooled, q, table, waited
+from eval_report import Spread, pooled, q, round_args, stopwatch, table, waited
 from evaluate import Run, rotated, run_checked
 from paper_topology import TASKS_PER_P
 
@@ -51,20 +50,9 @@ BASELINE = next(iter(SETTINGS))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=10.0, help="length of a run (default 10)")
-    ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
-    ap.add_argument("--interval", type=float, default=0.1, help="checkpoint interval (0.1 s)")
-    ap.add_argument("--parallelism", type=int, default=2)
-    ap.add_argument("--out", help="also write the table to this Markdown file")
-    args = ap.parse_args()
-    if args.repeat < 1 or args.seconds <= 0 or args.interval <= 0:
-        ap.error("--repeat must be >= 1, --seconds and --interval > 0")
+    args = round_args(__doc__, 10.0)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    started = time.monotonic()
-
-    def say(text: str) -> None:
-        print(f"[{time.monotonic() - started:6.0f} s] {text}", flush=True)
+    say = stopwatch()
 
     p = args.parallelism
     launcher.ensure_session(TASKS_PER_P * p, JobConfig())
