@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from eval_report import Spread, pooled, q, round_args, stopwatch, table
+from eval_report import Spread, pooled, q, report, round_args, stopwatch, table
 from evaluate import Run, rotated, run_checked
 
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -110,11 +110,7 @@ def main() -> None:
         + table(header, rows)
         + "\n"
     )
-    print("\n" + text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("# What an aligned checkpoint costs\n\n" + text)
-        say(f"wrote {args.out}")
+    report(text, "What an aligned checkpoint costs", args.out, say)
 
 
 if __name__ == "__main__":

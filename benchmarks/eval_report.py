@@ -52,6 +52,15 @@ def stopwatch() -> Callable[[str], None]:
     return say
 
 
+def report(text: str, title: str, out: str | None, say: Callable[[str], None]) -> None:
+    """Print ``text``; with ``out``, also write it to that Markdown file under ``title``."""
+    print("\n" + text)
+    if out:
+        with open(out, "w") as fh:
+            fh.write(f"# {title}\n\n" + text)
+        say(f"wrote {out}")
+
+
 @dataclass(frozen=True)
 class Spread:
     """A median with its interquartile range."""

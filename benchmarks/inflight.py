@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from eval_report import Spread, pooled, q, round_args, stopwatch, table, waited
+from eval_report import Spread, pooled, q, report, round_args, stopwatch, table, waited
 from evaluate import Run, rotated, run_checked
 from paper_topology import TASKS_PER_P
 
@@ -99,11 +99,7 @@ def main() -> None:
         f"p={p}, {n:,} records per run, {args.repeat} interleaved rounds, medians [IQR]; "
         "durations pooled over the rounds.\n\n" + table(header, rows) + "\n"
     )
-    print("\n" + text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("# In-flight data: checkpoint duration against throughput\n\n" + text)
-        say(f"wrote {args.out}")
+    report(text, "In-flight data: checkpoint duration against throughput", args.out, say)
 
 
 if __name__ == "__main__":
