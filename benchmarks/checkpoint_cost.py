@@ -2,41 +2,56 @@
 
     python benchmarks/checkpoint_cost.py                    # 10 s runs, 5 interleaved rounds
     python benchmarks/checkpoint_cost.py --seconds 5 --repeat 3     # a quicker look
+    python benchmarks/checkpoint_cost.py --interval 0.1 1 --no-files --repeat 30   # overhead
 
 On a machine whose cores the job keeps busy, a checkpoint's overhead is the CPU it takes
-from the records. Each round runs three settings, in an order rotated from round to
-round: no checkpoints; ABS every ``--interval`` s with the default
+from the records. Each round runs every setting once, in an order rotated from round to
+round: no checkpoints; ABS every ``--interval`` s (each one given) with the default
 ``state_inline_threshold`` (small task states travel inline in the ack and
-``_metadata``); and ABS with every task state in a file of its own
+``_metadata``); and ABS at the first interval with every task state in a file of its own
 (``state_inline_threshold=0``, as before inline states). The tasks run on the local
 launcher, so they are this process's children and ``getrusage(RUSAGE_CHILDREN)``
 measures their CPU; the job manager runs in this process. Per checkpointed setting it
 prints, against the no-checkpoint run of the same round: processing time (ratio),
 extra CPU per completed checkpoint (task processes' user and system time, the job
 manager's), all median [IQR] over the rounds; and pooled over the rounds, checkpoint
-duration and state write time (p50 / p99).
+duration and state write time (p50 / p99). The time ratio also gets a 95 % confidence
+interval of its median (distribution-free, from the order statistics; it needs at least
+6 rounds): an overhead claim holds only where that whole interval does.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import resource
 import sys
 import time
+from argparse import RawTextHelpFormatter
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from eval_report import Spread, pooled, q, report, round_args, stopwatch, table
+from eval_report import Spread, median_ci, pooled, q, report, round_args, stopwatch, table
 from evaluate import Run, rotated, run_checked
 
-SETTINGS: dict[str, dict[str, Any]] = {
-    "none": {},
-    "ABS, small states inline (default)": {},
-    "ABS, every state a file": {"state_inline_threshold": 0},
-}
+
+def settings(intervals: list[float], files: bool) -> dict[str, dict[str, Any]]:
+    """Each setting's job config: none, inline states at every interval, and with
+    ``files`` every state a file at the first interval."""
+    out: dict[str, dict[str, Any]] = {"none": {"checkpoint_interval": None}}
+    for interval in intervals:
+        out[f"ABS every {interval:g} s, small states inline (default)"] = {
+            "checkpoint_interval": interval
+        }
+    if files:
+        out[f"ABS every {intervals[0]:g} s, every state a file"] = {
+            "checkpoint_interval": intervals[0],
+            "state_inline_threshold": 0,
+        }
+    return out
 
 
 def cpu() -> tuple[float, float, float]:
@@ -53,21 +68,23 @@ def measured(n: int, p: int, settings: dict[str, Any]) -> tuple[Run, tuple[float
 
 
 def main() -> None:
-    args = round_args(__doc__, 10.0)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=RawTextHelpFormatter)
+    ap.add_argument("--no-files", action="store_true", help="skip the every-state-a-file runs")
+    args = round_args(__doc__, 10.0, intervals=True, parser=ap)
+    setups = settings(args.interval, files=not args.no_files)
     say = stopwatch()
 
     p = args.parallelism
     probe, _ = measured(300_000, p, {})
     n = int(300_000 / max(0.1, probe.processing) * args.seconds)
     say(f"runs of {n:,} records (~{args.seconds:.0f} s without checkpoints)")
-    runs: dict[str, list[tuple[Run, tuple[float, ...]]]] = {name: [] for name in SETTINGS}
+    runs: dict[str, list[tuple[Run, tuple[float, ...]]]] = {name: [] for name in setups}
     for r in range(args.repeat):
-        for name in rotated(list(SETTINGS), r):
-            interval = None if name == "none" else args.interval
-            runs[name].append(measured(n, p, {"checkpoint_interval": interval, **SETTINGS[name]}))
+        for name in rotated(list(setups), r):
+            runs[name].append(measured(n, p, setups[name]))
         say(f"round {r + 1}/{args.repeat} done")
     rows = []
-    for name in list(SETTINGS)[1:]:
+    for name in list(setups)[1:]:
         pairs = list(zip(runs[name], runs["none"], strict=True))
 
         def extra(i: int, pairs: list[Any] = pairs) -> str:
@@ -76,12 +93,15 @@ def main() -> None:
                 (c[i] - b[i]) / max(1, len(run.checkpoints)) * 1000 for (run, c), (_, b) in pairs
             ).fmt(1)
 
+        time_ratios = [run.processing / b.processing for (run, _), (b, _) in pairs]
+        low, high = median_ci(time_ratios)
         checkpointed = [run for run, _ in runs[name]]
         d, w = pooled(checkpointed, "duration_ms"), pooled(checkpointed, "write_ms")
         rows.append(
             [
                 name,
-                Spread.of(run.processing / b.processing for (run, _), (b, _) in pairs).fmt(3),
+                Spread.of(time_ratios).fmt(3),
+                f"{low:.3f}-{high:.3f}",
                 Spread.of(len(run.checkpoints) for run in checkpointed).fmt(0),
                 extra(0),
                 extra(1),
@@ -93,6 +113,7 @@ def main() -> None:
     header = [
         "setting",
         "time vs none",
+        "its median's 95 % CI",
         "checkpoints per run",
         "CPU per checkpoint, ms: tasks user",
         "tasks system",
@@ -106,9 +127,7 @@ def main() -> None:
         f"{platform.python_version()}. `python "
         f"{' '.join(['benchmarks/checkpoint_cost.py', *sys.argv[1:]])}`: paper topology, "
         f"p={p}, local launcher, {n:,} records per run (no checkpoints: {plain} s), "
-        f"ABS every {args.interval:g} s, {args.repeat} interleaved rounds, medians [IQR].\n\n"
-        + table(header, rows)
-        + "\n"
+        f"{args.repeat} interleaved rounds, medians [IQR].\n\n" + table(header, rows) + "\n"
     )
     report(text, "What an aligned checkpoint costs", args.out, say)
 

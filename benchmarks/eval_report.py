@@ -9,6 +9,7 @@ show.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -27,17 +28,36 @@ OVERHEAD_TARGET = 0.05  # ABS every 0.1 s
 P99_TARGET_MS = 250.0  # aligned checkpoint duration at full load
 
 
-def round_args(doc: str | None, seconds: float) -> argparse.Namespace:
+def round_args(
+    doc: str | None,
+    seconds: float,
+    intervals: bool = False,
+    parser: argparse.ArgumentParser | None = None,
+) -> argparse.Namespace:
     """The command line of a benchmark of interleaved rounds on the paper topology:
-    ``--seconds`` a run, ``--repeat`` rounds, checkpoints every ``--interval`` s."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    ``--seconds`` a run, ``--repeat`` rounds, checkpoints every ``--interval`` s (with
+    ``intervals``, a list of one or more). ``parser``: one holding the benchmark's own
+    arguments."""
+    ap = parser or argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--seconds", type=float, default=seconds, help=f"length of a run ({seconds:g})")
     ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
-    ap.add_argument("--interval", type=float, default=0.1, help="checkpoint interval (0.1 s)")
+    ap.add_argument(
+        "--interval",
+        type=float,
+        nargs="+" if intervals else None,
+        default=[0.1] if intervals else 0.1,
+        help="checkpoint interval" + ("s (0.1 s)" if intervals else " (0.1 s)"),
+    )
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--out", help="also write the table to this Markdown file")
     args = ap.parse_args()
-    if args.repeat < 1 or args.seconds <= 0 or args.interval <= 0:
+    if (
+        args.repeat < 1
+        or args.seconds <= 0
+        or min(args.interval if intervals else [args.interval]) <= 0
+    ):
         ap.error("--repeat must be >= 1, --seconds and --interval > 0")
     return args
 
@@ -87,6 +107,21 @@ class Spread:
 
     def contains(self, x: float) -> bool:
         return self.q1 <= x <= self.q3
+
+
+def median_ci(values: Iterable[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: the order statistics
+    ``(v[k], v[n-k+1])`` (1-based) with the largest ``k`` for which a Binomial(n, 1/2)
+    leaves at most ``(1 - level) / 2`` below ``k``. NaNs when ``values`` are too few
+    (fewer than 6 for 95 %)."""
+    v = sorted(values)
+    n, tail, cdf, k = len(v), (1.0 - level) / 2, 0.0, 0
+    while k < n and cdf + math.comb(n, k) / 2**n <= tail:
+        cdf += math.comb(n, k) / 2**n
+        k += 1
+    if k == 0:
+        return float("nan"), float("nan")
+    return v[k - 1], v[n - k]
 
 
 def ratios(study: Study, label: str, base: str = "none") -> Spread:
