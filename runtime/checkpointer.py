@@ -7,8 +7,9 @@ A checkpoint is taken in four steps, each its own method so that later work
    two batches (``OperatorChain.capture``);
 2. **forward** — the barrier goes out on every output channel, behind all records
    sent before it;
-3. **write** — the asynchronous part: the state file is written by the storage in
-   one background thread while the task goes on (skipped without storage);
+3. **write** — the asynchronous part: the state file is written in one background
+   thread while the task goes on (none without storage; a small state, held inline
+   in the ack, is encoded at once and acked in the same step);
 4. **ack** — once written, ``Ack`` with the state handle and the metrics (or
    ``Decline`` with STATE_WRITE_FAILED when the write failed: the job goes on). The
    task's first write is different: if it fails and a probe file cannot be written
@@ -24,9 +25,9 @@ barrier comes back on each (`log`, then `back_edges_logged` from the handler's
 `BackEdgeLogger`); the log becomes the operator state of the chain's head step
 (the loop head, which holds no state of its own) and is written with the rest.
 
-Metrics of an ack: ``start_delay_ms`` (trigger to the first barrier here),
-``alignment_ms`` (first to last barrier), ``spilled_bytes`` (blocked input spilled
-meanwhile), ``sync_ms`` (capture), ``async_ms`` (write), ``state_bytes`` (file size),
+Metrics of an ack: ``start_delay_ms`` (trigger to the first barrier here), ``alignment_ms``
+(first to last barrier), ``spilled_bytes`` (blocked input spilled meanwhile),
+``sync_ms`` (capture), ``async_ms`` (write), ``state_bytes`` (file size),
 ``keys`` (keyed state entries), ``backedge_records``/``backedge_bytes`` (a loop
 head's back-edge log), ``records_in``/``records_out``/``watermark`` (at the snapshot).
 
@@ -322,8 +323,17 @@ class TaskCheckpointer:
             output.send_event(event)
 
     def write(self, checkpoint_id: int, captured: Capture, metrics: dict[str, Any]) -> None:
-        """Start writing the state file; `collect_writes` acks it when done."""
+        """Ack a small state at once, inline (if no older write waits for its ack: acks go
+        in order); else start writing the state file: `collect_writes` acks it when done."""
         die = self._faults.kill_during_snapshot(checkpoint_id)
+        if not die and not self._pending and self.storage is not None:
+            started = time.perf_counter()
+            handle = self.storage.inline_handle(captured.snapshots, captured.layout)
+            if handle is not None:  # not after the writer thread and this task's next turn
+                self._wrote_state, metrics["state_bytes"] = True, handle.size
+                metrics["async_ms"] = _ms(time.perf_counter() - started)
+                self.ack(checkpoint_id, handle, metrics)
+                return
         future = self._executor().submit(self._write, checkpoint_id, captured, die)
         self._pending.append(_PendingWrite(checkpoint_id, future, metrics))
         if self.synchronous:  # the task does nothing else meanwhile
@@ -365,7 +375,8 @@ class TaskCheckpointer:
                 handle, async_ms = pending.future.result()
             except Exception as err:  # e.g. disk full: decline, the job goes on
                 if not self._wrote_state and not self._storage_writable():
-                    raise self._unusable_storage(n, err) from err
+                    t, root = self.task, self.storage.root if self.storage else None
+                    raise CheckpointStorageError.unusable(t.task_id, t.host, n, root, err) from err
                 # A checkpoint whose directory is gone was aborted (or subsumed) and removed
                 # by the job manager while this write ran: nothing went wrong here.
                 removed = isinstance(err, FileNotFoundError) and self._removed(n)
@@ -400,17 +411,6 @@ class TaskCheckpointer:
         except Exception as err:
             log.debug("task %s: probing checkpoint storage failed: %s", self.task.task_id, err)
         return False
-
-    def _unusable_storage(self, checkpoint_id: int, err: Exception) -> CheckpointStorageError:
-        t, root = self.task, self.storage.root if self.storage else None
-        return CheckpointStorageError(
-            f"task {t.task_id} on host {t.host} cannot write its state file of checkpoint "
-            f"{checkpoint_id} to checkpoint storage {root!r}: {type(err).__name__}: {err}. "
-            f"It is this task's first state write and a probe file cannot be written either: "
-            f"the storage is not usable from this executor (a restart cannot fix that). Make "
-            f"it reachable and writable from every executor (network, the bucket, endpoint "
-            f"and credentials in storage_options)"
-        )
 
     def ack(
         self, checkpoint_id: int, handle: TaskStateHandle | None, metrics: dict[str, Any]

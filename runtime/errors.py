@@ -55,6 +55,20 @@ class CheckpointStorageError(AbsflowError, OSError):
     """Checkpoint storage cannot be created or written: found by the driver before the job
     starts, or by a task whose first state write failed (the storage is out of its reach)."""
 
+    @classmethod
+    def unusable(
+        cls, task: str, host: str, checkpoint_id: int, root: str | None, err: Exception
+    ) -> CheckpointStorageError:
+        """Task ``task``'s first state write failed and a probe file failed too."""
+        return cls(
+            f"task {task} on host {host} cannot write its state file of checkpoint "
+            f"{checkpoint_id} to checkpoint storage {root!r}: {type(err).__name__}: {err}. "
+            f"It is this task's first state write and a probe file cannot be written either: "
+            f"the storage is not usable from this executor (a restart cannot fix that). Make "
+            f"it reachable and writable from every executor (network, the bucket, endpoint "
+            f"and credentials in storage_options)"
+        )
+
 
 class ConnectorError(AbsflowError, RuntimeError):
     """A source or sink cannot reach or use its external system (a database, a table, a

@@ -46,6 +46,7 @@ from statebackend.errors import (
 from statebackend.fs import FileSystem, filesystem_for
 from statebackend.metadata import CheckpointMetadata, OperatorLayout, TaskStateHandle
 from statebackend.snapshot import (
+    EncodedSnapshot,
     OperatorSnapshot,
     encode_task_snapshot,
     read_keyed_state,
@@ -55,6 +56,12 @@ from statebackend.snapshot import (
 )
 
 log = logging.getLogger("absflow.statebackend")
+
+
+def _inline(encoded: EncodedSnapshot, layout: Mapping[str, OperatorLayout]) -> TaskStateHandle:
+    data = b"".join(encoded.chunks)
+    return TaskStateHandle("", encoded.size, zlib.crc32(data), dict(layout), data)
+
 
 METADATA = "_metadata"
 _CHK = re.compile(r"chk-(\d+)")
@@ -144,11 +151,25 @@ class CheckpointStorage:
         path = self.task_state_path(checkpoint_id, task_id)
         encoded = encode_task_snapshot(snapshots)
         if encoded.size <= self.inline_threshold:
-            data = b"".join(encoded.chunks)
-            return TaskStateHandle("", encoded.size, zlib.crc32(data), dict(layout), data)
+            return _inline(encoded, layout)
         with self.fs.open_write(path) as out:
             crc = write_chunks(out, encoded.chunks)
         return TaskStateHandle(f"{task_id}.state", encoded.size, crc, dict(layout))
+
+    def inline_handle(
+        self, snapshots: Mapping[str, OperatorSnapshot], layout: Mapping[str, OperatorLayout]
+    ) -> TaskStateHandle | None:
+        """The handle of a state held inline, encoded now on the caller's thread, so the
+        task can ack at once instead of waiting for its writer thread and its next turn.
+        Only for a state of at most ``inline_threshold`` bytes before compression (it
+        takes microseconds); None otherwise, or if it did not fit: `write_task_state`."""
+        raw = sum(
+            len(s.operator_state or b"") + len(s.keyed_state or b"") for s in snapshots.values()
+        )
+        if raw > self.inline_threshold:
+            return None
+        encoded = encode_task_snapshot(snapshots)
+        return _inline(encoded, layout) if encoded.size <= self.inline_threshold else None
 
     def read_operator_state(
         self, checkpoint_id: int, handle: TaskStateHandle, operator: str

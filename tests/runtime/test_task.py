@@ -41,6 +41,7 @@ from runtime.task_faults import TaskFaults
 from statebackend.metadata import OperatorLayout, TaskStateHandle
 from statebackend.metrics import TaskMetrics, decode
 from statebackend.snapshot import OperatorSnapshot
+from statebackend.storage import CheckpointStorage
 
 Log = list[tuple[str, Any]]
 
@@ -420,6 +421,9 @@ class FakeStorage:
             raise OSError(28, "No space left on device")
         return TaskStateHandle(f"{task_id}.state", 42, 7, dict(layout))
 
+    def inline_handle(self, snapshots: Any, layout: Any) -> TaskStateHandle | None:
+        return None  # like state_inline_threshold=0: every state is a file
+
     def probe(self) -> None:
         self.log.append(("probe", None))
         if self.probe_fails:
@@ -427,7 +431,11 @@ class FakeStorage:
 
 
 def checkpointer(
-    log: Log, storage: Any, inputs: BlockedChannels | None = None, synchronous: bool = False
+    log: Log,
+    storage: Any,
+    inputs: BlockedChannels | None = None,
+    synchronous: bool = False,
+    writer: Executor | None = None,
 ) -> TaskCheckpointer:
     def send(msg: P.Message) -> None:
         log.append((type(msg).__name__.lower(), msg))
@@ -440,9 +448,73 @@ def checkpointer(
         send,
         inputs,
         TaskFaults((), 2, 0),
-        writer=Synchronous(),
+        writer=writer or Synchronous(),
         synchronous=synchronous,
     )
+
+
+class Held(Executor):
+    """A writer thread that runs nothing until ``run()``; ``submitted`` counts its jobs."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Future[Any], Callable[[], Any]]] = []
+        self.submitted = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self.jobs.append((future, lambda: fn(*args, **kwargs)))
+        self.submitted += 1
+        return future
+
+    def run(self) -> None:
+        for future, job in self.jobs:
+            future.set_result(job())
+        self.jobs.clear()
+
+
+def test_a_small_state_is_acked_in_the_barriers_own_step_without_the_writer(
+    tmp_path: Path,
+) -> None:
+    # Not after the writer thread gets the GIL and the task loop its next turn (up to 64
+    # frames later): the job manager hears of it as soon as the barrier is forwarded.
+    log: Log = []
+    writer = Held()
+    storage = CheckpointStorage(str(tmp_path), inline_threshold=20 * 1024)
+    cp = checkpointer(log, storage, writer=writer)
+    cp.trigger_source(P.Trigger(3, 0.0, False))
+    assert [kind for kind, _ in log] == ["capture", "forward", "ack"]
+    assert writer.submitted == 0 and not cp.writes_pending
+    handle = TaskStateHandle.decode(log[-1][1].state)
+    assert handle.inline is not None and handle.size == log[-1][1].metrics["state_bytes"]
+    assert storage.read_operator_state(3, handle, "op") == b"\x01"
+
+
+def test_a_state_over_the_threshold_goes_to_the_writer(tmp_path: Path) -> None:
+    log: Log = []
+    writer = Held()
+    storage = CheckpointStorage(str(tmp_path), inline_threshold=0)
+    cp = checkpointer(log, storage, writer=writer)
+    cp.trigger_source(P.Trigger(3, 0.0, False))
+    assert [kind for kind, _ in log] == ["capture", "forward"] and writer.submitted == 1
+    writer.run()
+    cp.collect_writes()
+    assert log[-1][0] == "ack" and TaskStateHandle.decode(log[-1][1].state).file
+
+
+def test_a_small_state_waits_behind_an_older_write_so_acks_stay_in_order(tmp_path: Path) -> None:
+    log: Log = []
+    writer = Held()
+    storage = CheckpointStorage(str(tmp_path), inline_threshold=0)
+    cp = checkpointer(log, storage, writer=writer)
+    cp.trigger_source(P.Trigger(3, 0.0, False))  # a file: still being written
+    storage.inline_threshold = 20 * 1024
+    cp.trigger_source(P.Trigger(4, 0.0, False))  # would fit inline, but 3 is not acked yet
+    assert writer.submitted == 2 and not [kind for kind, _ in log if kind == "ack"]
+    writer.run()
+    cp.collect_writes()
+    acks = [msg for kind, msg in log if kind == "ack"]
+    assert [a.checkpoint_id for a in acks] == [3, 4]
+    assert TaskStateHandle.decode(acks[1].state).inline is not None
 
 
 def test_a_barrier_sequence_captures_forwards_writes_and_acks_in_order(tmp_path: Path) -> None:

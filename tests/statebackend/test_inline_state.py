@@ -128,3 +128,23 @@ def test_a_corrupt_inline_state_fails_the_check_and_names_the_task(
 def test_the_threshold_must_be_a_byte_count(bad: object) -> None:
     with pytest.raises(GraphError, match="state_inline_threshold must be an int >= 0"):
         JobConfig(state_inline_threshold=bad)  # type: ignore[arg-type]
+
+
+def test_inline_handle_encodes_on_the_callers_thread_only_what_is_small_before_compression(
+    tmp_path: Path,
+) -> None:
+    storage = CheckpointStorage(str(tmp_path), inline_threshold=20 * 1024)
+    small = snapshots(50)
+    # The same handle as the writer thread's, bytes and checksum included.
+    assert storage.inline_handle(small, LAYOUT) == storage.write_task_state(
+        1, "t[0]", small, LAYOUT
+    )
+    # Over the threshold before compression: left to the writer thread, which may still
+    # hold it inline once compressed, or write a file.
+    big = snapshots(5000)
+    raw = sum(len(s.operator_state or b"") + len(s.keyed_state or b"") for s in big.values())
+    assert raw > 20 * 1024 and storage.inline_handle(big, LAYOUT) is None
+    # Incompressible and just under the threshold: lz4 and the header push it over.
+    noise = {"src": OperatorSnapshot(os.urandom(20 * 1024 - 8), None, None)}
+    assert storage.inline_handle(noise, {"src": OperatorLayout(0, 2)}) is None
+    assert CheckpointStorage(str(tmp_path)).inline_handle(small, LAYOUT) is None  # threshold 0
