@@ -23,6 +23,7 @@ interval of its median (distribution-free, from the order statistics; it needs a
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import resource
@@ -101,7 +102,7 @@ def main() -> None:
             [
                 name,
                 Spread.of(time_ratios).fmt(3),
-                f"{low:.3f}-{high:.3f}",
+                "-" if math.isnan(low) else f"{low:.3f}-{high:.3f}",  # under 6 rounds
                 Spread.of(len(run.checkpoints) for run in checkpointed).fmt(0),
                 extra(0),
                 extra(1),
