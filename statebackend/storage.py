@@ -105,6 +105,9 @@ class CheckpointStorage:
         self.fs: FileSystem = fs
         self.root: str = root
         self.inline_threshold = inline_threshold
+        # Whether each checkpoint this instance wrote or read is a savepoint: retain()
+        # runs at every completion and need not read the metadata it wrote.
+        self._savepoint: dict[int, bool] = {}
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.root!r})"
@@ -202,6 +205,7 @@ class CheckpointStorage:
         """Write ``chk-<n>/_metadata`` whole; this completes the checkpoint. Returns where."""
         path = self.fs.join(self.location(metadata.checkpoint_id), METADATA)
         self.fs.write_whole(path, metadata.to_json().encode("utf-8"))
+        self._savepoint[metadata.checkpoint_id] = metadata.savepoint
         return path
 
     def read_metadata(self, checkpoint_id: int) -> CheckpointMetadata:
@@ -234,11 +238,10 @@ class CheckpointStorage:
 
     def completed_checkpoints(self) -> list[int]:
         """Ids of checkpoints with a ``_metadata`` file, ascending (not verified)."""
-        return [
-            n
-            for n in self.checkpoint_ids()
-            if self.fs.exists(self.fs.join(self.location(n), METADATA))
-        ]
+        return self._completed_among(self.checkpoint_ids())
+
+    def _completed_among(self, ids: list[int]) -> list[int]:
+        return [n for n in ids if self.fs.exists(self.fs.join(self.location(n), METADATA))]
 
     def check(self, checkpoint_id: int, verify_files: bool = True) -> CheckpointMetadata:
         """Verified metadata of a checkpoint whose state files all exist with the
@@ -330,6 +333,7 @@ class CheckpointStorage:
         """Delete ``chk-<n>`` (missing is fine). ``_metadata`` goes first, so a crash
         half-way leaves an incomplete checkpoint, never a completed one missing files."""
         directory = self.location(checkpoint_id)
+        self._savepoint.pop(checkpoint_id, None)
         self.fs.remove(self.fs.join(directory, METADATA))
         self.fs.remove_tree(directory)
 
@@ -340,7 +344,8 @@ class CheckpointStorage:
         ascending."""
         if keep < 1:
             raise StorageUsageError(f"retain(keep={keep}): keep at least 1 completed checkpoint")
-        completed = self.completed_checkpoints()
+        ids = self.checkpoint_ids()
+        completed = self._completed_among(ids)
         if not completed:
             return []
         kept = set(completed[-keep:])
@@ -348,7 +353,7 @@ class CheckpointStorage:
         done = set(completed)
         deleted = [
             i
-            for i in self.checkpoint_ids()
+            for i in ids
             if i < newest and i not in kept and not (i in done and self.is_savepoint(i))
         ]
         for checkpoint_id in deleted:
@@ -358,10 +363,15 @@ class CheckpointStorage:
     def is_savepoint(self, checkpoint_id: int) -> bool:
         """Whether a completed checkpoint is a savepoint (unreadable metadata: it is not,
         which only makes it a candidate for deletion like any other broken checkpoint)."""
+        known = self._savepoint.get(checkpoint_id)
+        if known is not None:
+            return known
         try:
-            return self.read_metadata(checkpoint_id).savepoint
+            savepoint = self.read_metadata(checkpoint_id).savepoint
         except (CheckpointNotFoundError, CorruptCheckpointError):
             return False
+        self._savepoint[checkpoint_id] = savepoint
+        return savepoint
 
     def savepoints(self) -> list[int]:
         """Ids of the completed savepoints, ascending."""

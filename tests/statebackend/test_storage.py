@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import logging
 import os
@@ -204,6 +205,32 @@ def test_retain(tmp_path: Path) -> None:
     assert storage.retain(2) == []
     with pytest.raises(ValueError):
         storage.retain(0)
+
+
+def test_retain_keeps_savepoints_without_reading_back_what_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = CheckpointStorage(str(tmp_path))
+    for n in (1, 2, 3, 4):
+        metadata = complete_checkpoint(storage, n)
+        if n == 2:
+            storage.write_metadata(dataclasses.replace(metadata, savepoint=True))
+    # Another instance (a restarted job manager) must read the flags once.
+    other = CheckpointStorage(str(tmp_path))
+    reads: list[int] = []
+    read = CheckpointStorage.read_metadata
+
+    def counting(self: CheckpointStorage, checkpoint_id: int) -> CheckpointMetadata:
+        reads.append(checkpoint_id)
+        return read(self, checkpoint_id)
+
+    monkeypatch.setattr(CheckpointStorage, "read_metadata", counting)
+    assert storage.retain(1) == [1, 3] and reads == []  # it wrote all four
+    assert storage.completed_checkpoints() == [2, 4]
+    complete_checkpoint(other, 5)
+    assert other.retain(1) == [4] and reads == [2, 4]  # read once each
+    assert other.retain(1) == [] and reads == [2, 4]
+    assert other.savepoints() == [2]
 
 
 def test_discard(tmp_path: Path) -> None:
