@@ -63,6 +63,9 @@ class JobConfig:
     # socket_buffer bytes (0: the OS's autotuned ones, megabytes on loopback).
     max_inflight_time: float | None = 0.05
     socket_buffer: int = 8 * 1024
+    # Tasks on one host (same kernel and network namespace) exchange data over Unix
+    # sockets: no TCP acknowledgements and retransmission timers in a channel's way.
+    local_channels: bool = True
     spill_threshold: int = 32 * 1024 * 1024
     compress_min_bytes: int = 64 * 1024
     heartbeat_interval: float = 0.5

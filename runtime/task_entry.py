@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from channels.zmq_io import InputGate
+from channels.zmq_io import InputGate, local_namespace
 from runtime.config import TaskEnvironment
 from runtime.errors import TaskCancelled
 from runtime.plan import JobPlan
@@ -63,13 +63,21 @@ def run_task(
         feedback = InputGate(zctx, host, rcvhwm=hwm) if spec.back_edge_inputs else None
         if spec.regular_inputs and env.config.barriers_overtake:
             priority = InputGate(zctx, host, rcvhwm=1000)
+        here = local_namespace() if env.config.local_channels else None
+        local = gate.bind_local() if gate is not None and here is not None else ""
         gathered = exchange(
-            json.dumps([index] + [g.endpoint if g else "" for g in (gate, feedback, priority)])
+            json.dumps(
+                [index, *(g.endpoint if g else "" for g in (gate, feedback, priority)), here, local]
+            )
         )
         exchanged = [json.loads(m) for m in gathered]
-        endpoints = {i: ep for i, ep, _fb, _pr in exchanged}
-        feedback_endpoints = {i: fb for i, _ep, fb, _pr in exchanged if fb}
-        priority_endpoints = {i: pr for i, _ep, _fb, pr in exchanged if pr}
+        # A sender in the receiver's namespace takes its Unix socket, any other its TCP port.
+        endpoints = {
+            i: lo if lo and ns is not None and ns == here else ep
+            for i, ep, _fb, _pr, ns, lo in exchanged
+        }
+        feedback_endpoints = {i: fb for i, _ep, fb, _pr, _ns, _lo in exchanged if fb}
+        priority_endpoints = {i: pr for i, _ep, _fb, pr, _ns, _lo in exchanged if pr}
         io = ZmqTaskIO(
             zctx,
             gate,

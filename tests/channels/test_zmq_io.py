@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from channels.messages import (
     decode_header,
     decode_records,
 )
-from channels.zmq_io import InputGate, OutputChannel
+from channels.zmq_io import InputGate, OutputChannel, local_namespace
 
 HOST = "127.0.0.1"
 
@@ -91,6 +93,41 @@ def test_endpoint_uses_the_given_host_and_a_random_port(gate: InputGate) -> None
     assert int(gate.endpoint.rsplit(":", 1)[1]) > 0
     assert gate.socket.getsockopt(zmq.LINGER) == 0
     assert gate.recv_frames(10) == []
+
+
+needs_abstract_sockets = pytest.mark.skipif(
+    local_namespace() is None, reason="abstract Unix sockets exist on Linux only"
+)
+
+
+@needs_abstract_sockets
+def test_a_local_endpoint_carries_a_channel_as_the_tcp_one_does(
+    gate: InputGate, outputs: Outputs
+) -> None:
+    local = gate.bind_local()
+    assert local.startswith("ipc://@absflow-")
+    tcp = outputs.open(gate.endpoint, 1, batch_size=10)
+    unix = outputs.open(local, 2, batch_size=10, sndbuf=8192)
+    for start in range(0, 100, 7):
+        tcp.write(list(range(start, min(start + 7, 100))))
+        unix.write(list(range(start, min(start + 7, 100))))
+    tcp.send_event(Barrier(3, 1.0))
+    unix.send_event(Barrier(3, 1.0))
+    items = receive(gate, 202)
+    for channel in (1, 2):  # FIFO per channel, whichever transport
+        assert [x for c, x in items if c == channel] == [*range(100), Barrier(3, 1.0)]
+
+
+@needs_abstract_sockets
+def test_local_namespace_is_what_processes_on_this_host_share() -> None:
+    here = local_namespace()
+    child = subprocess.run(
+        [sys.executable, "-c", "from channels.zmq_io import local_namespace as n; print(n())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert here is not None and child.stdout.strip() == here == local_namespace()
 
 
 def test_fifo_order_across_many_batches(gate: InputGate, outputs: Outputs) -> None:

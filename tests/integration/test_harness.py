@@ -9,13 +9,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
 import pytest
 
+from channels.zmq_io import local_namespace
 from jobmanager.failures import FailureCause
 from jobmanager.faults import Kill, RaiseAt
+from jobmanager.result import JobResult
 from runtime import Dataflow, GraphError, TaskFailedError
 from runtime.errors import AbsflowError
 from runtime.sources import GeneratorSource, Source, SourceReader
@@ -155,6 +158,50 @@ def test_without_checkpoints_a_kill_is_not_survived() -> None:
     with pytest.raises(TaskFailedError) as info:
         run_local(keyed_sums(60_000, rate=60_000), faults=[Kill("sum[1]", after_seconds=0.2)])
     assert "a task process died" in str(info.value)
+
+
+def _abstract_sockets() -> collections.Counter[str]:
+    """The abstract Unix sockets of absflow gates on this host, by name: the listening one
+    and one per accepted connection (the path is /proc/net/unix's last column)."""
+    with open("/proc/net/unix") as f:
+        names = (line.split()[-1] for line in f)
+        return collections.Counter(n for n in names if n.startswith("@absflow-"))
+
+
+def _run_watching_sockets(flow: Dataflow) -> tuple[JobResult, collections.Counter[str]]:
+    """Run ``flow``; the most sockets each gate name had at once while it ran."""
+    peak: collections.Counter[str] = collections.Counter()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for name, count in _abstract_sockets().items():
+                peak[name] = max(peak[name], count)
+            done.wait(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        return run_local(flow), peak
+    finally:
+        done.set()
+        watcher.join()
+
+
+@pytest.mark.skipif(local_namespace() is None, reason="abstract Unix sockets exist on Linux only")
+def test_tasks_on_one_host_exchange_records_over_unix_sockets_and_leave_none_behind() -> None:
+    before = set(_abstract_sockets())
+    outputs = {}
+    for local in (True, False):
+        result, peak = _run_watching_sockets(keyed_sums(200_000, local_channels=local))
+        outputs[local] = sorted(result.output("sums"))
+        new = {name: count for name, count in peak.items() if name not in before}
+        if local:  # the two sum tasks' gates, each with both sources connected
+            assert len(new) == 2 and all(count >= 3 for count in new.values()), new
+        else:  # the switch: TCP only
+            assert new == {}, new
+    assert outputs[True] == outputs[False] and len(outputs[True]) == 200_000
+    assert set(_abstract_sockets()) <= before  # closed with their tasks
 
 
 def test_spark_only_settings_are_refused() -> None:
