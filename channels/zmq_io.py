@@ -118,10 +118,14 @@ class InputGate:
     def bind_local(self) -> str:
         """Also bind an abstract Unix socket (Linux: a name, no file to leave behind) for
         upstream tasks in the same network namespace (``local_namespace``); returns its
-        ``ipc://@...`` endpoint. A channel to it skips TCP: loopback's 64 KiB segments
-        against a small receive buffer wait on delayed acknowledgements there."""
+        ``ipc://@...`` endpoint, or "" where it cannot be bound (the senders use TCP). A
+        channel to it skips TCP: loopback's 64 KiB segments against a small receive
+        buffer wait on delayed acknowledgements there."""
         endpoint = f"ipc://@absflow-{uuid.uuid4().hex}"
-        self._socket.bind(endpoint)
+        try:
+            self._socket.bind(endpoint)
+        except zmq.ZMQError:
+            return ""
         return endpoint
 
     @property
