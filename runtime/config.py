@@ -64,8 +64,9 @@ class JobConfig:
     max_inflight_time: float | None = 0.05
     socket_buffer: int = 8 * 1024
     # Tasks on one host (same kernel and network namespace) exchange data over Unix
-    # sockets: no TCP acknowledgements and retransmission timers in a channel's way.
-    local_channels: bool = True
+    # sockets: no TCP acknowledgements and retransmission timers in a channel's way
+    # (~10 % more throughput, but fuller queues: longer aligned checkpoints).
+    local_channels: bool = False
     spill_threshold: int = 32 * 1024 * 1024
     compress_min_bytes: int = 64 * 1024
     heartbeat_interval: float = 0.5
