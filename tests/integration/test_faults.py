@@ -176,16 +176,27 @@ def test_restore_from_falls_back_past_a_corrupt_latest_checkpoint(
     n = 10_000
     # State files, not inline states: this corrupts one on disk (inline states are
     # checked the same way, tests/statebackend/test_inline_state.py).
-    first = pipeline(n, checkpoint_dir=str(root), state_inline_threshold=0, **CHK).run()
+    first = pipeline(
+        n, checkpoint_dir=str(root), state_inline_threshold=0, retained_checkpoints=100, **CHK
+    ).run()
     final_id = first.checkpoints[-1]["checkpoint_id"]
-    state_files = sorted((root / f"chk-{final_id}").glob("*.state"))
-    data = bytearray(state_files[0].read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    state_files[0].write_bytes(bytes(data))
+    total_out = first.checkpoints[-1]["committed_records_out"]
+    # The checkpoint the fallback must reach: the latest one after which the sink still got
+    # output (a periodic checkpoint can land after the last record, just before the final
+    # one; restoring it would replay nothing and prove nothing). Every newer one is corrupt.
+    previous = max(
+        c["checkpoint_id"]
+        for c in first.checkpoints
+        if c.get("committed_records_out", total_out) < total_out
+    )
+    for corrupt_id in range(previous + 1, final_id + 1):
+        state_files = sorted((root / f"chk-{corrupt_id}").glob("*.state"))
+        data = bytearray(state_files[0].read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        state_files[0].write_bytes(bytes(data))
     # and a newer half-written one, as a kill during a snapshot leaves it
     (root / f"chk-{final_id + 1}").mkdir()
     (root / f"chk-{final_id + 1}" / "count[0].state.tmp").write_bytes(b"ABSF-partial")
-    previous = max(c["checkpoint_id"] for c in first.checkpoints if c["checkpoint_id"] < final_id)
     with caplog.at_level(logging.WARNING, logger="absflow"):
         resumed = pipeline(n, checkpoint_dir=str(tmp_path / "chk2"), **CHK).run(
             restore_from=str(root)
@@ -197,7 +208,7 @@ def test_restore_from_falls_back_past_a_corrupt_latest_checkpoint(
     assert multiset(first.output("out")) == pipeline_expected(n)
     # The fallback restored exactly the previous checkpoint: the same output, record for
     # record, as restoring that checkpoint by name; and it is the part of the first run's
-    # output committed after that checkpoint (non-empty: the final checkpoint committed it).
+    # output committed after that checkpoint (non-empty: chosen so above).
     explicit = pipeline(n, checkpoint_dir=str(tmp_path / "chk3"), **CHK).run(
         restore_from=str(root / f"chk-{previous}")
     )
