@@ -44,6 +44,9 @@ class JobResult:
     records_out: int  # committed: given to the sinks, each record once
     startup_seconds: float | None  # submit -> first record processed
     restarts: list[Restart] = field(default_factory=list)
+    # Per completed checkpoint: its summary (``statebackend.metrics.CheckpointSummary``),
+    # committed counts, and ``tasks``: each task's ack figures (``AckMetrics``:
+    # start_delay_ms from the trigger to its first barrier, alignment_ms, sync_ms, ...).
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     failed_checkpoints: list[dict[str, Any]] = field(default_factory=list)
     peak_rss: dict[str, int] = field(default_factory=dict)

@@ -4,6 +4,7 @@ task processes without Spark), a few on local Spark."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import time
 from typing import Any
@@ -47,9 +48,13 @@ def test_wordcount_at_parallelism_three_with_checkpoints(tmp_path: Any) -> None:
     # every running count exactly once: a duplicate or a lost record would show here
     assert collections.Counter(result.output("counts")) == running_counts(corpus_counts(paths))
     assert result.checkpoints[-1]["final"]
-    assert os.path.exists(
-        tmp_path / "chk" / f"chk-{result.checkpoints[-1]['checkpoint_id']}" / "_metadata"
-    )
+    metadata = tmp_path / "chk" / f"chk-{result.checkpoints[-1]['checkpoint_id']}" / "_metadata"
+    assert os.path.exists(metadata)
+    # Each checkpoint says where every task's barriers were: the same figures as its
+    # _metadata, for all six tasks (3 sources with their splitters, 3 counters).
+    tasks = result.checkpoints[-1]["tasks"]
+    assert tasks == json.loads(metadata.read_text())["task_metrics"]
+    assert len(tasks) == 6 and all(len(c["tasks"]) == 6 for c in result.checkpoints)
 
 
 def test_diamond_gives_exact_output() -> None:
