@@ -22,6 +22,8 @@ loop); ``close()`` must be called from that thread too.
 from __future__ import annotations
 
 import os
+import socket as pysocket
+import struct
 import sys
 import time
 import uuid
@@ -48,6 +50,10 @@ def _is_ipv6(endpoint_or_host: str) -> bool:
     return "[" in endpoint_or_host or endpoint_or_host.count(":") > 2
 
 
+IPC_CONNECT_WAIT_MS: Final = 2000
+"""How long a channel to a Unix socket waits for its connection to size its send buffer."""
+
+
 def _push(
     context: zmq.Context[Any], endpoint: str, sndhwm: int, sndbuf: int = 0
 ) -> zmq.Socket[Any]:
@@ -59,11 +65,37 @@ def _push(
             socket.setsockopt(zmq.SNDBUF, sndbuf)
         if _is_ipv6(endpoint):
             socket.setsockopt(zmq.IPV6, 1)
-        socket.connect(endpoint)
+        if sndbuf > 0 and endpoint.startswith("ipc://"):
+            _connect_ipc(socket, endpoint, sndbuf)
+        else:
+            socket.connect(endpoint)
     except BaseException:
         socket.close(linger=0)
         raise
     return socket
+
+
+def _connect_ipc(socket: zmq.Socket[Any], endpoint: str, sndbuf: int) -> None:
+    """Connect to a Unix socket and give the connection a send buffer of ``sndbuf`` bytes.
+
+    ZeroMQ sets SO_SNDBUF on TCP connections only: a Unix one keeps the OS default
+    (net.core.wmem_default, 208 KiB: ~30 batches of small records queued in the kernel
+    beyond the high-water marks, behind which an aligned barrier waits). On a Unix
+    stream socket the sender's buffer is what bounds the bytes in flight, so the
+    connection's descriptor (from ZeroMQ's connect event) is sized here. Should the
+    connection not come up within ``IPC_CONNECT_WAIT_MS`` (the gate binds before its
+    endpoint is published, so it does at once), the channel keeps the OS's buffer.
+    """
+    monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED)
+    try:
+        socket.connect(endpoint)
+        if monitor.poll(IPC_CONNECT_WAIT_MS):
+            _, fd = struct.unpack("=HI", monitor.recv_multipart()[0])  # event, value: the fd
+            with pysocket.socket(fileno=os.dup(fd)) as conn:
+                conn.setsockopt(pysocket.SOL_SOCKET, pysocket.SO_SNDBUF, sndbuf)
+    finally:
+        socket.disable_monitor()
+        monitor.close(linger=0)
 
 
 def local_namespace() -> str | None:

@@ -118,6 +118,37 @@ def test_a_local_endpoint_carries_a_channel_as_the_tcp_one_does(
         assert [x for c, x in items if c == channel] == [*range(100), Barrier(3, 1.0)]
 
 
+def frames_queued_before_backpressure(out: OutputChannel, frame_records: int) -> int:
+    """Full batches ``out`` accepts, without blocking, towards a receiver that reads
+    nothing: its high-water marks plus what the kernel buffers between them."""
+    sent, quiet_since = 0, time.monotonic()
+    batch = ["x" * 60] * frame_records  # ~6.4 KB frames
+    while time.monotonic() - quiet_since < 0.5:
+        if out._socket.poll(50, zmq.POLLOUT):
+            out.write(batch)
+            sent, quiet_since = sent + 1, time.monotonic()
+    return sent
+
+
+@needs_abstract_sockets
+def test_a_channel_over_a_unix_socket_holds_no_more_than_its_socket_buffer(
+    context: zmq.Context[Any], outputs: Outputs
+) -> None:
+    """ZeroMQ sizes only TCP connections' buffers; a Unix one would keep the OS's (208
+    KiB: ~30 such frames in the kernel, behind which a barrier waits) unless sized."""
+    queued = {}
+    for sndbuf in (8192, 0):  # 0: the OS's buffer
+        gate = InputGate(context, HOST, rcvhwm=1)
+        try:
+            out = outputs.open(gate.bind_local(), 1, batch_size=100, sndhwm=1, sndbuf=sndbuf)
+            queued[sndbuf] = frames_queued_before_backpressure(out, 100)
+        finally:
+            gate.close()
+    # two high-water marks of one frame, ZeroMQ's batching, and 2 x 8 KiB in the kernel
+    assert queued[8192] <= 8, queued
+    assert queued[0] > queued[8192] + 8, queued
+
+
 @needs_abstract_sockets
 def test_local_namespace_is_what_processes_on_this_host_share() -> None:
     here = local_namespace()
