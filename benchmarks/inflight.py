@@ -36,15 +36,16 @@ from jobmanager import launcher
 from runtime.config import JobConfig
 
 SETTINGS: dict[str, dict[str, Any]] = {
-    "before (fixed 1000-record batches, hwm 8, OS buffers)": {
+    "before (fixed 1000-record batches, hwm 8, OS buffers, TCP)": {
         "max_inflight_time": None,
         "channel_hwm": 8,
         "socket_buffer": 0,
+        "local_channels": False,
     },
-    "default (0.05 s, hwm 4, 8 KiB)": {},
-    "0.02 s, hwm 2": {"max_inflight_time": 0.02, "channel_hwm": 2},
-    "0.02 s, hwm 1": {"max_inflight_time": 0.02, "channel_hwm": 1},
-    "0.01 s, hwm 1": {"max_inflight_time": 0.01, "channel_hwm": 1},
+    "default (0.04 s, hwm 3, 8 KiB, Unix sockets)": {},
+    "the default over TCP": {"local_channels": False},
+    "0.05 s, hwm 4 (the previous default)": {"max_inflight_time": 0.05, "channel_hwm": 4},
+    "0.03 s, hwm 3": {"max_inflight_time": 0.03},
 }
 BASELINE = next(iter(SETTINGS))
 

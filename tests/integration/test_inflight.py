@@ -54,7 +54,10 @@ def test_a_checkpoint_at_full_load_completes_within_a_share_of_the_run() -> None
 
 
 def test_with_fixed_batches_and_os_buffers_it_does_not() -> None:
-    # The companion: the same check fails with the mechanism off.
-    share, result = duration_share(max_inflight_time=None, socket_buffer=0)
+    # The companion: the same check fails with the mechanism off (the settings before it:
+    # fixed batches, 8 per side, the OS's socket buffers, TCP).
+    share, result = duration_share(
+        max_inflight_time=None, socket_buffer=0, channel_hwm=8, local_channels=False
+    )
     print(f"median checkpoint duration / run time: {share:.3f}")
     assert share > BOUND, result.summary()
