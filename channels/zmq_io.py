@@ -21,6 +21,7 @@ loop); ``close()`` must be called from that thread too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket as pysocket
 import struct
@@ -91,7 +92,8 @@ def _connect_ipc(socket: zmq.Socket[Any], endpoint: str, sndbuf: int) -> None:
         socket.connect(endpoint)
         if monitor.poll(IPC_CONNECT_WAIT_MS):
             _, fd = struct.unpack("=HI", monitor.recv_multipart()[0])  # event, value: the fd
-            with pysocket.socket(fileno=os.dup(fd)) as conn:
+            # (an OSError: the connection is gone already, and ZeroMQ reconnects unsized)
+            with contextlib.suppress(OSError), pysocket.socket(fileno=os.dup(fd)) as conn:
                 conn.setsockopt(pysocket.SOL_SOCKET, pysocket.SO_SNDBUF, sndbuf)
     finally:
         socket.disable_monitor()
