@@ -36,14 +36,10 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from eval_report import q as quantile
 from paper_topology import build, check
 
 STEPS = ("source", "parse", "count", "regroup", "total", "sink")
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def step_of(task: str) -> str:
