@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import GraphError
+from runtime.scheduling import TASK_SCHEDULING
 from statebackend.metadata import CheckpointMetadata
 from statebackend.storage import CheckpointStorage
 
@@ -67,6 +68,10 @@ class JobConfig:
     # sockets (send buffers of socket_buffer bytes): no TCP acknowledgements and
     # retransmission timers in a channel's way; tasks on other hosts over TCP.
     local_channels: bool = True
+    # "batch": task processes run under Linux's SCHED_BATCH (a task woken by input waits
+    # for the running one's slice instead of preempting it mid-batch: throughput on
+    # shared cores; runtime.scheduling); "normal": the OS's default policy.
+    task_scheduling: str = "batch"
     spill_threshold: int = 32 * 1024 * 1024
     compress_min_bytes: int = 64 * 1024
     heartbeat_interval: float = 0.5
@@ -90,6 +95,11 @@ class JobConfig:
             raise GraphError(
                 f"launcher {self.launcher!r} is unknown; use one of {', '.join(LAUNCHERS)} "
                 "('local' runs the tasks as local processes without Spark, for tests)."
+            )
+        if self.task_scheduling not in TASK_SCHEDULING:
+            raise GraphError(
+                f"task_scheduling {self.task_scheduling!r} is unknown; use 'batch' (SCHED_BATCH "
+                "on Linux: throughput) or 'normal' (the OS's default policy)."
             )
         if isinstance(self.snapshot_mode, str):
             try:

@@ -24,6 +24,7 @@ from channels.zmq_io import InputGate, local_namespace
 from runtime.config import TaskEnvironment
 from runtime.errors import TaskCancelled
 from runtime.plan import JobPlan
+from runtime.scheduling import task_scheduling
 from runtime.task import Task
 from runtime.task_io import ZmqTaskIO
 
@@ -48,7 +49,16 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
 def run_task(
     plan: JobPlan, env: TaskEnvironment, index: int, host: str, exchange: Exchange
 ) -> list[Any]:
-    """Run task ``index`` of ``plan`` on ``host`` (the address its gates bind on)."""
+    """Run task ``index`` of ``plan`` on ``host`` (the address its gates bind on), under
+    the configured ``task_scheduling`` (set before the ZeroMQ context's I/O threads start,
+    so that they inherit it; restored after)."""
+    with task_scheduling(env.config.task_scheduling):
+        return _run_task(plan, env, index, host, exchange)
+
+
+def _run_task(
+    plan: JobPlan, env: TaskEnvironment, index: int, host: str, exchange: Exchange
+) -> list[Any]:
     spec = plan.tasks[index]
     zctx = zmq.Context()
     gate: InputGate | None = None

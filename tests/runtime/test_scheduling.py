@@ -1,0 +1,92 @@
+"""``JobConfig.task_scheduling``: the OS policy a task process's threads run under
+(runtime.scheduling), set for the task and restored after it; and end to end, what the
+task processes of a real run (local launcher) report from inside a map function."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import pytest
+
+from runtime import Dataflow, GraphError
+from runtime.config import JobConfig
+from runtime.scheduling import task_scheduling
+from runtime.sources import GeneratorSource
+from runtime.testing import run_local
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's; this OS has none"
+)
+
+
+def _in_thread(fn: Any) -> Any:
+    """``fn()`` on a fresh thread (its policy changes affect that thread only)."""
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(fn()))
+    thread.start()
+    thread.join()
+    return box[0]
+
+
+def test_batch_sets_sched_batch_for_the_body_and_threads_it_starts_then_restores() -> None:
+    def body() -> tuple[bool, int, int, int]:
+        before = os.sched_getscheduler(0)
+        with task_scheduling("batch") as changed:
+            inside = os.sched_getscheduler(0)
+            started = _in_thread(lambda: os.sched_getscheduler(0))
+        return changed, before, inside, started
+
+    changed, before, inside, started = _in_thread(body)
+    assert before == os.SCHED_OTHER
+    assert changed and inside == os.SCHED_BATCH and started == os.SCHED_BATCH
+    assert _in_thread(lambda: os.sched_getscheduler(0)) == os.SCHED_OTHER
+
+
+def test_the_policy_is_restored_when_the_body_raises() -> None:
+    def body() -> int:
+        with pytest.raises(ValueError), task_scheduling("batch"):
+            raise ValueError("task failed")
+        return os.sched_getscheduler(0)
+
+    assert _in_thread(body) == os.SCHED_OTHER
+
+
+def test_normal_leaves_the_os_policy() -> None:
+    def body() -> tuple[bool, int]:
+        with task_scheduling("normal") as changed:
+            return changed, os.sched_getscheduler(0)
+
+    assert _in_thread(body) == (False, os.SCHED_OTHER)
+
+
+def test_an_unknown_policy_is_refused_with_the_choices() -> None:
+    with pytest.raises(GraphError, match="task_scheduling 'fifo' is unknown; use 'batch'"):
+        JobConfig(task_scheduling="fifo")
+
+
+def _policies(**config: Any) -> set[int]:
+    """The scheduling policy every task process of a 2 x 2 keyed job ran its records under."""
+    flow = Dataflow("policies", parallelism=2, **config)
+    (
+        flow.source(GeneratorSource(lambda i: i % 10, 400), name="numbers")
+        .map(lambda x: (x, os.sched_getscheduler(0)), name="at_source")
+        .key_by(lambda r: r[0])
+        .map(lambda r: [r[1], os.sched_getscheduler(0)], name="at_keyed")
+        .collect("out")
+    )
+    out = run_local(flow, progress=False, ui=False).output("out")
+    assert len(out) == 400
+    return {p for pair in out for p in pair}
+
+
+@pytest.mark.harness
+def test_task_processes_run_under_sched_batch_by_default() -> None:
+    assert _policies() == {os.SCHED_BATCH}
+
+
+@pytest.mark.harness
+def test_with_normal_scheduling_they_run_under_the_os_policy() -> None:
+    # The companion: the check above fails when the mechanism is off.
+    assert _policies(task_scheduling="normal") == {os.SCHED_OTHER}
