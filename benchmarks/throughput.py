@@ -13,6 +13,8 @@ Interleaved rounds (``--repeat``), each running in turn:
     bytewax 0.21 on the same workload when its venv is given (see ../shared/peers);
 (a) the raw channel ceiling: records/s through one ZeroMQ channel (encode, send,
     receive, decode) between two processes, with our batching (``--skip-ceiling``).
+With ``--compare-scheduling`` each round also runs (b) at parallelism 2 with
+``task_scheduling="normal"`` (the OS's policy instead of SCHED_BATCH), paired per round.
 Each figure is printed as median [min-max] over the rounds, in records/s over the
 processing time (first record -> all output committed) and submit -> end; then the
 ratios (b)/(a), (b)/(c), (b)/bytewax, start-up time (submit -> first record), peak RSS
@@ -104,13 +106,13 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def absflow_run(n: int, parallelism: int, launcher: str) -> dict[str, Any]:
-    """One run of the keyed count: records/s submit -> end and over the processing time
-    (first record -> all output committed); with the local launcher also the task
-    processes' CPU seconds (they are this process's children, reaped by the run)."""
+def absflow_run(n: int, parallelism: int, launcher: str, **config: Any) -> dict[str, Any]:
+    """One run of the keyed count (``config``: JobConfig settings): records/s submit -> end
+    and over the processing time (first record -> all output committed); with the local
+    launcher also the task processes' CPU seconds (this process's children, reaped)."""
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
-    result = build(n, parallelism, progress=False, launcher=launcher).run()
+    result = build(n, parallelism, progress=False, launcher=launcher, **config).run()
     wall = time.perf_counter() - t0
     cpu = _children_cpu() - cpu0 if launcher == "local" else None
     got = check(result, n)
@@ -194,7 +196,7 @@ def run_rounds(
     n, launcher = args.n, args.launcher
     # Per round: submit -> end ("b1", "b2", "bytewax"), processing time ("b1p", "b2p").
     rows: dict[str, list[float]] = {
-        k: [] for k in ("a", "a_gen", "b1", "b1p", "b2", "b2p", "c", "bytewax")
+        k: [] for k in ("a", "a_gen", "b1", "b1p", "b2", "b2p", "b2n", "b2np", "c", "bytewax")
     }
     startup: list[float] = []
     rss: list[float] = []
@@ -209,6 +211,10 @@ def run_rounds(
             rss.append(r["peak_rss_mib"])
             if r["task_cpu_s"] is not None:
                 cpu_us[p].append(r["task_cpu_s"] / n * 1e6)
+        if args.compare_scheduling:  # the same p = 2 run under the OS's scheduling policy
+            r = absflow_run(n, 2, launcher, task_scheduling="normal")
+            rows["b2n"].append(r["records_per_s"])
+            rows["b2np"].append(r["processing_records_per_s"])
         rows["c"].append(plain_python(n))
         if args.bytewax_result is None:
             bw = bytewax(args.bytewax_venv, args.bytewax_n or n, 0)
@@ -247,6 +253,11 @@ def main() -> None:
     ap.add_argument("--launcher", choices=("spark", "local"), default="spark")
     ap.add_argument("--skip-ceiling", action="store_true", help="no (a) channel ceiling")
     ap.add_argument("--skip-backpressure", action="store_true")
+    ap.add_argument(
+        "--compare-scheduling",
+        action="store_true",
+        help="also run p = 2 with task_scheduling='normal' (the OS's policy) every round",
+    )
     args = ap.parse_args()
     n, launcher = args.n, args.launcher
 
@@ -264,6 +275,9 @@ def main() -> None:
     for p in (1, 2):
         name = f"(b)  absflow keyed running count, parallelism {p}"
         print(line.format(name, spread(rows[f"b{p}p"]), spread(rows[f"b{p}"])))
+    if rows["b2n"]:
+        name = "(b)  parallelism 2, task_scheduling='normal'"
+        print(line.format(name, spread(rows["b2np"]), spread(rows["b2n"])))
     print(line.format("(c)  plain Python loop, one process (the floor)", spread(rows["c"]), ""))
     if rows["bytewax"]:
         print(
@@ -287,6 +301,8 @@ def main() -> None:
     print("\n== ratios per round: median [min-max] ==")
     print(f"(b p2)/(c), processing      = {ratio(rows['b2p'], rows['c'])}   (target >= 1.0)")
     print(f"(b p2)/(c), submit -> end   = {ratio(rows['b2'], rows['c'])}")
+    if rows["b2n"]:
+        print(f"(b p2)/(b p2 'normal'), proc = {ratio(rows['b2p'], rows['b2np'])}")
     if rows["bytewax"]:
         print(
             f"(b p2)/bytewax, submit->end = {ratio(rows['b2'], rows['bytewax'])}   (target >= 10)"
