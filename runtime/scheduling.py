@@ -3,13 +3,14 @@
 A job's task processes are throughput-bound and, on a small machine, share its cores:
 at parallelism 2 on two cores four processes (two sources, two aggregates) take turns.
 Under Linux's default policy (``SCHED_OTHER``) a process woken by a frame on its input
-preempts the one running, mid-batch, a few thousand times a second; each switch costs
-the switch itself and the caches the other process refills. ``"batch"`` runs the task
-under ``SCHED_BATCH``: the same fair share of the CPU, but a waking task waits for the
-running one's slice instead of preempting it (measured on the keyed count at p = 2:
-~6 % more records per second, involuntary switches ~1,250 -> ~170 per second per
-process, the ZeroMQ I/O threads' CPU halved; aligned checkpoint durations unchanged:
-docs/inflight.md). ``"normal"`` leaves the OS's policy.
+preempts the one running, mid-batch, ~1,250 times a second per process; each switch
+costs the switch itself and the caches the other process refills. ``"batch"`` runs the
+task under ``SCHED_BATCH``: the same fair share of the CPU, but a waking task waits for
+the running one's slice instead of preempting it. Measured on the keyed count at p = 2
+(docs/evaluation.md, "Four processes on two cores"): involuntary switches ~170 per second
+per process, the ZeroMQ I/O threads' CPU halved, a few per cent more records per second
+(at the edge of the machine's noise), aligned checkpoints slightly shorter.
+``"normal"`` leaves the OS's policy.
 
 The policy is set on the calling thread before it creates the task's ZeroMQ context, so
 the context's I/O threads inherit it, and restored when the task ends (a Spark Python

@@ -17,6 +17,15 @@ from runtime.sources import GeneratorSource
 from runtime.testing import run_local
 
 
+def _in_thread(fn: Any) -> Any:
+    """``fn()`` on a fresh thread (its policy changes affect that thread only)."""
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(fn()))
+    thread.start()
+    thread.join()
+    return box[0]
+
+
 def _refused() -> bool:
     """Whether this OS has no SCHED_BATCH or refuses it to us (a seccomp profile)."""
     if not hasattr(os, "SCHED_BATCH"):
@@ -26,25 +35,13 @@ def _refused() -> bool:
         with task_scheduling("batch") as changed:
             return not changed
 
-    box: list[bool] = []
-    thread = threading.Thread(target=lambda: box.append(probe()))
-    thread.start()
-    thread.join()
-    return box[0]
+    refused: bool = _in_thread(probe)
+    return refused
 
 
 needs_batch = pytest.mark.skipif(
     _refused(), reason="this OS has no SCHED_BATCH (not Linux) or refuses to set it"
 )
-
-
-def _in_thread(fn: Any) -> Any:
-    """``fn()`` on a fresh thread (its policy changes affect that thread only)."""
-    box: list[Any] = []
-    thread = threading.Thread(target=lambda: box.append(fn()))
-    thread.start()
-    thread.join()
-    return box[0]
 
 
 @needs_batch
