@@ -123,7 +123,7 @@ def frames_queued_before_backpressure(out: OutputChannel, frame_records: int) ->
     nothing: its high-water marks plus what the kernel buffers between them."""
     sent, quiet_since = 0, time.monotonic()
     batch = ["x" * 60] * frame_records  # ~6.4 KB frames
-    while time.monotonic() - quiet_since < 0.5:
+    while time.monotonic() - quiet_since < 1.0:  # ZeroMQ's I/O thread may lag on a busy machine
         if out._socket.poll(50, zmq.POLLOUT):
             out.write(batch)
             sent, quiet_since = sent + 1, time.monotonic()
@@ -144,9 +144,11 @@ def test_a_channel_over_a_unix_socket_holds_no_more_than_its_socket_buffer(
             queued[sndbuf] = frames_queued_before_backpressure(out, 100)
         finally:
             gate.close()
-    # two high-water marks of one frame, ZeroMQ's batching, and 2 x 8 KiB in the kernel
+    # two high-water marks of one frame, ZeroMQ's batching, and 2 x 8 KiB in the kernel;
+    # the OS's buffer held ~31 frames here, once (a CI run) 11: the margin allows for it,
+    # and still fails with the sizing off (both ~30)
     assert queued[8192] <= 8, queued
-    assert queued[0] > queued[8192] + 8, queued
+    assert queued[0] > queued[8192] + 3, queued
 
 
 @needs_abstract_sockets
