@@ -318,7 +318,7 @@ class Attempt:
                 t.records_in = max(t.records_in, figures.records_in)
                 t.records_out = max(t.records_out, figures.records_out)
                 self.run_services.metrics.on_snapshot(msg.task_index, msg.checkpoint_id, figures)
-                self.coordinator.on_ack(msg)
+                self.coordinator.on_ack(msg, figures)
             case P.Decline():
                 self.coordinator.on_decline(msg)
             case P.SinkOutput():

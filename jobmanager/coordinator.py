@@ -33,6 +33,8 @@ class PendingCheckpoint:
     final: bool
     not_yet_acked: set[int]
     acks: dict[int, P.Ack] = field(default_factory=dict)
+    figures: dict[int, AckMetrics] = field(default_factory=dict)
+    """The acks' metrics, decoded (once: the attempt decodes them on arrival)."""
     drain: LoopTermination | None = None
     """Synchronous snapshots: the waves proving the halted job drained (then triggered)."""
     drained_mono: float | None = None
@@ -218,11 +220,14 @@ class CheckpointCoordinator:
         return self.trigger(final=True, savepoint=True, drain=drain)
 
     # -- acks ------------------------------------------------------------------------------
-    def on_ack(self, ack: P.Ack) -> CompletedCheckpoint | None:
+    def on_ack(self, ack: P.Ack, figures: AckMetrics | None = None) -> CompletedCheckpoint | None:
+        """``figures``: ``ack.metrics`` already decoded, if the caller did."""
         cp = self.pending.get(ack.checkpoint_id)
         if cp is None:
             return None  # late ack of an aborted / subsumed checkpoint
         cp.acks[ack.task_index] = ack
+        if figures is not None:
+            cp.figures[ack.task_index] = figures
         cp.not_yet_acked.discard(ack.task_index)
         if cp.not_yet_acked:
             return None
@@ -248,7 +253,8 @@ class CheckpointCoordinator:
         per_task: dict[str, AckMetrics] = {}
         for index, ack in sorted(cp.acks.items()):
             task_id = self.plan.tasks[index].task_id
-            per_task[task_id] = decode(AckMetrics, ack.metrics)
+            figures = cp.figures.get(index)
+            per_task[task_id] = figures if figures is not None else decode(AckMetrics, ack.metrics)
             if ack.state is not None:
                 tasks[task_id] = TaskStateHandle.decode(ack.state)
         metrics = summarize(per_task, mode_label(self.config), duration_ms)

@@ -84,6 +84,7 @@ class RunMetrics:
         self.base = RecordCounts()  # committed by the checkpoint the running attempt restored
         self._at_snapshot: dict[int, dict[int, RecordCounts]] = {}  # running attempt's acks
         self._last_attempt = RecordCounts()  # the last ended attempt's own counts
+        self._counted = self._nonfinal = 0  # of ``completed``: see checkpoints_completed
 
     # -- attempts --------------------------------------------------------------------------
     def start_attempt(self, restored: int | None) -> None:
@@ -151,7 +152,13 @@ class RunMetrics:
     @property
     def checkpoints_completed(self) -> int:
         """Completed non-final checkpoints of the run, over all attempts."""
-        return sum(1 for c in self.completed if not c.final)
+        # Counted incrementally (``completed`` only grows): the attempt's loop asks on
+        # every turn, and a long run completes thousands of checkpoints.
+        completed = self.completed
+        if self._counted < len(completed):
+            self._nonfinal += sum(1 for c in completed[self._counted :] if not c.final)
+            self._counted = len(completed)
+        return self._nonfinal
 
     def committed(self) -> RecordCounts:
         """Exactly-once counts of a finished run: the final checkpoint's figures (or, when a

@@ -181,9 +181,8 @@ def critical_split(per_task: Mapping[str, AckMetrics]) -> tuple[str, float, floa
 def encode(record: MetricsRecord) -> dict[str, Any]:
     """``record`` as a map of plain values (its unknown ``extra`` keys included)."""
     out: dict[str, Any] = dict(record.extra)
-    for f in dataclasses.fields(record):
-        if f.name != "extra":
-            out[f.name] = getattr(record, f.name)
+    for name, _kind, _default in _schema(type(record)):
+        out[name] = getattr(record, name)
     return out
 
 
@@ -193,24 +192,44 @@ def decode(cls: type[R], data: Mapping[str, Any] | None) -> R:
     value has the wrong type."""
     data = data or {}
     kwargs: dict[str, Any] = {}
-    names = set()
-    for f in dataclasses.fields(cls):
-        if f.name == "extra":
-            continue
-        names.add(f.name)
-        if f.name in data:
-            kwargs[f.name] = _coerce(cls, f.name, f.default, str(f.type), data[f.name])
-    extra = {k: v for k, v in data.items() if k not in names}
+    schema = _schema(cls)
+    for name, kind, default in schema:
+        if name in data:
+            value = data[name]
+            # The common case, a value of the field's own type, needs no conversion.
+            kwargs[name] = (
+                value if type(value) is kind else _coerce(cls, name, kind, default, value)
+            )
+    extra = {k: v for k, v in data.items() if k not in kwargs} if len(kwargs) < len(data) else {}
     return cls(**kwargs, extra=extra)
 
 
-def _coerce(cls: type, name: str, default: Any, annotation: str, value: Any) -> Any:
+_SCHEMAS: dict[type, tuple[tuple[str, type, Any], ...]] = {}
+
+
+def _schema(cls: type[MetricsRecord]) -> tuple[tuple[str, type, Any], ...]:
+    """``(name, type, default)`` of each field but ``extra``, computed once per class
+    (``dataclasses.fields`` per call cost more than the rest of a decode: the job manager
+    decodes a dozen acks per checkpoint and every heartbeat). An optional figure (default
+    None) takes the type its annotation names."""
+    schema = _SCHEMAS.get(cls)
+    if schema is None:
+        fields = []
+        for f in dataclasses.fields(cls):
+            if f.name == "extra":
+                continue
+            if f.default is None:
+                kind: type = int if str(f.type).startswith("int") else float
+            else:
+                kind = type(f.default)
+            fields.append((f.name, kind, f.default))
+        schema = _SCHEMAS[cls] = tuple(fields)
+    return schema
+
+
+def _coerce(cls: type, name: str, kind: type, default: Any, value: Any) -> Any:
     if value is None:
         return None if default is None else default
-    if default is None:  # an optional figure: its annotation names the type
-        kind: type = int if annotation.startswith("int") else float
-    else:
-        kind = type(default)
     try:
         if kind is bool:
             return bool(value)

@@ -145,3 +145,19 @@ def test_a_run_restored_from_another_runs_checkpoint_drops_what_that_run_returne
     fresh.add("out", 0, 12, [1, 2])
     fresh.add("out", 0, 13, [3])
     assert fresh.outputs()["out"] == [1, 2, 3]
+
+
+def test_checkpoints_completed_counts_non_final_ones_as_they_come() -> None:
+    """Counted incrementally, asked between completions (the attempt's loop asks every
+    turn); checkpoints appended to ``completed`` directly count too."""
+    m = RunMetrics(small_plan())
+    assert m.checkpoints_completed == 0
+    m.on_checkpoint_completed(cp(1))
+    m.on_checkpoint_completed(cp(2))
+    assert m.checkpoints_completed == 2
+    m.completed.append(cp(3))
+    assert m.checkpoints_completed == 3
+    m.on_checkpoint_completed(cp(4, final=True))
+    assert m.checkpoints_completed == 3
+    m.on_checkpoint_completed(cp(5))
+    assert m.checkpoints_completed == m.checkpoints_completed == 4

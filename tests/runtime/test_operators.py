@@ -89,3 +89,55 @@ def test_keyed_operators_read_a_subscript_key_with_itemgetter() -> None:
     op = build_operator(keyed_step(StepKind.AGGREGATE, lambda c, r: c + r[1], initial=0), 0, 128)
     assert isinstance(op.key_fn, operator.itemgetter)  # type: ignore[attr-defined]
     assert op.process([("a", 1), ("b", 5), ("a", 2)]) == [("a", 1), ("b", 5), ("a", 3)]
+
+
+def test_constant_addend_recognises_only_acc_plus_a_constant() -> None:
+    from runtime.operators import _MISSING, constant_addend
+
+    def add_ten(acc: int, _r: Any) -> int:
+        """A docstring does not change the body."""
+        return acc + 10
+
+    def star(acc: int, *rest: Any) -> int:
+        return acc + 1
+
+    assert constant_addend(lambda c, _w: c + 1) == 1
+    assert constant_addend(lambda c, _w: c + 2.5) == 2.5
+    assert constant_addend(add_ten) == 10
+    for fn in (
+        lambda c, w: c + w,  # the record, not a constant
+        lambda c, _w: 1 + c,  # the constant first
+        lambda c, _w: c - 1,
+        lambda c: c + 1,  # one parameter
+        star,
+        len,  # not a Python function
+    ):
+        assert constant_addend(fn) is _MISSING, fn
+
+
+def test_aggregate_adding_a_constant_matches_the_general_path_and_a_counter() -> None:
+    """aggregate(0, lambda c, _w: c + 1) runs without a call per record: it emits exactly
+    what the same count as a general function emits (``1 + c`` is not recognised), for an
+    identity and a computed key, and its running counts are collections.Counter's."""
+    import collections
+    import random
+
+    rng = random.Random(7)
+    words = [f"w{rng.randrange(50)}" for _ in range(2000)]
+    counter: collections.Counter[str] = collections.Counter()
+    expected = []
+    for w in words:
+        counter[w] += 1
+        expected.append((w, counter[w]))
+
+    def step(fn: Any, key_fn: Any) -> Step:
+        return Step(0, "count", StepKind.AGGREGATE, 1, fn=fn, args={"initial": 0}, key_fn=key_fn)
+
+    for key_fn in (lambda w: w, lambda w: w + ""):
+        fast = build_operator(step(lambda c, _w: c + 1, key_fn), 0, 128, None)
+        general = build_operator(step(lambda c, _w: 1 + c, key_fn), 0, 128, None)
+        assert fast.addend == 1 and general.addend is not fast.addend  # type: ignore[attr-defined]
+        got = fast.process(words[:700]) + fast.process(words[700:])
+        assert got == general.process(words[:700]) + general.process(words[700:])
+        assert got == expected
+        assert fast.snapshot_state(1) == general.snapshot_state(1)
