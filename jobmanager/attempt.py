@@ -15,7 +15,14 @@ import signal
 from channels import control as P
 from channels.control import CheckpointFailureReason
 from jobmanager.coordinator import CheckpointCoordinator, CompletedCheckpoint
-from jobmanager.failures import Failure, FailureCause, classify_stage_error, stage_reason
+from jobmanager.failures import (
+    Failure,
+    FailureCause,
+    classify_stage_error,
+    first_lines,
+    reported_failure,
+    stage_reason,
+)
 from jobmanager.faults import DriverKill
 from jobmanager.liveness import ctrl_c_deferred
 from jobmanager.services import RunServices, Stage, TaskInfo
@@ -33,6 +40,9 @@ STAGE_END_GRACE = 5.0  # the stage ended: the last Finished messages may still b
 # A task that raised reports its error (Failed) and then its process exits: on a loaded
 # machine the exit or the stage failure can be seen before that report is read.
 REPORT_GRACE = 1.0
+CHECKS_EVERY = 0.005
+"""Seconds between two rounds of the attempt's checks beyond the checkpoints' own (a task
+gone or silent, the stage, the timeout, a stop request, injected faults, progress)."""
 
 
 class Attempt:
@@ -115,6 +125,7 @@ class Attempt:
             self.run_services.metrics.end_attempt(self.tasks, finished, self.coordinator.failed)
 
     def _drive(self, stage: Stage) -> Failure | None:
+        checks_due = 0.0
         while True:
             for msg in self.run_services.link.receive(20):
                 if getattr(msg, "attempt", self.number) != self.number:
@@ -124,16 +135,26 @@ class Attempt:
                     return failure
             now = self.clock()
             self._observe(now)
-            self._check_stop()
+            # The loop turns once per message at short checkpoint intervals (a dozen acks
+            # each): the checks beyond the checkpoints' own run at most every CHECKS_EVERY.
+            checks = now >= checks_due
+            if checks:
+                checks_due = now + CHECKS_EVERY
+                self._check_stop()
             if self.all_finished:
                 stage.join(10.0)
                 return None
-            failure = self._check(now, stage)
+            failure = None
+            if checks:
+                failure = self._check(now, stage)
+            elif self.all_registered_at is not None:
+                failure = self._check_checkpoints()  # triggers the next one on time
             if failure is not None:
                 return self._own_report_or(failure)
-            faults = self.run_services.faults
-            self._fire(faults.due(now, self._can_kill, self._periodic_pending))
-            self._show_progress()
+            if checks:
+                faults = self.run_services.faults
+                self._fire(faults.due(now, self._can_kill, self._periodic_pending))
+                self._show_progress()
 
     def _read_waiting(self) -> Failure | None:
         """Handle the control messages already waiting (without waiting for more)."""
@@ -210,7 +231,7 @@ class Attempt:
                 if getattr(msg, "attempt", None) != self.number:
                     continue
                 if isinstance(msg, P.Failed):
-                    return self._on_failed(msg)
+                    return reported_failure(msg, self.tasks[msg.task_index].task_id)
                 if isinstance(msg, P.Closed):
                     self.tasks[msg.task_index].closed = True
         return failure
@@ -262,7 +283,7 @@ class Attempt:
             self.stage_done_at = now
             if err is not None:
                 text = str(err)
-                error = _first_lines(text)
+                error = first_lines(text)
                 if self.all_registered_at is None:  # say it: the tasks were still starting
                     error = (
                         f"while the tasks were starting ({len(self.registered)} of "
@@ -345,7 +366,7 @@ class Attempt:
                 elif self.termination is not None:
                     self.termination.on_status(msg)
             case P.Failed():
-                return self._on_failed(msg)
+                return reported_failure(msg, self.tasks[msg.task_index].task_id)
             case _:
                 log.debug("attempt %d: unexpected control message %r", self.number, msg)
         return None
@@ -362,25 +383,6 @@ class Attempt:
         if msg.metrics:
             t.metrics = decode(TaskMetrics, msg.metrics)
         self.send(msg.task_index, P.Alive())
-
-    def _on_failed(self, msg: P.Failed) -> Failure:
-        task = self.tasks[msg.task_index]
-        # A task reports its own id as the operator when the error is not a user function's.
-        cause = (
-            FailureCause.TASK_ERROR
-            if msg.operator == task.task_id
-            else FailureCause.USER_FUNCTION_RAISED
-        )
-        return Failure(
-            cause,
-            operator=msg.operator,
-            subtask=msg.subtask,
-            error=msg.error,
-            traceback=msg.traceback,
-            permanent="the task reported that a restart cannot fix this error"
-            if msg.fatal
-            else None,
-        )
 
     # -- checkpoints and kills -------------------------------------------------------------
     def _on_checkpoint_completed(self, cp: CompletedCheckpoint) -> None:
@@ -442,7 +444,3 @@ class Attempt:
             drain,
             stage,
         )
-
-
-def _first_lines(text: str, n: int = 12) -> str:
-    return "\n".join(text.strip().splitlines()[:n])

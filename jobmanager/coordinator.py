@@ -17,6 +17,7 @@ from channels import control as P
 from channels.control import CheckpointFailureReason
 from jobmanager.termination import LoopTermination
 from runtime.config import JobConfig, SnapshotMode
+from runtime.operators import acts_on_completion
 from runtime.plan import JobPlan, step_state
 from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
 from statebackend.metrics import AckMetrics, CheckpointSummary, decode, summarize
@@ -111,6 +112,10 @@ class CheckpointCoordinator:
         self.last_trigger: float | None = None
         self.all_tasks = {t.index for t in plan.tasks}
         self.sources = [t.index for t in plan.source_tasks]
+        # Told of a completed checkpoint (besides final and synchronous ones: every task).
+        self.notified = sorted(
+            t.index for t in plan.tasks if any(map(acts_on_completion, plan.chain_steps(t)))
+        )
 
     # -- triggering ----------------------------------------------------------------------
     def on_tick(self) -> None:
@@ -322,7 +327,10 @@ class CheckpointCoordinator:
             self.abort(
                 older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cp.checkpoint_id} completed"
             )
-        for index in sorted(self.all_tasks):
+        # Every task of a final checkpoint (they end on it) or a synchronous one (they
+        # resume on it); otherwise only those whose operators act on it (sinks commit).
+        told = sorted(self.all_tasks) if cp.final or cp.drain is not None else self.notified
+        for index in told:
             self.send(index, P.Complete(cp.checkpoint_id))
         if self.storage is not None:
             self._clean_up(lambda st: st.retain(self.config.retained_checkpoints), "old ones")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from channels import control as P
+
 
 class FailureCause(enum.Enum):
     """What ended an attempt; the value is the human message. Logs, ``Restart`` records
@@ -118,3 +120,23 @@ def restore_point_words(checkpoint_id: int | None) -> str:
 def _first_line(text: str) -> str:
     stripped = text.strip()
     return stripped.splitlines()[0] if stripped else text
+
+
+def reported_failure(msg: P.Failed, task_id: str) -> Failure:
+    """The Failure a task reported (``Failed``) about itself, task ``task_id``: a user
+    function's error names its operator, the task's own error its task id."""
+    cause = (
+        FailureCause.TASK_ERROR if msg.operator == task_id else FailureCause.USER_FUNCTION_RAISED
+    )
+    return Failure(
+        cause,
+        operator=msg.operator,
+        subtask=msg.subtask,
+        error=msg.error,
+        traceback=msg.traceback,
+        permanent="the task reported that a restart cannot fix this error" if msg.fatal else None,
+    )
+
+
+def first_lines(text: str, n: int = 12) -> str:
+    return "\n".join(text.strip().splitlines()[:n])

@@ -11,7 +11,9 @@ task calls it (task-loop thread only):
 * ``on_processing_time(now) -> records`` — called about every ``timer_interval``
   when the operator ``wants_processing_time``;
 * ``snapshot_state(id)`` / ``notify_checkpoint_complete(id)`` /
-  ``notify_checkpoint_aborted(id)`` — checkpoints;
+  ``notify_checkpoint_aborted(id)`` — checkpoints (a task hears of a completed one only
+  when an operator of its chain overrides ``notify_checkpoint_complete``, or when it is
+  final or synchronous: `acts_on_completion`);
 * ``finish() -> records`` — all input ended (before the final checkpoint);
 * ``close()`` — graceful shutdown only.
 
@@ -301,6 +303,20 @@ class SinkOperator(Operator):
 
     def close(self) -> None:
         self.sink.close()
+
+
+def acts_on_completion(step: Step) -> bool:
+    """Whether the runtime operator of ``step`` does anything on
+    ``notify_checkpoint_complete`` (its class overrides the no-op: sinks commit there).
+    The job manager tells a task that a checkpoint completed only when one of its steps
+    does (and every task of a final or synchronous checkpoint: they end, or resume, on it):
+    at short intervals the others would each spend a wake-up and a message per checkpoint
+    on nothing."""
+    for module in OPERATOR_MODULES:
+        importlib.import_module(module)
+    factory = _REGISTRY.get(step.kind)
+    notify = getattr(factory, "notify_checkpoint_complete", None)
+    return notify is not None and notify is not Operator.notify_checkpoint_complete
 
 
 def build_operator(

@@ -321,3 +321,40 @@ def test_a_kill_due_by_time_waits_for_registration() -> None:
     failure = h.attempt.run(h.stage)
     assert h.procs.signals[0] == (101, signal.SIGKILL)
     assert failure is not None and failure.cause is FailureCause.TASK_DIED
+
+
+def test_checks_run_at_most_every_few_ms_and_checkpoints_every_turn() -> None:
+    """At short intervals the loop turns once per ack: the liveness, stage, stop, fault
+    and progress checks run at most every CHECKS_EVERY; the coordinator's tick (which
+    triggers the next checkpoint on time) runs every turn."""
+    from jobmanager.attempt import CHECKS_EVERY
+
+    h = harness(JobConfig(checkpoint_interval=0.0005), tick=0.0005)
+    counts = {"check": 0, "tick": 0}
+    check, tick = h.attempt._check, h.attempt.coordinator.on_tick
+
+    def counted_check(*args: object) -> object:
+        counts["check"] += 1
+        return check(*args)  # type: ignore[arg-type]
+
+    def counted_tick() -> None:
+        counts["tick"] += 1
+        tick()
+
+    h.attempt._check = counted_check  # type: ignore[method-assign,assignment]
+    h.attempt.coordinator.on_tick = counted_tick  # type: ignore[method-assign]
+    h.link.then(*registers())
+    turns = 200
+
+    def ack_pending() -> list[P.Message]:  # every task acks what is pending: it completes
+        return [ack(i, n, n, n) for n in h.attempt.coordinator.pending for i in range(4)]
+
+    for _ in range(1, turns):
+        h.link.then(ack_pending)
+    h.link.then(P.Failed(0, 0, "src", 0, "E: stop here", "", False))
+    assert h.attempt.run(h.stage) is not None
+    span = turns * 0.0005
+    assert counts["tick"] >= turns - 2
+    assert counts["check"] <= span / CHECKS_EVERY + 2
+    # Triggered on the turn after the last completed (acked the turn after its trigger).
+    assert len(h.attempt.coordinator.completed) >= turns // 2 - 5

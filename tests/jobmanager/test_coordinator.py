@@ -25,6 +25,7 @@ from statebackend.storage import CheckpointStorage
 
 SOURCES = [0, 1]
 ALL = [0, 1, 2, 3]
+SINK_TASKS = [2, 3]  # count[i] chains the collect sink: told of completed checkpoints
 
 
 def ident(x: Any) -> Any:
@@ -180,7 +181,8 @@ def test_completes_when_all_tasks_acked(tmp_path: Path) -> None:
     assert done.duration_ms == pytest.approx(250.0)
     assert h.completed == [done]
     assert h.coord.pending == {}
-    assert of_type(h.sent.new(), P.Complete) == [(i, P.Complete(1)) for i in ALL]
+    # Only the tasks whose operators act on it (the sinks commit) hear of it.
+    assert of_type(h.sent.new(), P.Complete) == [(i, P.Complete(1)) for i in SINK_TASKS]
     assert done.path == os.path.join(h.storage.root, "chk-1", "_metadata")
     meta = h.storage.read_metadata(1)
     assert meta.checkpoint_id == 1 and meta.job == "job" and meta.attempt == 0
@@ -279,7 +281,7 @@ def test_completing_n_subsumes_older_pending(tmp_path: Path) -> None:
     assert set(h.coord.pending) == {3}
     sent = h.sent.new()
     assert of_type(sent, P.Abort) == [(i, P.Abort(1, "SUBSUMED")) for i in ALL]
-    assert of_type(sent, P.Complete) == [(i, P.Complete(2)) for i in ALL]
+    assert of_type(sent, P.Complete) == [(i, P.Complete(2)) for i in SINK_TASKS]
     assert [f.reason for f in h.coord.failed] == [CheckpointFailureReason.SUBSUMED]
     assert h.coord.consecutive_failures == 0  # subsumption is not a failure
     assert h.ack(1) is None
@@ -335,6 +337,8 @@ def test_final_checkpoint_triggers_exactly_once(tmp_path: Path) -> None:
     h.ack(1)
     assert h.coord.final_completed
     assert h.storage.read_metadata(1).final is True
+    # Every task hears of the final checkpoint: each ends on it.
+    assert of_type(h.sent.new(), P.Complete) == [(i, P.Complete(1)) for i in ALL]
     h.coord.on_sources_ended()
     assert triggers(h.sent.new()) == []
 

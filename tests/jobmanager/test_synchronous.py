@@ -39,8 +39,11 @@ def test_halts_every_source_then_drains_then_triggers(tmp_path: Path) -> None:
     answer(h, BALANCED)
     sent = h.tick(0.01)
     assert triggers(sent) == [(0, 1, False), (1, 1, False)]
+    h.sent.new()
     done = h.ack(1)
     assert done is not None
+    # Every task halted: every task hears that it completed (and resumes).
+    assert of_type(h.sent.new(), P.Complete) == [(i, P.Complete(1)) for i in ALL]
     halt_ms, drain_ms = done.metrics.halt_ms, done.metrics.drain_ms
     assert halt_ms is not None and drain_ms is not None and halt_ms >= drain_ms > 0
     per_task = h.storage.read_metadata(1).task_metrics
