@@ -40,7 +40,36 @@ _pack_key: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
 _BIG_INT_EXT: Final = 0
 
 
-_IDENTITY_CODE: Final = (lambda record: record).__code__.co_code
+_CO_VARARGS: Final = 0x04
+_CO_VARKEYWORDS: Final = 0x08
+
+
+def bytecode_match(fn: Any, template: Callable[..., Any]) -> types.CodeType | None:
+    """``fn``'s code object when ``fn`` is a plain Python function with ``template``'s
+    bytecode and number of positional parameters, and no ``*args``, ``**kwargs`` or
+    keyword-only ones; else None. Its body then does exactly what ``template``'s does, on
+    its own constants (``co_consts``): the test behind every fast path that runs a user
+    function's operation without calling it (``is_identity``, ``fast_key_fn``,
+    ``runtime.operators.constant_addend``)."""
+    if not isinstance(fn, types.FunctionType):
+        return None
+    code, model = fn.__code__, template.__code__
+    if (
+        code.co_code != model.co_code
+        or code.co_argcount != model.co_argcount
+        or code.co_kwonlyargcount
+        or code.co_flags & (_CO_VARARGS | _CO_VARKEYWORDS)
+    ):
+        return None
+    return code
+
+
+def _identity(record: Any) -> Any:  # the templates of the fast paths below
+    return record
+
+
+def _subscript(record: Any) -> Any:  # ``record[<constant>]``: the constant is co_consts[1]
+    return record[0]
 
 
 def is_identity(fn: Any) -> bool:
@@ -51,21 +80,7 @@ def is_identity(fn: Any) -> bool:
     Decided from the bytecode, so only functions that can do nothing else qualify: one
     positional parameter, no ``*args``/``**kwargs``, a body of ``return <parameter>``.
     """
-    if not isinstance(fn, types.FunctionType):
-        return False
-    code = fn.__code__
-    return (
-        code.co_code == _IDENTITY_CODE
-        and code.co_argcount == 1
-        and code.co_kwonlyargcount == 0
-        and not code.co_flags & (_CO_VARARGS | _CO_VARKEYWORDS)
-    )
-
-
-_CO_VARARGS: Final = 0x04
-_CO_VARKEYWORDS: Final = 0x08
-# ``return record[<constant>]``: the constant is co_consts[1] (the bytecode says LOAD_CONST 1).
-_SUBSCRIPT_CODE: Final = (lambda record: record[0]).__code__.co_code
+    return bytecode_match(fn, _identity) is not None
 
 
 def fast_key_fn(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -73,16 +88,8 @@ def fast_key_fn(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     body is ``return record[c]`` with ``c`` an int or str constant (``lambda r: r[0]``,
     ``lambda e: e["user"]``): the same ``record[c]`` with the same errors, without a
     Python frame per record. Decided from the bytecode, like ``is_identity``."""
-    if not isinstance(fn, types.FunctionType):
-        return fn
-    code = fn.__code__
-    if (
-        code.co_code == _SUBSCRIPT_CODE
-        and code.co_argcount == 1
-        and code.co_kwonlyargcount == 0
-        and not code.co_flags & (_CO_VARARGS | _CO_VARKEYWORDS)
-        and type(code.co_consts[1]) in (int, str)
-    ):
+    code = bytecode_match(fn, _subscript)
+    if code is not None and type(code.co_consts[1]) in (int, str):
         getter: Callable[[Any], Any] = operator.itemgetter(code.co_consts[1])
         return getter
     return fn

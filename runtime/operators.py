@@ -25,12 +25,17 @@ Keyed operators keep their state in a ``statebackend.keyed.KeyedStateBackend``.
 from __future__ import annotations
 
 import importlib
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from channels.partitioners import fast_key_fn, is_identity, key_group_for, key_group_range
+from channels.partitioners import (
+    bytecode_match,
+    fast_key_fn,
+    is_identity,
+    key_group_for,
+    key_group_range,
+)
 from runtime.graph import Step, StepKind
 from runtime.sinks import Sink, SinkContext
 from runtime.watermarks import NO_WATERMARK
@@ -190,8 +195,8 @@ class ReduceOperator(KeyedOperator):
         return out
 
 
-_ADDEND_CODE = (lambda acc, _record: acc + 1).__code__.co_code
-_CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08
+def _plus_constant(acc: Any, _record: Any) -> Any:  # the template of constant_addend
+    return acc + 1
 
 
 def constant_addend(fn: Any) -> Any:
@@ -199,20 +204,11 @@ def constant_addend(fn: Any) -> Any:
     ``return <first parameter> + c`` with ``c`` a constant (the running count
     ``lambda n, _r: n + 1``, ``def add(acc, r): return acc + 10``), else ``_MISSING``:
     the aggregate then computes ``acc + c`` itself, the same operation on the same
-    operands, without a Python call per record. Decided from the bytecode (as
-    ``channels.partitioners.is_identity``), so only functions that can do nothing else
-    qualify."""
-    if not isinstance(fn, types.FunctionType):
-        return _MISSING
-    code = fn.__code__
-    if (
-        code.co_code != _ADDEND_CODE
-        or code.co_argcount != 2
-        or code.co_kwonlyargcount
-        or code.co_flags & (_CO_VARARGS | _CO_VARKEYWORDS)
-    ):
-        return _MISSING
-    return code.co_consts[1]
+    operands, without a Python call per record. Decided from the bytecode
+    (``channels.partitioners.bytecode_match``), so only functions that can do nothing
+    else qualify."""
+    code = bytecode_match(fn, _plus_constant)
+    return _MISSING if code is None else code.co_consts[1]
 
 
 @register(StepKind.AGGREGATE)
@@ -305,6 +301,13 @@ class SinkOperator(Operator):
         self.sink.close()
 
 
+def _factory(step: Step) -> OperatorFactory | None:
+    """The registered runtime operator of ``step``'s kind, if any."""
+    for module in OPERATOR_MODULES:  # they register their operators when imported
+        importlib.import_module(module)
+    return _REGISTRY.get(step.kind)
+
+
 def acts_on_completion(step: Step) -> bool:
     """Whether the runtime operator of ``step`` does anything on
     ``notify_checkpoint_complete`` (its class overrides the no-op: sinks commit there).
@@ -312,10 +315,7 @@ def acts_on_completion(step: Step) -> bool:
     does (and every task of a final or synchronous checkpoint: they end, or resume, on it):
     at short intervals the others would each spend a wake-up and a message per checkpoint
     on nothing."""
-    for module in OPERATOR_MODULES:
-        importlib.import_module(module)
-    factory = _REGISTRY.get(step.kind)
-    notify = getattr(factory, "notify_checkpoint_complete", None)
+    notify = getattr(_factory(step), "notify_checkpoint_complete", None)
     return notify is not None and notify is not Operator.notify_checkpoint_complete
 
 
@@ -327,9 +327,7 @@ def build_operator(
     debug_drop_event_time: bool = False,
 ) -> Operator:
     """The runtime operator of a (non-source) step, from the registry; not opened yet."""
-    for module in OPERATOR_MODULES:  # they register their operators when imported
-        importlib.import_module(module)
-    factory = _REGISTRY.get(step.kind)
+    factory = _factory(step)
     if factory is None:
         raise ValueError(f"no runtime operator for {step.describe()}")
     return factory(step, OperatorContext(subtask, max_parallelism, sink_ctx, debug_drop_event_time))
