@@ -1,5 +1,6 @@
 """Where an iteration's tasks run: a Spark barrier stage (one Python worker per
-partition, endpoints exchanged with one ``allGather``) or threads of the driver (tests
+partition, endpoints exchanged through the driver's rendezvous,
+``channels.rendezvous``) or threads of the driver (tests
 and benchmarks without Spark; a "kill" then ends the thread abruptly, sockets closed
 without a word, which is what the others see of a SIGKILLed process).
 
@@ -10,7 +11,7 @@ normally, else a one-line reason.
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import os
 import queue
 import socket
@@ -18,6 +19,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from channels.rendezvous import Rendezvous, gather, host_of
 from runtime.iterations.api import IterationSpec
 from runtime.iterations.worker import WorkerContext, run_worker
 
@@ -94,32 +96,36 @@ class SparkLauncher:
     def _run(self, spec: IterationSpec, contexts: list[WorkerContext]) -> None:
         from jobmanager.launcher import describe_stage_error
 
-        def entry(_: Any) -> Any:
-            from pyspark import BarrierTaskContext
-
-            ctx = BarrierTaskContext.get()
-            index = ctx.partitionId()
-            host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
-            with contextlib.suppress(OSError):
-                host = socket.gethostbyname(host)
-
-            def exchange(endpoint: str) -> list[str]:
-                pairs = sorted(json.loads(m) for m in ctx.allGather(json.dumps([index, endpoint])))
-                return [ep for _, ep in pairs]
-
-            def die(sig: int) -> None:
-                os.kill(os.getpid(), sig)
-
-            run_worker(spec, replace(contexts[index], host=host), exchange, die)
-            return [index]
-
+        rendezvous: Rendezvous | None = None
         try:
             n = len(contexts)
+            rendezvous = Rendezvous(host_of(contexts[0].jm_endpoint), n).start()
+            meet = rendezvous.endpoint
+
+            def entry(_: Any) -> Any:
+                from pyspark import BarrierTaskContext
+
+                ctx = BarrierTaskContext.get()
+                index = ctx.partitionId()
+                host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
+                with contextlib.suppress(OSError):
+                    host = socket.gethostbyname(host)
+
+                def die(sig: int) -> None:
+                    os.kill(os.getpid(), sig)
+
+                exchange = functools.partial(gather, meet, index)
+                run_worker(spec, replace(contexts[index], host=host), exchange, die)
+                return [index]
+
             self.sc.setJobGroup(self.group, f"absflow iteration '{spec.name}'", True)
             self.sc.parallelize(range(n), n).barrier().mapPartitions(entry).collect()
             self._outcome.put(None)
         except BaseException as err:
             self._outcome.put(describe_stage_error(err))
+        finally:
+            if rendezvous is not None:
+                rendezvous.close()
 
     def failure(self) -> str | None:
         if self._done:

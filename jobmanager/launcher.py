@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from channels.rendezvous import Rendezvous
 from runtime.config import JobConfig, TaskEnvironment
 from runtime.errors import (
     CheckpointStorageError,
@@ -284,9 +285,11 @@ class StageRunner:
     """Runs one attempt's barrier stage in a background thread; ``outcome`` gets the
     stage's end: None for success or the exception Spark raised."""
 
-    def __init__(self, spark: Any, plan: JobPlan, env: TaskEnvironment, group: str) -> None:
+    def __init__(
+        self, spark: Any, plan: JobPlan, env: TaskEnvironment, group: str, host: str
+    ) -> None:
         self.sc = spark.sparkContext
-        self.plan, self.env, self.group = plan, env, group
+        self.plan, self.env, self.group, self.host = plan, env, group, host
         self.outcome: queue.Queue[BaseException | None] = queue.Queue()
         self.thread = threading.Thread(
             target=self._run, name=f"absflow-stage-{env.attempt}", daemon=True
@@ -298,19 +301,25 @@ class StageRunner:
 
     def _run(self) -> None:
         plan, env = self.plan, self.env
-
-        def entry(_: Any) -> Any:
-            from runtime.task_entry import run_barrier_task
-
-            return run_barrier_task(plan, env)
-
+        rendezvous: Rendezvous | None = None
         try:
-            self.sc.setJobGroup(self.group, f"absflow '{plan.name}' attempt {env.attempt}", True)
             n = len(plan.tasks)
+            rendezvous = Rendezvous(self.host, n).start()
+            endpoint = rendezvous.endpoint
+
+            def entry(_: Any) -> Any:
+                from runtime.task_entry import run_barrier_task
+
+                return run_barrier_task(plan, env, endpoint)
+
+            self.sc.setJobGroup(self.group, f"absflow '{plan.name}' attempt {env.attempt}", True)
             self.sc.parallelize(range(n), n).barrier().mapPartitions(entry).collect()
             self.outcome.put(None)
         except BaseException as err:  # reported to the job manager thread
             self.outcome.put(err)
+        finally:
+            if rendezvous is not None:
+                rendezvous.close()
 
     def cancel(self) -> None:
         try:
@@ -361,7 +370,7 @@ class SparkBarrierLauncher:
         check_slots(self.spark.sparkContext, tasks, wait=config.executor_wait, say=say)
 
     def start(self, plan: JobPlan, env: TaskEnvironment, group: str) -> StageRunner:
-        return StageRunner(self.spark, plan, env, group).start()
+        return StageRunner(self.spark, plan, env, group, self.host).start()
 
     def close(self) -> None:
         """The session outlives the job (reused by the next one, stopped at exit)."""

@@ -6,13 +6,15 @@ task order), then builds, opens and runs its `Task` (``runtime.task``) and alway
 closes what it opened, gracefully or not.
 
 ``run_barrier_task`` is the Spark barrier task's (index and host from the
-`BarrierTaskContext`, the exchange by ``allGather``); ``runtime.local_entry`` is the
-local launcher's (the exchange through the job manager's pipes).
+`BarrierTaskContext`, the exchange through the driver's rendezvous,
+``channels.rendezvous``: Spark's own ``allGather`` takes a second); ``runtime.local_entry``
+is the local launcher's (the exchange through the job manager's pipes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import socket
 from collections.abc import Callable
@@ -20,6 +22,7 @@ from typing import Any
 
 import zmq
 
+from channels.rendezvous import gather
 from channels.zmq_io import InputGate, local_namespace
 from runtime.config import TaskEnvironment
 from runtime.errors import TaskCancelled
@@ -34,8 +37,9 @@ __all__ = ["Exchange", "run_barrier_task", "run_task"]
 Exchange = Callable[[str], list[str]]
 
 
-def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
-    """Entry point inside a Spark barrier task (the Python worker process)."""
+def run_barrier_task(plan: JobPlan, env: TaskEnvironment, rendezvous: str) -> list[Any]:
+    """Entry point inside a Spark barrier task (the Python worker process); ``rendezvous``
+    is the endpoint of the driver's `channels.rendezvous.Rendezvous` for this attempt."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -43,7 +47,7 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment) -> list[Any]:
     host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
     with contextlib.suppress(OSError):
         host = socket.gethostbyname(host)  # bind needs an address, Spark may give a name
-    return run_task(plan, env, index, host, ctx.allGather)
+    return run_task(plan, env, index, host, functools.partial(gather, rendezvous, index))
 
 
 def run_task(
