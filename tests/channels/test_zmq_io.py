@@ -294,7 +294,8 @@ def test_flush_if_older(gate: InputGate, outputs: Outputs) -> None:
     written_at = time.monotonic()
     out.write(["a", "b", "c"])
     out.flush_if_older(written_at, 0.5)
-    out.flush_if_older(time.monotonic(), 0.5)
+    # not time.monotonic(): a machine that stalls 0.5 s between these lines would flush
+    out.flush_if_older(written_at + 0.5, 0.5)  # at most the timeout old: kept
     assert out.batches_sent == 0
     out.flush_if_older(time.monotonic() + 1.0, 0.5)
     assert out.batches_sent == 1
@@ -308,9 +309,10 @@ def test_flush_if_older_measures_from_the_first_pending_record(
     out = outputs.open(gate.endpoint, 2, batch_size=4)
     out.write(["a", "b", "c", "d", "e"])  # one batch sent, "e" pending since now
     first = time.monotonic()
-    time.sleep(0.02)
+    time.sleep(0.05)
     out.write(["f"])  # later writes do not reset the age
-    out.flush_if_older(first + 0.3, 0.25)
+    # 0.26 s after "e", at most 0.21 s after "f": flushes only if the age counts from "e"
+    out.flush_if_older(first + 0.26, 0.25)
     assert out.batches_sent == 2
     assert receive(gate, 6) == [(2, r) for r in "abcdef"]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import _thread
 import logging
-import threading
 import time
 from typing import Any
 
@@ -18,20 +17,21 @@ from tests.integration.topologies import pipeline
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
 
 
-class SecondCtrlC(logging.Handler):
-    """Presses Ctrl-C again as soon as the first one started a stop with savepoint."""
+class CtrlCTwice(logging.Handler):
+    """Presses Ctrl-C (SIGINT, as a terminal sends it) once every task registered, and
+    again as soon as the first one started a stop with savepoint. Not after a fixed
+    delay: a first Ctrl-C before run() installed its handlers ends it another way."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if "stopping job" in record.getMessage():
+        message = record.getMessage()
+        if "tasks registered" in message or "stopping job" in message:
             _thread.interrupt_main()
 
 
 def test_a_second_ctrl_c_cancels_the_job_and_cleans_up(caplog: Any) -> None:
-    timer = threading.Timer(3.0, _thread.interrupt_main)  # SIGINT, as a terminal sends it
-    second = SecondCtrlC()
-    logging.getLogger("absflow").addHandler(second)
+    presses = CtrlCTwice()
+    logging.getLogger("absflow").addHandler(presses)
     started = time.monotonic()
-    timer.start()
     try:
         with (
             caplog.at_level(logging.INFO, logger="absflow"),
@@ -39,8 +39,7 @@ def test_a_second_ctrl_c_cancels_the_job_and_cleans_up(caplog: Any) -> None:
         ):
             pipeline(400_000, checkpoint_interval=0.2).run()  # ~50 s if left alone
     finally:
-        timer.cancel()
-        logging.getLogger("absflow").removeHandler(second)
+        logging.getLogger("absflow").removeHandler(presses)
     assert time.monotonic() - started < 30
     assert info.value.__cause__ is None and info.value.__suppress_context__
     assert "cancelled" in str(info.value)

@@ -55,7 +55,9 @@ def test_wordcount_survives_a_killed_counter(tmp_path: Any) -> None:
 
 
 def test_diamond_with_two_shuffles_survives_a_kill() -> None:
-    n = 8_000
+    # 3.2 s of input (was 1.6 s, the shortest kill test): the kill waits for checkpoint 2,
+    # which a busy 2-core machine can delay by over a second with 16 tasks to schedule
+    n = 16_000
     result = diamond(n, rate=5_000, **CHK).run(faults=[Kill("count5[1]", after_checkpoint=2)])
     assert len(result.restarts) == 1, result.summary()
     expected = diamond_expected(n)
