@@ -28,6 +28,8 @@ from typing import Any, Final
 
 import zmq
 
+from channels.zmq_io import is_ipv6, tcp_endpoint
+
 log = logging.getLogger("absflow.rendezvous")
 
 POLL_MS: Final = 100
@@ -40,10 +42,6 @@ tasks at once; this bounds a wait for a task that will never come)."""
 
 class RendezvousError(RuntimeError):
     """The exchange did not complete (the driver unreachable, a task missing)."""
-
-
-def _tcp(host: str) -> str:
-    return f"tcp://[{host}]" if ":" in host and not host.startswith("[") else f"tcp://{host}"
 
 
 def host_of(endpoint: str) -> str:
@@ -63,14 +61,14 @@ class Rendezvous:
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._socket = self._ctx.socket(zmq.ROUTER)
         try:
-            ipv6 = ":" in host
-            if ipv6:
+            where = tcp_endpoint(host)
+            if is_ipv6(where):
                 self._socket.setsockopt(zmq.IPV6, 1)
-            port = self._socket.bind_to_random_port(_tcp(host))
+            port = self._socket.bind_to_random_port(where)
         except BaseException:
             self._ctx.destroy(linger=0)
             raise
-        self.endpoint = f"{_tcp(host)}:{port}"
+        self.endpoint = tcp_endpoint(host, port)
         self.messages: dict[int, str] = {}
         self.done = threading.Event()
         self._stop = threading.Event()
@@ -132,7 +130,7 @@ def gather(endpoint: str, index: int, message: str, timeout: float = GATHER_TIME
     try:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        if "[" in endpoint:
+        if is_ipv6(endpoint):
             sock.setsockopt(zmq.IPV6, 1)
         sock.connect(endpoint)
         sock.send_multipart([str(index).encode(), message.encode()])

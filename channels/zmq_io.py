@@ -40,14 +40,14 @@ BACKPRESSURE_POLL_MS: Final = 50
 """How long a blocked send waits for POLLOUT before calling on_backpressure again."""
 
 
-def _tcp_endpoint(host: str, port: int | None = None) -> str:
+def tcp_endpoint(host: str, port: int | None = None) -> str:
     """``tcp://host[:port]``, with IPv6 literals in brackets."""
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"tcp://{host}" if port is None else f"tcp://{host}:{port}"
 
 
-def _is_ipv6(endpoint_or_host: str) -> bool:
+def is_ipv6(endpoint_or_host: str) -> bool:
     return "[" in endpoint_or_host or endpoint_or_host.count(":") > 2
 
 
@@ -64,7 +64,7 @@ def _push(
         socket.setsockopt(zmq.SNDHWM, sndhwm)
         if sndbuf > 0:  # the kernel's share of the queue (0: the OS default, autotuned)
             socket.setsockopt(zmq.SNDBUF, sndbuf)
-        if _is_ipv6(endpoint):
+        if is_ipv6(endpoint):
             socket.setsockopt(zmq.IPV6, 1)
         if sndbuf > 0 and endpoint.startswith("ipc://"):
             _connect_ipc(socket, endpoint, sndbuf)
@@ -137,12 +137,12 @@ class InputGate:
                 socket.setsockopt(zmq.RCVBUF, rcvbuf)
             if ":" in host:
                 socket.setsockopt(zmq.IPV6, 1)
-            port = socket.bind_to_random_port(_tcp_endpoint(host))
+            port = socket.bind_to_random_port(tcp_endpoint(host))
         except BaseException:
             socket.close(linger=0)
             raise
         self._socket = socket
-        self._endpoint = _tcp_endpoint(host, port)
+        self._endpoint = tcp_endpoint(host, port)
 
     @property
     def endpoint(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -57,6 +58,10 @@ def test_malformed_messages_are_ignored(caplog: pytest.LogCaptureFixture) -> Non
         stray.send_multipart([b"5", b"out of range"])
         stray.send_multipart([b"not an index", b"x"])
         stray.send(b"one frame")
+        deadline = time.monotonic() + 10  # the stray connects on its own: wait for its 3
+        while caplog.text.count("ignored a malformed message") < 3:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.01)
         got = gather_all(rendezvous.endpoint, [1, 0], ["a", "b"])
         assert got == {0: ["a", "b"], 1: ["a", "b"]}
         assert not stray.poll(200)  # nothing for a sender that is not a task
@@ -100,3 +105,16 @@ def test_host_of_endpoints_and_a_bad_count() -> None:
     assert host_of("tcp://[::1]:4000") == "::1"
     with pytest.raises(ValueError, match="at least one task"):
         Rendezvous("127.0.0.1", 0)
+
+
+def test_an_ipv6_rendezvous() -> None:
+    try:
+        rendezvous = Rendezvous("::1", 2).start()
+    except zmq.ZMQError as err:  # no IPv6 on this host's loopback
+        pytest.skip(f"IPv6 loopback unavailable: {err}")
+    try:
+        assert rendezvous.endpoint.startswith("tcp://[::1]:")
+        got = gather_all(rendezvous.endpoint, [0, 1], ["a", "b"])
+    finally:
+        rendezvous.close()
+    assert got == {0: ["a", "b"], 1: ["a", "b"]}
