@@ -9,7 +9,8 @@ the data-frame codec (msgpack encode, decode), the task's input side and chain
 (``InputSide.dispatch`` -> ``on_batch`` -> ``Chain.process``) around the aggregate
 operator, and the sink operator (``CountingSink.write_batch``). Prints µs per record
 per stage (best of ``--repeat``: the figure least disturbed by other load on the
-machine), their sum, and the plain-Python loop of ../shared/peers/python_baseline.py
+machine; the partitioner and the aggregate on fresh strings each time, whose hashes
+are not cached yet), their sum, and the plain-Python loop of ../shared/peers/python_baseline.py
 for scale. No ZeroMQ, no process switches: those are what the end-to-end
 benchmarks/throughput.py adds on top.
 """
@@ -51,14 +52,26 @@ def plain_python_us(n: int) -> float:
     return us
 
 
-def best_us(fn: Callable[[], int], repeat: int) -> float:
-    """Best of ``repeat`` runs of ``fn`` (which returns its record count), µs per record."""
+def best_us(fn: Callable[[], int], repeat: int, setup: Callable[[], None] | None = None) -> float:
+    """Best of ``repeat`` runs of ``fn`` (which returns its record count), µs per record;
+    ``setup`` (untimed) runs before each."""
     best = float("inf")
     for _ in range(repeat):
+        if setup is not None:
+            setup()
         t0 = time.process_time()
         n = fn()
         best = min(best, (time.process_time() - t0) / n * 1e6)
     return best
+
+
+def generated(source: Any, batch_size: int) -> list[list[Any]]:
+    """Every batch of subtask 0 of 1 of ``source``: new record objects each call."""
+    reader = source.create_reader(0, 1)
+    out: list[list[Any]] = []
+    while (b := reader.read_batch(batch_size)) is not None:
+        out.append(b)
+    return out
 
 
 def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
@@ -67,14 +80,16 @@ def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
     source = next(s for s in plan.steps if s.kind is StepKind.SOURCE)
     agg = next(s for s in plan.steps if s.kind is StepKind.AGGREGATE)
     sink_step = next(s for s in plan.steps if s.kind is StepKind.SINK)
-    assert agg.key_fn is not None
+    key_fn = agg.key_fn
+    assert key_fn is not None
 
-    # Inputs of each stage, made once by the stage before it.
-    reader = source.fn.create_reader(0, 1)
-    batches: list[list[Any]] = []
-    while (b := reader.read_batch(batch_size)) is not None:
-        batches.append(b)
-    partitioner = HashPartitioner(agg.key_fn, 2, plan.max_parallelism)
+    # Inputs of each stage, made by the stage before it. The partitioner and the
+    # aggregate get fresh strings before each run, as in a task: a str caches its hash,
+    # and reused records would leave out the hashing both stages do on every record.
+    batches = generated(source.fn, batch_size)
+    # the partitioner's key cache is warm at steady state
+    warm = generated(source.fn, batch_size)[0]
+    partitioner = HashPartitioner(key_fn, 2, plan.max_parallelism)
     parts = [part for b in batches for _, part in partitioner.partition(b)]
     frames = [encode_data(0, part) for part in parts]
     decoded = [decode_records(f) for f in frames]
@@ -87,8 +102,8 @@ def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
         return total
 
     def partition() -> int:
-        p = HashPartitioner(agg.key_fn, 2, plan.max_parallelism)
-        p.partition(batches[0])  # the key cache is warm at steady state
+        p = HashPartitioner(key_fn, 2, plan.max_parallelism)
+        p.partition(warm)
         for b in batches:
             p.partition(b)
         return n
@@ -102,6 +117,12 @@ def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
         for f in frames:
             decode_records(f)
         return n
+
+    def fresh_batches() -> None:
+        batches[:] = generated(source.fn, batch_size)
+
+    def fresh_decoded() -> None:
+        decoded[:] = [decode_records(f) for f in frames]
 
     def aggregate() -> int:
         op = build_operator(agg, 0, plan.max_parallelism)
@@ -123,10 +144,10 @@ def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
 
     return {
         "source: generate (GeneratorSource.read_batch)": best_us(gen, repeat),
-        "key_by: partition (HashPartitioner, 2 targets)": best_us(partition, repeat),
+        "key_by: partition (HashPartitioner, 2 targets)": best_us(partition, repeat, fresh_batches),
         "encode (msgpack)": best_us(encode, repeat),
         "decode (msgpack)": best_us(decode, repeat),
-        "aggregate operator (running count)": best_us(aggregate, repeat),
+        "aggregate operator (running count)": best_us(aggregate, repeat, fresh_decoded),
         "sink (CountingSink.write_batch)": best_us(sink, repeat),
     }
 
