@@ -78,6 +78,12 @@ class Rendezvous:
         self._thread.start()
         return self
 
+    def __enter__(self) -> Rendezvous:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
     def _serve(self) -> None:
         sock, senders = self._socket, {}
         try:

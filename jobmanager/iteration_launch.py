@@ -96,36 +96,32 @@ class SparkLauncher:
     def _run(self, spec: IterationSpec, contexts: list[WorkerContext]) -> None:
         from jobmanager.launcher import describe_stage_error
 
-        rendezvous: Rendezvous | None = None
+        n = len(contexts)
         try:
-            n = len(contexts)
-            rendezvous = Rendezvous(host_of(contexts[0].jm_endpoint), n).start()
-            meet = rendezvous.endpoint
+            with Rendezvous(host_of(contexts[0].jm_endpoint), n) as rendezvous:
+                meet = rendezvous.endpoint
 
-            def entry(_: Any) -> Any:
-                from pyspark import BarrierTaskContext
+                def entry(_: Any) -> Any:
+                    from pyspark import BarrierTaskContext
 
-                ctx = BarrierTaskContext.get()
-                index = ctx.partitionId()
-                host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
-                with contextlib.suppress(OSError):
-                    host = socket.gethostbyname(host)
+                    ctx = BarrierTaskContext.get()
+                    index = ctx.partitionId()
+                    host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
+                    with contextlib.suppress(OSError):
+                        host = socket.gethostbyname(host)
 
-                def die(sig: int) -> None:
-                    os.kill(os.getpid(), sig)
+                    def die(sig: int) -> None:
+                        os.kill(os.getpid(), sig)
 
-                exchange = functools.partial(gather, meet, index)
-                run_worker(spec, replace(contexts[index], host=host), exchange, die)
-                return [index]
+                    exchange = functools.partial(gather, meet, index)
+                    run_worker(spec, replace(contexts[index], host=host), exchange, die)
+                    return [index]
 
-            self.sc.setJobGroup(self.group, f"absflow iteration '{spec.name}'", True)
-            self.sc.parallelize(range(n), n).barrier().mapPartitions(entry).collect()
+                self.sc.setJobGroup(self.group, f"absflow iteration '{spec.name}'", True)
+                self.sc.parallelize(range(n), n).barrier().mapPartitions(entry).collect()
             self._outcome.put(None)
         except BaseException as err:
             self._outcome.put(describe_stage_error(err))
-        finally:
-            if rendezvous is not None:
-                rendezvous.close()
 
     def failure(self) -> str | None:
         if self._done:

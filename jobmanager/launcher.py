@@ -300,26 +300,22 @@ class StageRunner:
         return self
 
     def _run(self) -> None:
-        plan, env = self.plan, self.env
-        rendezvous: Rendezvous | None = None
+        plan, env, n = self.plan, self.env, len(self.plan.tasks)
         try:
-            n = len(plan.tasks)
-            rendezvous = Rendezvous(self.host, n).start()
-            endpoint = rendezvous.endpoint
+            with Rendezvous(self.host, n) as rendezvous:
+                endpoint = rendezvous.endpoint
 
-            def entry(_: Any) -> Any:
-                from runtime.task_entry import run_barrier_task
+                def entry(_: Any) -> Any:
+                    from runtime.task_entry import run_barrier_task
 
-                return run_barrier_task(plan, env, endpoint)
+                    return run_barrier_task(plan, env, endpoint)
 
-            self.sc.setJobGroup(self.group, f"absflow '{plan.name}' attempt {env.attempt}", True)
-            self.sc.parallelize(range(n), n).barrier().mapPartitions(entry).collect()
+                group = f"absflow '{plan.name}' attempt {env.attempt}"
+                self.sc.setJobGroup(self.group, group, True)
+                self.sc.parallelize(range(n), n).barrier().mapPartitions(entry).collect()
             self.outcome.put(None)
         except BaseException as err:  # reported to the job manager thread
             self.outcome.put(err)
-        finally:
-            if rendezvous is not None:
-                rendezvous.close()
 
     def cancel(self) -> None:
         try:

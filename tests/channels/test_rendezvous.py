@@ -39,12 +39,9 @@ def test_every_task_gets_every_message_in_task_order(count: int) -> None:
     messages = [f'["endpoint of {i}", {i}]' for i in range(count)]
     order = list(range(count))
     random.Random(count).shuffle(order)
-    rendezvous = Rendezvous("127.0.0.1", count).start()
-    try:
+    with Rendezvous("127.0.0.1", count) as rendezvous:  # started, closed on leaving
         got = gather_all(rendezvous.endpoint, order, messages)
         assert rendezvous.done.wait(10)
-    finally:
-        rendezvous.close()
     assert got == {i: messages for i in range(count)}
 
 
