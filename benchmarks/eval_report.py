@@ -471,7 +471,8 @@ def plots(report: Report, docs: str) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ps = list(report.scaling)
-    bars(ax, ps, [ratios(report.scaling[p], "exactly_once@0.5") for p in ps], "ABS every 0.5 s")
+    xs = [float(p) for p in ps]
+    bars(ax, xs, [ratios(report.scaling[p], "exactly_once@0.5") for p in ps], "ABS every 0.5 s")
     ax.axhline(1.0, color="grey", linestyle="--", label="no checkpoints")
     ax.set_xlabel("parallelism p (6p tasks)")
     ax.set_ylabel("processing time / no checkpoints")

@@ -44,12 +44,6 @@ class RendezvousError(RuntimeError):
     """The exchange did not complete (the driver unreachable, a task missing)."""
 
 
-def host_of(endpoint: str) -> str:
-    """The host of ``tcp://host:port`` (an IPv6 literal without its brackets)."""
-    host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") else host
-
-
 class Rendezvous:
     """Gathers one message from each of ``count`` tasks and sends every task all of them,
     in task order (the driver's side; see the module docstring)."""

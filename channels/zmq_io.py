@@ -51,6 +51,12 @@ def is_ipv6(endpoint_or_host: str) -> bool:
     return "[" in endpoint_or_host or endpoint_or_host.count(":") > 2
 
 
+def host_of(endpoint: str) -> str:
+    """The host of ``tcp://host:port`` (an IPv6 literal without its brackets)."""
+    host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
 IPC_CONNECT_WAIT_MS: Final = 2000
 """How long a channel to a Unix socket waits for its connection to size its send buffer."""
 

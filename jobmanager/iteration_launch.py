@@ -19,7 +19,8 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from channels.rendezvous import Rendezvous, gather, host_of
+from channels.rendezvous import Rendezvous, gather
+from channels.zmq_io import host_of
 from runtime.iterations.api import IterationSpec
 from runtime.iterations.worker import WorkerContext, run_worker
 

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
+from channels.zmq_io import host_of
+
 log = logging.getLogger("absflow.jobmanager")
 
 
@@ -177,11 +179,12 @@ def pid_alive(pid: int) -> bool:
 
 
 def port_bound(endpoint: str) -> bool:
-    """True while ``tcp://host:port`` cannot be bound (a process still listens on it)."""
+    """True while ``tcp://host:port`` cannot be bound (a process still listens on it);
+    an IPv6 literal (``tcp://[::1]:port``) is probed over IPv6."""
     if not endpoint.startswith("tcp://"):
         return False
-    host, _, port = endpoint[6:].rpartition(":")
-    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    host, port = host_of(endpoint), endpoint.rpartition(":")[2]
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind((host, int(port)))

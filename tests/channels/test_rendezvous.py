@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import zmq
 
-from channels.rendezvous import Rendezvous, RendezvousError, gather, host_of
+from channels.rendezvous import Rendezvous, RendezvousError, gather
+from channels.zmq_io import host_of
 
 
 def gather_all(endpoint: str, order: list[int], messages: list[str]) -> dict[int, Any]:

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from jobmanager.liveness import Liveness, pid_alive, port_bound
 from jobmanager.services import TaskInfo
 from tests.jobmanager.fakes import Clock, FakeMonitor, FakeStage, Processes
@@ -118,3 +120,18 @@ def test_real_pid_and_port_checks() -> None:
         assert port_bound(f"tcp://127.0.0.1:{port}")
     assert not port_bound(f"tcp://127.0.0.1:{port}")
     assert not port_bound("")
+
+
+def test_an_ipv6_port_is_probed_over_ipv6() -> None:
+    """A task endpoint on an IPv6 literal is free once its listener closes (probed over
+    IPv4, the bracketed host never binds and the port would look taken forever)."""
+    try:
+        listener = socket.socket(socket.AF_INET6)
+        listener.bind(("::1", 0))
+    except OSError as err:  # no IPv6 on this host's loopback
+        pytest.skip(f"IPv6 loopback unavailable: {err}")
+    with listener:
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert port_bound(f"tcp://[::1]:{port}")
+    assert not port_bound(f"tcp://[::1]:{port}")
