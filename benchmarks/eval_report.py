@@ -109,6 +109,17 @@ class Spread:
         return self.q1 <= x <= self.q3
 
 
+def overhead_verdict(time_ratio: Spread, target: float) -> str:
+    """How a time ratio (with checkpoints / without) stands against an overhead target:
+    within it only if its whole IQR is."""
+    name = f"the {100 * target:.0f} % target"
+    if time_ratio.q3 - 1 <= target:
+        return f"within {name}, over the whole IQR"
+    if time_ratio.median - 1 <= target:
+        return f"the median is within {name}, the IQR is not: not shown to stay under it"
+    return f"above {name}"
+
+
 def median_ci(values: Iterable[float], level: float = 0.95) -> tuple[float, float]:
     """A distribution-free confidence interval of the median: the order statistics
     ``(v[k], v[n-k+1])`` (1-based) with the largest ``k`` for which a Binomial(n, 1/2)
@@ -267,12 +278,10 @@ class Report:
         s, out = self.setting, []
         short = min(s.intervals)
         abs_short = ratios(self.full, f"exactly_once@{short}")
-        ok = abs_short.median - 1 <= OVERHEAD_TARGET
         out.append(
             f"**ABS every {short} s costs {100 * (abs_short.median - 1):+.1f} %** of processing "
             f"time (IQR {100 * (abs_short.q1 - 1):+.1f} to {100 * (abs_short.q3 - 1):+.1f} %): "
-            + ("within" if ok else "above")
-            + f" the {100 * OVERHEAD_TARGET:.0f} % target."
+            f"{overhead_verdict(abs_short, OVERHEAD_TARGET)}."
         )
         for interval in s.intervals[1:]:
             r = ratios(self.full, f"exactly_once@{interval}")
