@@ -2,6 +2,7 @@
 
     python benchmarks/checkpoint_overhead.py [--n 20000000] [--repeat 9] [--bytewax-n 2000000]
                                              [--bytewax-venv ../bytewax-venv]
+                                             [--intervals 2 1 0.5 0.1]
 
 The keyed running count of the throughput benchmark (N records, 10,000 keys,
 parallelism 2) with checkpoints off and every 2 s, 1 s, 0.5 s and 0.1 s, plus a second
@@ -39,8 +40,7 @@ from throughput import REPO, bytewax
 from jobmanager.faults import Kill
 
 AGAIN = "off again"
-INTERVALS: list[float | None] = [None, 2.0, 1.0, 0.5, 0.1]
-SETTINGS: list[float | str | None] = [None, AGAIN, *INTERVALS[1:]]
+INTERVALS = [2.0, 1.0, 0.5, 0.1]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -74,20 +74,26 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20_000_000)
     ap.add_argument("--bytewax-n", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument(
+        "--intervals", type=float, nargs="+", default=INTERVALS, help="seconds (0.1 included)"
+    )
     ap.add_argument("--bytewax-venv", default=os.path.join(os.path.dirname(REPO), "bytewax-venv"))
     args = ap.parse_args()
     n = args.n
+    if 0.1 not in args.intervals:
+        ap.error("--intervals must include 0.1 (bytewax and the kill run are measured there)")
+    settings: list[float | str | None] = [None, AGAIN, *args.intervals]
 
     print(f"warming up the SparkSession ... (N = {n:,}, parallelism 2)", flush=True)
     build(10_000, 2, progress=False).run()
-    times: dict[float | str | None, list[float]] = {i: [] for i in SETTINGS}
-    durations: dict[float | str | None, list[float]] = {i: [] for i in SETTINGS}
-    alignment: dict[float | str | None, list[float]] = {i: [] for i in SETTINGS}
-    state: dict[float | str | None, list[int]] = {i: [] for i in SETTINGS}
-    counts: dict[float | str | None, list[int]] = {i: [] for i in SETTINGS}
+    times: dict[float | str | None, list[float]] = {i: [] for i in settings}
+    durations: dict[float | str | None, list[float]] = {i: [] for i in settings}
+    alignment: dict[float | str | None, list[float]] = {i: [] for i in settings}
+    state: dict[float | str | None, list[int]] = {i: [] for i in settings}
+    counts: dict[float | str | None, list[int]] = {i: [] for i in settings}
     for rep in range(args.repeat):
-        k = rep % len(SETTINGS)
-        for setting in SETTINGS[k:] + SETTINGS[:k]:  # rotated: no setting always first
+        k = rep % len(settings)
+        for setting in settings[k:] + settings[:k]:  # rotated: no setting always first
             r = run(n, None if setting == AGAIN else setting)  # type: ignore[arg-type]
             # the processing time: first record -> all output committed
             times[setting].append(r.duration - (r.startup_seconds or 0.0))
@@ -98,7 +104,7 @@ def main() -> None:
             counts[setting].append(len(regular))
         print(
             f"  round {rep + 1}/{args.repeat}: "
-            + ", ".join(f"{label(i)} {times[i][-1]:.2f}s" for i in SETTINGS),
+            + ", ".join(f"{label(i)} {times[i][-1]:.2f}s" for i in settings),
             flush=True,
         )
 
@@ -110,7 +116,7 @@ def main() -> None:
         f"{'interval':>9} {'run s':>6} {'rec/s':>10} {'overhead %':>18} {'its 95 % CI':>14} "
         f"{'chk/run':>7} {'p50 ms':>7} {'p99 ms':>7} {'align ms':>8} {'state KiB':>9}"
     )
-    for setting in SETTINGS:
+    for setting in settings:
         t = statistics.median(times[setting])
         if setting is None:
             print(f"{label(setting):>9} {t:>6.2f} {n / t:>10,.0f}")
