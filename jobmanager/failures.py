@@ -55,7 +55,7 @@ class Failure:
             where = f" in operator '{self.operator}'"
             if self.subtask is not None:
                 where += f" (subtask {self.subtask})"
-        error = f": {_first_line(self.error)}" if self.error else ""
+        error = f": {first_lines(self.error, 1) or self.error}" if self.error else ""
         return f"{self.cause.message}{where}{error}"
 
     @property
@@ -117,11 +117,6 @@ def restore_point_words(checkpoint_id: int | None) -> str:
     return f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "the start"
 
 
-def _first_line(text: str) -> str:
-    stripped = text.strip()
-    return stripped.splitlines()[0] if stripped else text
-
-
 def reported_failure(msg: P.Failed, task_id: str) -> Failure:
     """The Failure a task reported (``Failed``) about itself, task ``task_id``: a user
     function's error names its operator, the task's own error its task id."""
@@ -139,4 +134,5 @@ def reported_failure(msg: P.Failed, task_id: str) -> Failure:
 
 
 def first_lines(text: str, n: int = 12) -> str:
+    """The first ``n`` lines of ``text`` without its surrounding blank space."""
     return "\n".join(text.strip().splitlines()[:n])
