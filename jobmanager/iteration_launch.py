@@ -14,7 +14,6 @@ import contextlib
 import functools
 import os
 import queue
-import socket
 import threading
 from dataclasses import replace
 from typing import Any
@@ -103,13 +102,9 @@ class SparkLauncher:
                 meet = rendezvous.endpoint
 
                 def entry(_: Any) -> Any:
-                    from pyspark import BarrierTaskContext
+                    from runtime.task_entry import barrier_task_address
 
-                    ctx = BarrierTaskContext.get()
-                    index = ctx.partitionId()
-                    host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
-                    with contextlib.suppress(OSError):
-                        host = socket.gethostbyname(host)
+                    index, host = barrier_task_address()
 
                     def die(sig: int) -> None:
                         os.kill(os.getpid(), sig)

@@ -31,7 +31,7 @@ from runtime.scheduling import task_scheduling
 from runtime.task import Task
 from runtime.task_io import ZmqTaskIO
 
-__all__ = ["Exchange", "run_barrier_task", "run_task"]
+__all__ = ["Exchange", "barrier_task_address", "run_barrier_task", "run_task"]
 
 # One message (this task's endpoints, JSON) in, every task's messages (task order) out.
 Exchange = Callable[[str], list[str]]
@@ -40,6 +40,13 @@ Exchange = Callable[[str], list[str]]
 def run_barrier_task(plan: JobPlan, env: TaskEnvironment, rendezvous: str) -> list[Any]:
     """Entry point inside a Spark barrier task (the Python worker process); ``rendezvous``
     is the endpoint of the driver's `channels.rendezvous.Rendezvous` for this attempt."""
+    index, host = barrier_task_address()
+    return run_task(plan, env, index, host, functools.partial(gather, rendezvous, index))
+
+
+def barrier_task_address() -> tuple[int, str]:
+    """Inside a Spark barrier task: its partition index and the address of its executor
+    (what its gates bind on)."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -47,7 +54,7 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment, rendezvous: str) -> li
     host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
     with contextlib.suppress(OSError):
         host = socket.gethostbyname(host)  # bind needs an address, Spark may give a name
-    return run_task(plan, env, index, host, functools.partial(gather, rendezvous, index))
+    return index, host
 
 
 def run_task(
