@@ -97,7 +97,7 @@ class TaskFaults:
     def die_writing(storage: CheckpointStorage, checkpoint_id: int, task_id: str) -> NoReturn:
         """Start the state file, flush part of it, and SIGKILL this process."""
         path = storage.task_state_path(checkpoint_id, task_id)
-        with storage.fs.open_write(path) as out:
+        with storage.fs.open_write_part(path) as out:  # as write_task_state does
             out.write(b"ABSF-partial")
             out.flush()
             _die()

@@ -128,6 +128,9 @@ class FsspecFileSystem:
             with self._spooled(path) as out:
                 yield out
 
+    def open_write_part(self, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        return self.open_write(path)  # an object appears whole, and is durable, on its PUT
+
     @contextlib.contextmanager
     def _streamed(self, path: str) -> Iterator[BinaryIO]:
         with _errors("write", path, missing_is_error=True):

@@ -10,13 +10,15 @@
 
 A task state of at most ``inline_threshold`` bytes is not a file: the same bytes go
 inline in the task's ack and in ``_metadata`` (Flink's ``state.storage.fs.memory-threshold``),
-which saves a file create, write, fsync and rename per task and checkpoint, and their
+which saves a file create, write and fsync per task and checkpoint, and their
 deletion later (one PUT and one DELETE each on an object store).
 
 A checkpoint counts as completed only once its ``_metadata`` exists; a ``chk-<n>``
 directory without one is in progress or was aborted. Writers: each task writes its
-own state file (`write_task_state`); the coordinator writes ``_metadata``
-(`write_metadata`) after every task acknowledged, and alone calls `retain`/`discard`.
+own state file (`write_task_state`, as a part: ``_metadata`` publishes it, so a kill
+half-way may leave a partial one in an incomplete checkpoint, and one fsync makes it
+durable); the coordinator writes ``_metadata`` (`write_metadata`, atomically) after
+every task acknowledged, and alone calls `retain`/`discard`.
 All I/O goes through a `statebackend.fs.FileSystem`; a `CheckpointStorage` is
 described by its ``root`` string and the job's ``storage_options`` (what the driver
 hands the tasks). On an object store (``s3://bucket/prefix``) the "directories" are
@@ -148,14 +150,15 @@ class CheckpointStorage:
         snapshots: Mapping[str, OperatorSnapshot],
         layout: Mapping[str, OperatorLayout],
     ) -> TaskStateHandle:
-        """Write a task's state file whole (any thread): afterwards it is complete, or
-        absent; a state of at most ``inline_threshold`` bytes is not written but held in
+        """Write a task's state file (any thread): afterwards its bytes are durable; an
+        error removes it, a kill half-way may leave part of it, which no ``_metadata``
+        names. A state of at most ``inline_threshold`` bytes is not written but held in
         the handle. Returns the handle the task acknowledges with."""
         path = self.task_state_path(checkpoint_id, task_id)
         encoded = encode_task_snapshot(snapshots)
         if encoded.size <= self.inline_threshold:
             return _inline(encoded, layout)
-        with self.fs.open_write(path) as out:
+        with self.fs.open_write_part(path) as out:  # published by _metadata
             crc = write_chunks(out, encoded.chunks)
         return TaskStateHandle(f"{task_id}.state", encoded.size, crc, dict(layout))
 

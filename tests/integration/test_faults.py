@@ -198,7 +198,7 @@ def test_restore_from_falls_back_past_a_corrupt_latest_checkpoint(
         state_files[0].write_bytes(bytes(data))
     # and a newer half-written one, as a kill during a snapshot leaves it
     (root / f"chk-{final_id + 1}").mkdir()
-    (root / f"chk-{final_id + 1}" / "count[0].state.tmp").write_bytes(b"ABSF-partial")
+    (root / f"chk-{final_id + 1}" / "count[0].state").write_bytes(b"ABSF-partial")
     with caplog.at_level(logging.WARNING, logger="absflow"):
         resumed = pipeline(n, checkpoint_dir=str(tmp_path / "chk2"), **CHK).run(
             restore_from=str(root)

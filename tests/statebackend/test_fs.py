@@ -1,5 +1,6 @@
-"""LocalFileSystem: whole and streaming writes are all or nothing; storage URLs choose
-the filesystem (fsspec for any scheme but file://)."""
+"""LocalFileSystem: whole and streaming writes are all or nothing, parts are written in
+place with one fsync and published by a whole write's directory fsync; storage URLs
+choose the filesystem (fsspec for any scheme but file://)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,60 @@ def test_a_failed_write_leaves_the_old_file(tmp_path: Path) -> None:
         out.write(b"new")
         raise ValueError("boom")
     assert fs.read_bytes(path) == b"old" and os.listdir(tmp_path) == ["meta"]
+
+
+def fsyncs_recorded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths os.fsync is called on from now on (through /proc/self/fd)."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_a_part_is_written_in_place_with_one_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs = LocalFileSystem()
+    synced = fsyncs_recorded(monkeypatch)
+
+    def no_rename(*args: object) -> None:
+        raise AssertionError("a part is not renamed")
+
+    monkeypatch.setattr(os, "replace", no_rename)
+    path = str(tmp_path / "chk-1" / "t.state")  # parents are created
+    with fs.open_write_part(path) as out:
+        out.write(b"state")
+        out.flush()
+        assert os.listdir(tmp_path / "chk-1") == ["t.state"]  # in place, no temp file
+    assert fs.read_bytes(path) == b"state"
+    assert synced == [path]  # the file alone: its name is published with _metadata
+
+
+def test_the_whole_write_that_publishes_parts_fsyncs_their_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs = LocalFileSystem()
+    directory = str(tmp_path / "chk-1")
+    with fs.open_write_part(os.path.join(directory, "t.state")) as out:
+        out.write(b"state")
+    synced = fsyncs_recorded(monkeypatch)
+    fs.write_whole(os.path.join(directory, "_metadata"), b"{}")
+    assert synced == [os.path.join(directory, "_metadata.tmp"), directory]
+    assert sorted(os.listdir(directory)) == ["_metadata", "t.state"]
+
+
+def test_a_failed_part_leaves_nothing(tmp_path: Path) -> None:
+    fs = LocalFileSystem()
+    path = str(tmp_path / "t.state")
+    with pytest.raises(ValueError, match="boom"), fs.open_write_part(path) as out:
+        out.write(b"half")
+        raise ValueError("boom")
+    assert os.listdir(tmp_path) == []
 
 
 def test_remove_is_quiet(tmp_path: Path) -> None:

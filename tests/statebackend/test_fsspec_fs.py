@@ -68,9 +68,12 @@ def test_whole_write(remote: Remote) -> None:
     assert fs.read_bytes(path) == b"new"
 
 
-def test_streaming_write_is_visible_only_after_a_successful_close(remote: Remote) -> None:
+@pytest.mark.parametrize("method", ["open_write", "open_write_part"])
+def test_streaming_write_is_visible_only_after_a_successful_close(
+    remote: Remote, method: str
+) -> None:
     fs, path = remote.fs, remote.fs.join(remote.root, "chk-1", "t.state")
-    with fs.open_write(path) as out:
+    with getattr(fs, method)(path) as out:
         out.write(b"part one, ")
         out.write(b"part two")
         assert not fs.exists(path)
@@ -81,9 +84,10 @@ def test_streaming_write_is_visible_only_after_a_successful_close(remote: Remote
         assert f.read(3) == b"one"
 
 
-def test_an_error_inside_the_block_leaves_nothing(remote: Remote) -> None:
+@pytest.mark.parametrize("method", ["open_write", "open_write_part"])
+def test_an_error_inside_the_block_leaves_nothing(remote: Remote, method: str) -> None:
     fs, path = remote.fs, remote.fs.join(remote.root, "chk-2", "t.state")
-    with pytest.raises(ValueError, match="boom"), fs.open_write(path) as out:
+    with pytest.raises(ValueError, match="boom"), getattr(fs, method)(path) as out:
         out.write(b"x" * 1000)
         raise ValueError("boom")
     out.close()  # what the garbage collector does to an abandoned writer: no commit either
