@@ -14,7 +14,11 @@ Interleaved rounds (``--repeat``), each running in turn:
 (a) the raw channel ceiling: records/s through one ZeroMQ channel (encode, send,
     receive, decode) between two processes, with our batching (``--skip-ceiling``).
 With ``--compare-scheduling`` each round also runs (b) at parallelism 2 with
-``task_scheduling="normal"`` (the OS's policy instead of SCHED_BATCH), paired per round.
+``task_scheduling="normal"`` (the OS's policy instead of SCHED_BATCH), paired per round;
+with ``--tuned JSON`` (job settings, e.g. ``'{"batch_size": 2000, "channel_hwm": 6}'``),
+(b) at parallelism 2 with those settings: what the defaults leave on the table, paired
+per round (bigger batches and deeper queues also lengthen aligned checkpoints at full
+load: benchmarks/inflight.py measures that side).
 Each figure is printed as median [min-max] over the rounds, in records/s over the
 processing time (first record -> all output committed) and submit -> end; then the
 ratios (b)/(a), (b)/(c), (b)/bytewax, start-up time (submit -> first record), peak RSS
@@ -196,7 +200,21 @@ def run_rounds(
     n, launcher = args.n, args.launcher
     # Per round: submit -> end ("b1", "b2", "bytewax"), processing time ("b1p", "b2p").
     rows: dict[str, list[float]] = {
-        k: [] for k in ("a", "a_gen", "b1", "b1p", "b2", "b2p", "b2n", "b2np", "c", "bytewax")
+        k: []
+        for k in [
+            "a",
+            "a_gen",
+            "b1",
+            "b1p",
+            "b2",
+            "b2p",
+            "b2n",
+            "b2np",
+            "b2t",
+            "b2tp",
+            "c",
+            "bytewax",
+        ]
     }
     startup: list[float] = []
     rss: list[float] = []
@@ -215,6 +233,10 @@ def run_rounds(
             r = absflow_run(n, 2, launcher, task_scheduling="normal")
             rows["b2n"].append(r["records_per_s"])
             rows["b2np"].append(r["processing_records_per_s"])
+        if args.tuned:  # the same p = 2 run with the given settings
+            r = absflow_run(n, 2, launcher, **args.tuned)
+            rows["b2t"].append(r["records_per_s"])
+            rows["b2tp"].append(r["processing_records_per_s"])
         rows["c"].append(plain_python(n))
         if args.bytewax_result is None:
             bw = bytewax(args.bytewax_venv, args.bytewax_n or n, 0)
@@ -258,6 +280,13 @@ def main() -> None:
         action="store_true",
         help="also run p = 2 with task_scheduling='normal' (the OS's policy) every round",
     )
+    ap.add_argument(
+        "--tuned",
+        type=json.loads,
+        default=None,
+        help="job settings as JSON for one more p = 2 run every round, e.g. "
+        '\'{"batch_size": 2000, "channel_hwm": 6}\'',
+    )
     args = ap.parse_args()
     n, launcher = args.n, args.launcher
 
@@ -278,6 +307,9 @@ def main() -> None:
     if rows["b2n"]:
         name = "(b)  parallelism 2, task_scheduling='normal'"
         print(line.format(name, spread(rows["b2np"]), spread(rows["b2n"])))
+    if rows["b2t"]:
+        print(f"(b') parallelism 2 with {json.dumps(args.tuned)}:")
+        print(line.format("", spread(rows["b2tp"]), spread(rows["b2t"])))
     print(line.format("(c)  plain Python loop, one process (the floor)", spread(rows["c"]), ""))
     if rows["bytewax"]:
         print(
@@ -303,11 +335,16 @@ def main() -> None:
     print(f"(b p2)/(c), submit -> end   = {ratio(rows['b2'], rows['c'])}")
     if rows["b2n"]:
         print(f"(b p2)/(b p2 'normal'), proc = {ratio(rows['b2p'], rows['b2np'])}")
+    if rows["b2t"]:
+        print(f"(b' p2)/(c), processing     = {ratio(rows['b2tp'], rows['c'])}")
+        print(f"(b' p2)/(b p2), processing  = {ratio(rows['b2tp'], rows['b2p'])}")
     if rows["bytewax"]:
         print(
             f"(b p2)/bytewax, submit->end = {ratio(rows['b2'], rows['bytewax'])}   (target >= 10)"
         )
         print(f"(b p2)/bytewax, processing  = {ratio(rows['b2p'], rows['bytewax'])}")
+        if rows["b2t"]:
+            print(f"(b' p2)/bytewax, submit->end= {ratio(rows['b2t'], rows['bytewax'])}")
         print(f"(b p1)/bytewax, submit->end = {ratio(rows['b1'], rows['bytewax'])}")
     else:
         print("(b)/bytewax: no bytewax figure (pass --bytewax-venv, see ../shared/peers/README.md)")
