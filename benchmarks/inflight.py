@@ -46,6 +46,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "the default over TCP": {"local_channels": False},
     "0.05 s, hwm 4 (the previous default)": {"max_inflight_time": 0.05, "channel_hwm": 4},
     "0.03 s, hwm 3": {"max_inflight_time": 0.03},
+    "0.04 s, hwm 6": {"channel_hwm": 6},
+    "0.04 s, hwm 6, 2000-record batches (throughput.py --tuned)": {
+        "channel_hwm": 6,
+        "batch_size": 2000,
+    },
 }
 BASELINE = next(iter(SETTINGS))
 
