@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-from channels.zmq_io import host_of
+from channels.zmq_io import host_of, is_ipv6
 
 log = logging.getLogger("absflow.jobmanager")
 
@@ -184,7 +184,9 @@ def port_bound(endpoint: str) -> bool:
     if not endpoint.startswith("tcp://"):
         return False
     host, port = host_of(endpoint), endpoint.rpartition(":")[2]
-    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    probe = socket.socket(
+        socket.AF_INET6 if is_ipv6(endpoint) else socket.AF_INET, socket.SOCK_STREAM
+    )
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind((host, int(port)))
