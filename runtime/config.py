@@ -72,6 +72,11 @@ class JobConfig:
     # for the running one's slice instead of preempting it mid-batch: throughput on
     # shared cores; runtime.scheduling); "normal": the OS's default policy.
     task_scheduling: str = "batch"
+    # Task processes: Python's young-generation GC threshold (threshold0; Python's own is
+    # 700, which collects mid-batch and promotes records in flight), with what the task
+    # built before its first record frozen out of collections (runtime.task_gc); None:
+    # Python's settings.
+    gc_threshold: int | None = 50_000
     spill_threshold: int = 32 * 1024 * 1024
     compress_min_bytes: int = 64 * 1024
     heartbeat_interval: float = 0.5
@@ -100,6 +105,15 @@ class JobConfig:
             raise GraphError(
                 f"task_scheduling {self.task_scheduling!r} is unknown; use 'batch' (SCHED_BATCH "
                 "on Linux: throughput) or 'normal' (the OS's default policy)."
+            )
+        if self.gc_threshold is not None and not (
+            isinstance(self.gc_threshold, int)
+            and not isinstance(self.gc_threshold, bool)
+            and self.gc_threshold >= 1
+        ):
+            raise GraphError(
+                f"gc_threshold must be a whole number of allocations >= 1 (Python's default "
+                f"is 700), or None to leave Python's collector alone; got {self.gc_threshold!r}."
             )
         if isinstance(self.snapshot_mode, str):
             try:

@@ -29,6 +29,7 @@ from runtime.errors import TaskCancelled
 from runtime.plan import JobPlan
 from runtime.scheduling import task_scheduling
 from runtime.task import Task
+from runtime.task_gc import task_gc
 from runtime.task_io import ZmqTaskIO
 
 __all__ = ["Exchange", "barrier_task_address", "run_barrier_task", "run_task"]
@@ -62,8 +63,8 @@ def run_task(
 ) -> list[Any]:
     """Run task ``index`` of ``plan`` on ``host`` (the address its gates bind on), under
     the configured ``task_scheduling`` (set before the ZeroMQ context's I/O threads start,
-    so that they inherit it; restored after)."""
-    with task_scheduling(env.config.task_scheduling):
+    so that they inherit it; restored after) and ``gc_threshold``."""
+    with task_scheduling(env.config.task_scheduling), task_gc(env.config.gc_threshold):
         return _run_task(plan, env, index, host, exchange)
 
 
