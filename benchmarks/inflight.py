@@ -3,6 +3,7 @@ throughput, on the paper topology at full speed, in one command:
 
     python benchmarks/inflight.py                  # 10 s runs, 5 interleaved rounds (~12 min)
     python benchmarks/inflight.py --seconds 5 --repeat 3      # a quicker look
+    python benchmarks/inflight.py --only default GC           # some settings (and the baseline)
 
 An aligned barrier waits at every hop behind the records queued ahead of it, so the
 channel settings (``max_inflight_time``: the batch sizer's target; ``channel_hwm``:
@@ -19,6 +20,7 @@ table to a Markdown file.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import sys
@@ -51,12 +53,26 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "channel_hwm": 6,
         "batch_size": 2000,
     },
+    "the default with Python's GC settings (gc_threshold=None)": {"gc_threshold": None},
+    "0.04 s, hwm 3, 2000-record batches": {"batch_size": 2000},
 }
 BASELINE = next(iter(SETTINGS))
 
 
 def main() -> None:
-    args = round_args(__doc__, 10.0)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        metavar="WORD",
+        help="run only the settings whose name contains one of these words (and the baseline)",
+    )
+    args = round_args(__doc__, 10.0, parser=ap)
+    settings = {
+        name: cfg
+        for name, cfg in SETTINGS.items()
+        if name == BASELINE or not args.only or any(w in name for w in args.only)
+    }
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     say = stopwatch()
 
@@ -66,16 +82,16 @@ def main() -> None:
     probe = min((Run.of(run_checked(300_000, p)) for _ in range(2)), key=lambda r: r.processing)
     n = int(300_000 / max(0.1, probe.processing) * args.seconds)
     say(f"runs of {n:,} records (~{args.seconds:.0f} s at the default setting)")
-    plain: dict[str, list[Run]] = {name: [] for name in SETTINGS}
-    checkpointed: dict[str, list[Run]] = {name: [] for name in SETTINGS}
-    jobs = [(name, interval) for name in SETTINGS for interval in (None, args.interval)]
+    plain: dict[str, list[Run]] = {name: [] for name in settings}
+    checkpointed: dict[str, list[Run]] = {name: [] for name in settings}
+    jobs = [(name, interval) for name in settings for interval in (None, args.interval)]
     for r in range(args.repeat):
         for name, interval in rotated(jobs, r * 3):
-            result = run_checked(n, p, checkpoint_interval=interval, **SETTINGS[name])
+            result = run_checked(n, p, checkpoint_interval=interval, **settings[name])
             (plain if interval is None else checkpointed)[name].append(Run.of(result))
         say(f"round {r + 1}/{args.repeat} done")
     rows = []
-    for name in SETTINGS:
+    for name in settings:
         base = plain[BASELINE]
         speed = Spread.of(
             b.processing / x.processing for x, b in zip(plain[name], base, strict=True)
