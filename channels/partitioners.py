@@ -222,14 +222,26 @@ class HashPartitioner:
     """Routes each record by the key group of ``key_fn(record)``.
 
     Target = ``subtask_for_key_group(key_group_for(key), max_parallelism, num_targets)``,
-    so a key always reaches the subtask owning its key group. A bounded
-    key -> target cache (cleared when it holds ``HASH_CACHE_SIZE`` keys) makes a
-    repeated key cost one dict lookup; unhashable keys (lists) bypass it. An identity
-    ``key_fn`` (``is_identity``) is not called: the record is its key; ``r[c]`` runs as
+    so a key always reaches the subtask owning its key group. A bounded cache (cleared
+    when it holds ``HASH_CACHE_SIZE`` keys) maps a seen key straight to its target's
+    bucket (the bucket's ``append``), so a repeated key costs one dict lookup and one
+    call; unhashable keys (lists) bypass it. The buckets live as long as the partitioner
+    and are emptied into fresh lists after every batch (also when a key function
+    raises: no record of a failed batch reaches the next). An identity ``key_fn``
+    (``is_identity``) is not called: the record is its key; ``r[c]`` runs as
     ``operator.itemgetter`` (``fast_key_fn``).
     """
 
-    __slots__ = ("_cache", "_identity", "_key_fn", "_max_parallelism", "_num_targets", "_warm")
+    __slots__ = (
+        "_appends",
+        "_buckets",
+        "_cache",
+        "_identity",
+        "_key_fn",
+        "_max_parallelism",
+        "_num_targets",
+        "_warm",
+    )
 
     def __init__(
         self, key_fn: Callable[[Any], Any], num_targets: int, max_parallelism: int
@@ -239,7 +251,9 @@ class HashPartitioner:
         self._identity = is_identity(key_fn)
         self._num_targets = num_targets
         self._max_parallelism = max_parallelism
-        self._cache: dict[Any, int] = {}
+        self._buckets: list[list[Any]] = [[] for _ in range(num_targets)]
+        self._appends: list[Callable[[Any], None]] = [b.append for b in self._buckets]
+        self._cache: dict[Any, Callable[[Any], None]] = {}
         # The last batch found every key cached: try the all-hits loop first.
         self._warm = False
 
@@ -252,28 +266,41 @@ class HashPartitioner:
             return []
         if self._num_targets == 1:
             return [(0, records)]
-        if self._warm:
-            buckets: list[list[Any]] = [[] for _ in range(self._num_targets)]
-            appends = [bucket.append for bucket in buckets]
-            lookup = self._cache.__getitem__
-            key_fn = self._key_fn
-            try:
-                if self._identity:
-                    for record in records:
-                        appends[lookup(record)](record)
-                else:
-                    for record in records:
-                        appends[lookup(key_fn(record))](record)
-            except (KeyError, TypeError):
-                # A new or unhashable key: redo the batch with the resolving loop.
-                pass
-            else:
-                return [(target, bucket) for target, bucket in enumerate(buckets) if bucket]
-        return self._partition_resolving(records)
+        buckets = self._buckets
+        try:
+            if not self._warm or not self._route_cached(records):
+                self._route_resolving(records)
+        except BaseException:
+            for bucket in buckets:
+                bucket.clear()
+            raise
+        out = []
+        for target, bucket in enumerate(buckets):
+            if bucket:
+                out.append((target, bucket[:]))
+                bucket.clear()
+        return out
 
-    def _partition_resolving(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
-        buckets: list[list[Any]] = [[] for _ in range(self._num_targets)]
-        appends = [bucket.append for bucket in buckets]
+    def _route_cached(self, records: list[Any]) -> bool:
+        """Route a batch whose keys are all cached; False (buckets emptied) at the first
+        new or unhashable key: the batch is then redone by `_route_resolving`."""
+        route = self._cache
+        try:
+            if self._identity:
+                for record in records:
+                    route[record](record)
+            else:
+                key_fn = self._key_fn
+                for record in records:
+                    route[key_fn(record)](record)
+        except (KeyError, TypeError):
+            for bucket in self._buckets:
+                bucket.clear()
+            return False
+        return True
+
+    def _route_resolving(self, records: list[Any]) -> None:
+        appends = self._appends
         cache = self._cache
         get = cache.get
         key_fn = self._key_fn
@@ -282,19 +309,18 @@ class HashPartitioner:
         for record in records:
             key = key_fn(record)
             try:
-                target = get(key)
+                append = get(key)
             except TypeError:  # unhashable key: route it without caching
                 appends[target_for_key(key)](record)
                 continue
-            if target is None:
+            if append is None:
                 all_hits = False
-                target = target_for_key(key)
+                append = appends[target_for_key(key)]
                 if len(cache) >= HASH_CACHE_SIZE:
                     cache.clear()
-                cache[key] = target
-            appends[target](record)
+                cache[key] = append
+            append(record)
         self._warm = all_hits
-        return [(target, bucket) for target, bucket in enumerate(buckets) if bucket]
 
 
 class RebalancePartitioner:

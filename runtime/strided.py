@@ -15,7 +15,7 @@ i % p' == s: no record is skipped or repeated.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -54,19 +54,28 @@ class StridedPosition:
         self.next, self.step = subtask, parallelism
         self.gaps: list[int] = []
 
-    def take(self, n: int, count: int | None) -> list[int]:
-        """Up to ``n`` indices below ``count`` (None: no end): gaps first, then the stride."""
+    def take(self, n: int, count: int | None) -> Sequence[int]:
+        """Up to ``n`` indices below ``count`` (None: no end): gaps first, then the stride.
+        Without gaps (the common case) a ``range``: a source's per-record loop then
+        iterates it without a list of the indices first (~7 ns a record on the keyed
+        count's source, of ~130)."""
+        if not self.gaps:
+            return self._stride(n, count)
         out: list[int] = []
         while self.gaps and len(out) < n:
             i = self.gaps.pop(0)
             if count is None or i < count:
                 out.append(i)
-        stop = self.next + (n - len(out)) * self.step
+        return out + list(self._stride(n - len(out), count))
+
+    def _stride(self, n: int, count: int | None) -> range:
+        """The next ``n`` indices of the stride below ``count``; advances ``next``."""
+        stop = self.next + n * self.step
         if count is not None:
             stop = min(stop, max(count, self.next))
         stride = range(self.next, stop, self.step)
         self.next += len(stride) * self.step
-        return out + list(stride)
+        return stride
 
     def ended(self, count: int | None) -> bool:
         return count is not None and self.next >= count and not self.gaps

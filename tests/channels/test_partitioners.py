@@ -231,6 +231,26 @@ def test_hash_key_fn_errors_propagate() -> None:
         partitioner.partition([{"missing": 1}, {"k": 1}])
 
 
+def test_hash_records_of_a_batch_whose_key_fn_raised_do_not_reach_the_next_batch() -> None:
+    # the buckets outlive a batch: a key function raising half-way must leave them empty
+    partitioner = HashPartitioner(lambda r: r["k"], 2, 128)
+    good = [{"k": i} for i in range(50)]
+    partitioner.partition(good)  # warm: every key cached
+    for bad in ([*good, {}], [{"k": 99}, *good, {}]):  # the all-hits and the resolving loop
+        with pytest.raises(KeyError):
+            partitioner.partition(bad)
+        pairs = partitioner.partition([{"k": 1}])
+        assert _flatten(pairs) == [{"k": 1}]
+
+
+def test_hash_sub_batches_are_fresh_lists_owned_by_the_caller() -> None:
+    partitioner = HashPartitioner(lambda r: r, 2, 128)
+    first = partitioner.partition(list(range(100)))
+    kept = {target: list(batch) for target, batch in first}
+    partitioner.partition(list(range(100, 200)))  # the next batch must not touch the first
+    assert {target: batch for target, batch in first} == kept
+
+
 def test_hash_new_key_in_a_warm_batch_is_routed_once_and_in_order() -> None:
     partitioner = HashPartitioner(lambda r: r % 20, 3, 128)
     partitioner.partition(list(range(10)))  # caches keys 0..9 only
