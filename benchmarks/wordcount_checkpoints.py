@@ -1,18 +1,20 @@
 """Checkpoint durations of the main example, pooled over several runs.
 
-    python benchmarks/wordcount_checkpoints.py [--runs 6] [--words 4000000]
+    python benchmarks/wordcount_checkpoints.py [--runs 6] [--words 4000000] [--config JSON]
 
 Runs ``examples/wordcount.py``'s job (4,000,000 words, parallelism 2, a checkpoint every
 0.5 s, on the embedded local Spark) ``--runs`` times one after another, checks each
 result against collections.Counter, and prints every checkpoint's duration and what it
 waited for (queueing, alignment, write at the task written last), then the pooled p50,
-p99 and maximum. One run takes only 3-5 checkpoints: a p99 needs the pool.
+p99 and maximum. One run takes only 3-5 checkpoints: a p99 needs the pool. ``--config``
+adds job settings (e.g. ``'{"batch_size": 4000}'``) to every run.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import statistics
 import sys
@@ -38,6 +40,9 @@ def main() -> None:
     ap.add_argument(
         "--data", default=os.path.join(tempfile.gettempdir(), "absflow-bench-wordcount")
     )
+    ap.add_argument(
+        "--config", type=json.loads, default={}, help="job settings as JSON for every run"
+    )
     args = ap.parse_args()
     paths = wordcount.make_corpus(args.data, args.words)
     expected: collections.Counter[str] = collections.Counter()
@@ -46,7 +51,9 @@ def main() -> None:
             expected.update(fh.read().split())
     pooled, runs = [], []
     for i in range(args.runs):
-        result = wordcount.build(paths, 2, checkpoint_interval=0.5, progress=False, ui=False).run()
+        result = wordcount.build(
+            paths, 2, **{"checkpoint_interval": 0.5, "progress": False, "ui": False, **args.config}
+        ).run()
         if wordcount.final_counts(result.output("counts")) != dict(expected):
             raise SystemExit(f"run {i}: the counts differ from collections.Counter")
         checkpoints = [c for c in result.checkpoints if not c.get("final")]
