@@ -55,6 +55,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     },
     "the default with Python's GC settings (gc_threshold=None)": {"gc_threshold": None},
     "0.04 s, hwm 3, 2000-record batches": {"batch_size": 2000},
+    "0.02 s, hwm 3, batches up to 4000 records": {"batch_size": 4000, "max_inflight_time": 0.02},
 }
 BASELINE = next(iter(SETTINGS))
 
