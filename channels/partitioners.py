@@ -29,7 +29,7 @@ DEFAULT_MAX_PARALLELISM: Final = 128
 """Number of key groups when the job does not set one; the upper bound on parallelism."""
 
 HASH_CACHE_SIZE: Final = 65_536
-"""Entries of a HashPartitioner's key -> target cache before it is cleared."""
+"""Entries of a HashPartitioner's key -> bucket cache before it is cleared."""
 
 _crc32 = zlib.crc32
 # One shared Packer: constructing one per call (msgpack.packb) costs more than the
