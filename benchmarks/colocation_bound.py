@@ -1,28 +1,40 @@
-"""What co-locating a source subtask with a keyed subtask could give the keyed count at
-p = 2, at best: the bound for Flink-style slot sharing on this machine.
+"""What the keyed count at p = 2 could reach on this machine with no runtime at all, in
+its two process layouts, beside the job itself: bounds for slot sharing and for the
+runtime's own cost.
 
-    python benchmarks/colocation_bound.py [--n 20000000] [--repeat 5]
+    python benchmarks/colocation_bound.py [--n 20000000] [--repeat 5] [--batch 1000 4000]
 
-Today p = 2 runs four task processes on two cores (two sources, two counting tasks).
-Co-located, it would run two: process i generates records i, i + 2, ... (the keyed
-count's records), partitions them by key with absflow's `HashPartitioner`, counts its own
-key half in place (the running count and the sink's bookkeeping, as the job does) and
-sends the other half, msgpack-framed by `channels.messages`, over ZeroMQ (Unix sockets,
-the job's high-water mark) to the other process, whose half it counts as it arrives. No
-checkpoints, control plane or metrics: only the per-record work a co-located job could not
-avoid. Printed beside the plain-Python floor (`../shared/peers/python_baseline.py`),
-interleaved rounds, median [min-max]; each round checks sum(last counts) == N.
+Each round runs, interleaved, for each frame size in ``--batch``:
+
+* **four processes** (the job's layout today): two sources generate records i, i + 2, ...
+  (the keyed count's records), partition them by key with absflow's `HashPartitioner`
+  and send frames of ``batch`` records, msgpack-framed by `channels.messages`, over
+  ZeroMQ (Unix sockets, the job's high-water mark) to two counting processes (the running
+  count and the sink's bookkeeping, as the job does);
+* **two processes, co-located** (Flink's slot sharing): process i generates its half,
+  counts its own key half in place and sends the other half in frames of ``batch``
+  records to the other process, whose half it counts as it arrives;
+* **the job**: the keyed count itself (benchmarks/keyed_count.py) at p = 2 on the local
+  launcher, ``batch_size`` = ``batch``, over its processing time (first record -> end);
+
+and the plain-Python floor (``../shared/peers/python_baseline.py``) once. The bare
+layouts have no checkpoints, control plane or metrics: only the per-record work and the
+frames a job in that layout could not avoid, under the job's scheduling policy
+(``task_scheduling="batch"``). Printed: median [min-max] records/s over the rounds and
+each layout's ratio to the floor per round; each run checks sum(last counts) == N.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -30,104 +42,209 @@ import zmq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from keyed_count import word
+from keyed_count import build, check, word
 from throughput import plain_python
 
 from channels.messages import decode_records, encode_data
 from channels.partitioners import HashPartitioner
 from runtime.config import JobConfig
+from runtime.scheduling import task_scheduling
 
-P, BATCH, MAX_PARALLELISM = 2, 1000, 128
+P, MAX_PARALLELISM = 2, 128
 END = b"end"
+WAIT = 600.0  # seconds a bare run may take before the benchmark gives up on it
 
 
 def identity(w: str) -> str:
     return w
 
 
-def worker(index: int, n: int, directory: str, out: Any) -> None:
-    ctx: zmq.Context[Any] = zmq.Context()
-    hwm = JobConfig().channel_hwm
-    gate = ctx.socket(zmq.PULL)
-    gate.setsockopt(zmq.RCVHWM, hwm)
-    gate.bind(f"ipc://{directory}/{index}")
-    other = 1 - index
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDHWM, hwm)
-    push.connect(f"ipc://{directory}/{other}")
-    poller = zmq.Poller()
-    poller.register(gate, zmq.POLLIN)
-    poller.register(push, zmq.POLLOUT)
-    partitioner = HashPartitioner(identity, P, MAX_PARALLELISM)
-    counts: dict[str, int] = {}
-    last: dict[str, int] = {}
-    seen = ended = 0
+class Counter:
+    """The counting side: the running count (AggregateOperator's fast path) and the sink
+    (CountingSink.write_batch)."""
 
-    def count(records: list[Any]) -> None:
-        nonlocal seen
-        get = counts.get
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.last: dict[str, int] = {}
+        self.seen = 0
+
+    def count(self, records: list[Any]) -> None:
+        get, counts = self.counts.get, self.counts
         emitted: list[tuple[str, int]] = []
         append = emitted.append
-        for r in records:  # the running count (AggregateOperator's fast path)
+        for r in records:
             c = get(r, 0) + 1
             counts[r] = c
             append((r, c))
-        seen += len(emitted)
-        for k, c in emitted:  # the sink (CountingSink.write_batch)
+        self.seen += len(emitted)
+        last = self.last
+        for k, c in emitted:
             last[k] = c
 
-    def drain() -> None:
-        nonlocal ended
-        while gate.poll(0):
+
+def frames_of(index: int, n: int, batch: int) -> Any:
+    """Source i's records, partitioned by key: yields (target, records) per frame's worth,
+    records accumulated per target up to ``batch`` (as the job's output channels do),
+    then the rest."""
+    partitioner = HashPartitioner(identity, P, MAX_PARALLELISM)
+    pending: list[list[str]] = [[] for _ in range(P)]
+    for first in range(index, n, P * batch):
+        records = [word(i) for i in range(first, min(n, first + P * batch), P)]
+        for target, part in partitioner.partition(records):
+            bucket = pending[target]
+            bucket.extend(part)
+            if len(bucket) >= batch:
+                yield target, bucket
+                pending[target] = []
+    for target, bucket in enumerate(pending):
+        if bucket:
+            yield target, bucket
+
+
+def four_source(index: int, n: int, batch: int, directory: str, out: Any, done: Any) -> None:
+    with task_scheduling("batch"):
+        ctx: zmq.Context[Any] = zmq.Context()
+        pushes = []
+        for target in range(P):
+            push = ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.SNDHWM, JobConfig().channel_hwm)
+            push.connect(f"ipc://{directory}/{target}")
+            pushes.append(push)
+        out.put(("ready", index))
+        for target, records in frames_of(index, n, batch):
+            pushes[target].send(encode_data(0, records))
+        for push in pushes:
+            push.send(END)
+        done.wait(WAIT)  # every frame counted: closing now loses nothing
+        ctx.destroy(linger=0)
+
+
+def four_counter(index: int, directory: str, out: Any) -> None:
+    with task_scheduling("batch"):
+        ctx: zmq.Context[Any] = zmq.Context()
+        gate = ctx.socket(zmq.PULL)
+        gate.setsockopt(zmq.RCVHWM, JobConfig().channel_hwm)
+        gate.bind(f"ipc://{directory}/{index}")
+        out.put(("ready", index))
+        counter, ended = Counter(), 0
+        while ended < P:
+            if not gate.poll(int(WAIT * 1000)):
+                raise SystemExit(f"counter {index}: no frame for {WAIT} s")
             frame = gate.recv()
             if frame == END:
                 ended += 1
             else:
-                count(decode_records(frame))
+                counter.count(decode_records(frame))
+        out.put(("counted", index, time.perf_counter(), counter.seen, sum(counter.last.values())))
+        ctx.destroy(linger=0)
 
-    def send(frame: bytes) -> None:
-        while True:
-            try:
-                push.send(frame, zmq.NOBLOCK)
-                return
-            except zmq.Again:  # the other's gate is full: count what came meanwhile
-                poller.poll(10)
-                drain()
 
-    out.put(("ready", index))
-    started = time.perf_counter()
-    for first in range(index, n, P * BATCH):
-        batch = [word(i) for i in range(first, min(n, first + P * BATCH), P)]
-        for target, part in partitioner.partition(batch):
+def colocated_worker(index: int, n: int, batch: int, directory: str, out: Any, done: Any) -> None:
+    with task_scheduling("batch"):
+        ctx: zmq.Context[Any] = zmq.Context()
+        hwm = JobConfig().channel_hwm
+        gate = ctx.socket(zmq.PULL)
+        gate.setsockopt(zmq.RCVHWM, hwm)
+        gate.bind(f"ipc://{directory}/{index}")
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.SNDHWM, hwm)
+        push.connect(f"ipc://{directory}/{1 - index}")
+        poller = zmq.Poller()
+        poller.register(gate, zmq.POLLIN)
+        poller.register(push, zmq.POLLOUT)
+        counter, ended = Counter(), 0
+
+        def drain() -> None:
+            nonlocal ended
+            while gate.poll(0):
+                frame = gate.recv()
+                if frame == END:
+                    ended += 1
+                else:
+                    counter.count(decode_records(frame))
+
+        def send(frame: bytes) -> None:
+            while True:
+                try:
+                    push.send(frame, zmq.NOBLOCK)
+                    return
+                except zmq.Again:  # the other's gate is full: count what came meanwhile
+                    poller.poll(10)
+                    drain()
+
+        out.put(("ready", index))
+        for target, records in frames_of(index, n, batch):
             if target == index:
-                count(part)
+                counter.count(records)
             else:
-                send(encode_data(0, part))
-        drain()
-    send(END)
-    while not ended:
-        poller.poll(50)
-        drain()
-    out.put((index, time.perf_counter() - started, seen, sum(last.values())))
-    ctx.destroy(linger=0)
+                send(encode_data(0, records))
+                drain()
+        send(END)
+        deadline = time.monotonic() + WAIT
+        while not ended:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"co-located {index}: the other's end never came")
+            poller.poll(50)
+            drain()
+        out.put(("counted", index, time.perf_counter(), counter.seen, sum(counter.last.values())))
+        done.wait(WAIT)  # the other has counted everything this process sent
+        ctx.destroy(linger=0)
 
 
-def colocated_rate(n: int) -> float:
-    """Records/s of one run of the two co-located processes (checked)."""
+def bare_rate(layout: str, n: int, batch: int) -> float:
+    """Records/s of one run of a bare layout ("four" or "co-located"), from the sources'
+    start to the last record counted (checked)."""
     fork = mp.get_context("fork")
-    with tempfile.TemporaryDirectory(prefix="absflow-coloc-") as directory:
-        out = fork.Queue()
-        procs = [fork.Process(target=worker, args=(i, n, directory, out)) for i in range(P)]
-        for proc in procs:
-            proc.start()
-        results = [out.get(timeout=600) for _ in range(2 * P)]
-        for proc in procs:
-            proc.join(60)
-    runs = [r for r in results if r[0] != "ready"]
-    seconds = float(max(r[1] for r in runs))
-    if sum(r[2] for r in runs) != n or sum(r[3] for r in runs) != n:
-        raise SystemExit(f"wrong result: {runs}")
+    with tempfile.TemporaryDirectory(prefix="absflow-bound-") as directory:
+        out, done = fork.Queue(), fork.Event()
+        if layout == "four":
+            counters = [
+                fork.Process(target=four_counter, args=(i, directory, out)) for i in range(P)
+            ]
+            senders = [
+                fork.Process(target=four_source, args=(i, n, batch, directory, out, done))
+                for i in range(P)
+            ]
+        else:
+            counters = []
+            senders = [
+                fork.Process(target=colocated_worker, args=(i, n, batch, directory, out, done))
+                for i in range(P)
+            ]
+        procs = counters + senders
+        try:
+            for proc in counters:
+                proc.start()
+            for _ in counters:
+                out.get(timeout=WAIT)
+            started = time.perf_counter()
+            for proc in senders:
+                proc.start()
+            results = [out.get(timeout=WAIT) for _ in range(2 * P)]
+            done.set()
+            for proc in procs:
+                proc.join(60)
+        finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+    counted = [r for r in results if r[0] == "counted"]
+    seconds: float = max(r[2] for r in counted) - started
+    if sum(r[3] for r in counted) != n or sum(r[4] for r in counted) != n:
+        raise SystemExit(f"{layout}: wrong result {counted}")
     return n / seconds
+
+
+def job_rate(n: int, batch: int) -> float:
+    """Records/s of the keyed count at p = 2 on the local launcher, over its processing
+    time (first record -> all output committed)."""
+    result = build(n, P, progress=False, ui=False, launcher="local", batch_size=batch).run()
+    got = check(result, n)
+    if not got["correct"]:
+        raise SystemExit(f"the job (batch {batch}): wrong result {got}")
+    processing: float = result.duration - (result.startup_seconds or 0.0)
+    return n / processing
 
 
 def main() -> None:
@@ -136,28 +253,46 @@ def main() -> None:
     )
     ap.add_argument("--n", type=int, default=20_000_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--batch", type=int, nargs="+", default=[1000], help="records per frame (one run each)"
+    )
+    ap.add_argument("--skip-job", action="store_true", help="only the bare layouts")
     args = ap.parse_args()
-    rates: dict[str, list[float]] = {"co-located p = 2": [], "floor": []}
-    ratios = []
+    n: int = args.n
+    runs: dict[str, Callable[[], float]] = {"floor": functools.partial(plain_python, n)}
+    for b in args.batch:
+        runs[f"four processes, {b}"] = functools.partial(bare_rate, "four", n, b)
+        runs[f"co-located, {b}"] = functools.partial(bare_rate, "co-located", n, b)
+        if not args.skip_job:
+            runs[f"the job (local), {b}"] = functools.partial(job_rate, n, b)
+    names = list(runs)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    ratios: dict[str, list[float]] = {name: [] for name in names[1:]}
     for rnd in range(args.repeat):
-        order = ["co-located p = 2", "floor"] if rnd % 2 == 0 else ["floor", "co-located p = 2"]
+        k = rnd % len(names)
         got = {}
-        for name in order:
-            got[name] = colocated_rate(args.n) if name != "floor" else plain_python(args.n)
+        for name in names[k:] + names[:k]:  # each run goes first in some round
+            got[name] = runs[name]()
             rates[name].append(got[name])
-        ratios.append(got["co-located p = 2"] / got["floor"])
+        for name in names[1:]:
+            ratios[name].append(got[name] / got["floor"])
         print(
             f"  round {rnd + 1}/{args.repeat}: "
-            + ", ".join(f"{k} {v:,.0f}" for k, v in got.items())
+            + ", ".join(f"{name} {got[name] / 1e6:.2f} M" for name in names),
+            flush=True,
         )
 
     def spread(xs: list[float], fmt: str) -> str:
         return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}}-{max(xs):{fmt}}]"
 
-    print(f"\n== keyed count, N = {args.n:,}, records/s, median [min-max] of {args.repeat} ==")
-    for name, xs in rates.items():
-        print(f"{name:<20} {spread([x / 1e6 for x in xs], '.2f')} M")
-    print(f"co-located p = 2 / floor, per round = {spread(ratios, '.2f')}")
+    print(
+        f"\n== keyed count at p = 2, N = {args.n:,}: records/s and / floor per round, "
+        f"median [min-max] of {args.repeat} =="
+    )
+    print(f"{'layout, records per frame':<28} {'records/s':>22}   / floor")
+    for name in names:
+        ratio = spread(ratios[name], ".2f") if name in ratios else ""
+        print(f"{name:<28} {spread([x / 1e6 for x in rates[name]], '.2f'):>20} M   {ratio}")
 
 
 if __name__ == "__main__":
