@@ -53,6 +53,7 @@ from runtime.scheduling import task_scheduling
 P, MAX_PARALLELISM = 2, 128
 END = b"end"
 WAIT = 600.0  # seconds a bare run may take before the benchmark gives up on it
+HWM = JobConfig().channel_hwm  # the job's high-water mark, on both sides of a channel
 
 
 def identity(w: str) -> str:
@@ -81,6 +82,29 @@ class Counter:
         for k, c in emitted:
             last[k] = c
 
+    def take(self, frame: bytes) -> bool:
+        """Count a data frame's records; whether the frame was the end marker instead."""
+        if frame == END:
+            return True
+        self.count(decode_records(frame))
+        return False
+
+
+def gate_socket(ctx: zmq.Context[Any], directory: str, index: int) -> zmq.Socket[Any]:
+    """Process ``index``'s input: a PULL socket bound in ``directory``."""
+    gate: zmq.Socket[Any] = ctx.socket(zmq.PULL)
+    gate.setsockopt(zmq.RCVHWM, HWM)
+    gate.bind(f"ipc://{directory}/{index}")
+    return gate
+
+
+def push_socket(ctx: zmq.Context[Any], directory: str, target: int) -> zmq.Socket[Any]:
+    """A channel to process ``target``'s gate."""
+    push: zmq.Socket[Any] = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, HWM)
+    push.connect(f"ipc://{directory}/{target}")
+    return push
+
 
 def frames_of(index: int, n: int, batch: int) -> Any:
     """Source i's records, partitioned by key: yields (target, records) per frame's worth,
@@ -104,12 +128,7 @@ def frames_of(index: int, n: int, batch: int) -> Any:
 def four_source(index: int, n: int, batch: int, directory: str, out: Any, done: Any) -> None:
     with task_scheduling("batch"):
         ctx: zmq.Context[Any] = zmq.Context()
-        pushes = []
-        for target in range(P):
-            push = ctx.socket(zmq.PUSH)
-            push.setsockopt(zmq.SNDHWM, JobConfig().channel_hwm)
-            push.connect(f"ipc://{directory}/{target}")
-            pushes.append(push)
+        pushes = [push_socket(ctx, directory, target) for target in range(P)]
         out.put(("ready", index))
         for target, records in frames_of(index, n, batch):
             pushes[target].send(encode_data(0, records))
@@ -122,19 +141,13 @@ def four_source(index: int, n: int, batch: int, directory: str, out: Any, done: 
 def four_counter(index: int, directory: str, out: Any) -> None:
     with task_scheduling("batch"):
         ctx: zmq.Context[Any] = zmq.Context()
-        gate = ctx.socket(zmq.PULL)
-        gate.setsockopt(zmq.RCVHWM, JobConfig().channel_hwm)
-        gate.bind(f"ipc://{directory}/{index}")
+        gate = gate_socket(ctx, directory, index)
         out.put(("ready", index))
         counter, ended = Counter(), 0
         while ended < P:
             if not gate.poll(int(WAIT * 1000)):
                 raise SystemExit(f"counter {index}: no frame for {WAIT} s")
-            frame = gate.recv()
-            if frame == END:
-                ended += 1
-            else:
-                counter.count(decode_records(frame))
+            ended += counter.take(gate.recv())
         out.put(("counted", index, time.perf_counter(), counter.seen, sum(counter.last.values())))
         ctx.destroy(linger=0)
 
@@ -142,13 +155,8 @@ def four_counter(index: int, directory: str, out: Any) -> None:
 def colocated_worker(index: int, n: int, batch: int, directory: str, out: Any, done: Any) -> None:
     with task_scheduling("batch"):
         ctx: zmq.Context[Any] = zmq.Context()
-        hwm = JobConfig().channel_hwm
-        gate = ctx.socket(zmq.PULL)
-        gate.setsockopt(zmq.RCVHWM, hwm)
-        gate.bind(f"ipc://{directory}/{index}")
-        push = ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.SNDHWM, hwm)
-        push.connect(f"ipc://{directory}/{1 - index}")
+        gate = gate_socket(ctx, directory, index)
+        push = push_socket(ctx, directory, 1 - index)
         poller = zmq.Poller()
         poller.register(gate, zmq.POLLIN)
         poller.register(push, zmq.POLLOUT)
@@ -157,11 +165,7 @@ def colocated_worker(index: int, n: int, batch: int, directory: str, out: Any, d
         def drain() -> None:
             nonlocal ended
             while gate.poll(0):
-                frame = gate.recv()
-                if frame == END:
-                    ended += 1
-                else:
-                    counter.count(decode_records(frame))
+                ended += counter.take(gate.recv())
 
         def send(frame: bytes) -> None:
             while True:
