@@ -3,6 +3,7 @@ its two process layouts, beside the job itself: bounds for slot sharing and for 
 runtime's own cost.
 
     python benchmarks/colocation_bound.py [--n 20000000] [--repeat 5] [--batch 1000 4000]
+        [--start spawn|fork] [--skip-job]
 
 Each round runs, interleaved, for each frame size in ``--batch``:
 
@@ -20,7 +21,10 @@ Each round runs, interleaved, for each frame size in ``--batch``:
 and the plain-Python floor (``../shared/peers/python_baseline.py``) once. The bare
 layouts have no checkpoints, control plane or metrics: only the per-record work and the
 frames a job in that layout could not avoid, under the job's scheduling policy
-(``task_scheduling="batch"``). Printed: median [min-max] records/s over the rounds and
+(``task_scheduling="batch"``), in fresh interpreters as the job's tasks are (the local
+launcher starts each task with ``subprocess``; Spark forks its Python workers from a
+daemon that has not imported absflow): ``--start fork`` runs them as copies of this
+process instead, which share its imported code with each other. Printed: median [min-max] records/s over the rounds and
 each layout's ratio to the floor per round; each run checks sum(last counts) == N.
 """
 
@@ -107,9 +111,8 @@ def push_socket(ctx: zmq.Context[Any], directory: str, target: int) -> zmq.Socke
 
 
 def frames_of(index: int, n: int, batch: int) -> Any:
-    """Source i's records, partitioned by key: yields (target, records) per frame's worth,
-    records accumulated per target up to ``batch`` (as the job's output channels do),
-    then the rest."""
+    """Source i's records, partitioned by key: yields (target, records) per frame,
+    ``batch`` records each (as the job's output channels send them), then the rest."""
     partitioner = HashPartitioner(identity, P, MAX_PARALLELISM)
     pending: list[list[str]] = [[] for _ in range(P)]
     for first in range(index, n, P * batch):
@@ -117,19 +120,22 @@ def frames_of(index: int, n: int, batch: int) -> Any:
         for target, part in partitioner.partition(records):
             bucket = pending[target]
             bucket.extend(part)
-            if len(bucket) >= batch:
-                yield target, bucket
-                pending[target] = []
+            while len(bucket) >= batch:  # exactly ``batch`` per frame, the rest waits
+                yield target, bucket[:batch]
+                del bucket[:batch]
     for target, bucket in enumerate(pending):
         if bucket:
             yield target, bucket
 
 
-def four_source(index: int, n: int, batch: int, directory: str, out: Any, done: Any) -> None:
+def four_source(
+    index: int, n: int, batch: int, directory: str, out: Any, go: Any, done: Any
+) -> None:
     with task_scheduling("batch"):
         ctx: zmq.Context[Any] = zmq.Context()
         pushes = [push_socket(ctx, directory, target) for target in range(P)]
         out.put(("ready", index))
+        go.wait(WAIT)
         for target, records in frames_of(index, n, batch):
             pushes[target].send(encode_data(0, records))
         for push in pushes:
@@ -152,7 +158,9 @@ def four_counter(index: int, directory: str, out: Any) -> None:
         ctx.destroy(linger=0)
 
 
-def colocated_worker(index: int, n: int, batch: int, directory: str, out: Any, done: Any) -> None:
+def colocated_worker(
+    index: int, n: int, batch: int, directory: str, out: Any, go: Any, done: Any
+) -> None:
     with task_scheduling("batch"):
         ctx: zmq.Context[Any] = zmq.Context()
         gate = gate_socket(ctx, directory, index)
@@ -177,6 +185,7 @@ def colocated_worker(index: int, n: int, batch: int, directory: str, out: Any, d
                     drain()
 
         out.put(("ready", index))
+        go.wait(WAIT)
         for target, records in frames_of(index, n, batch):
             if target == index:
                 counter.count(records)
@@ -195,36 +204,36 @@ def colocated_worker(index: int, n: int, batch: int, directory: str, out: Any, d
         ctx.destroy(linger=0)
 
 
-def bare_rate(layout: str, n: int, batch: int) -> float:
+def bare_rate(layout: str, n: int, batch: int, start: str = "spawn") -> float:
     """Records/s of one run of a bare layout ("four" or "co-located"), from the sources'
-    start to the last record counted (checked)."""
-    fork = mp.get_context("fork")
+    start to the last record counted (checked). ``start``: how its processes start
+    (a `multiprocessing` start method)."""
+    mpc: Any = mp.get_context(start)
     with tempfile.TemporaryDirectory(prefix="absflow-bound-") as directory:
-        out, done = fork.Queue(), fork.Event()
+        out, go, done = mpc.Queue(), mpc.Event(), mpc.Event()
         if layout == "four":
             counters = [
-                fork.Process(target=four_counter, args=(i, directory, out)) for i in range(P)
+                mpc.Process(target=four_counter, args=(i, directory, out)) for i in range(P)
             ]
             senders = [
-                fork.Process(target=four_source, args=(i, n, batch, directory, out, done))
+                mpc.Process(target=four_source, args=(i, n, batch, directory, out, go, done))
                 for i in range(P)
             ]
         else:
             counters = []
             senders = [
-                fork.Process(target=colocated_worker, args=(i, n, batch, directory, out, done))
+                mpc.Process(target=colocated_worker, args=(i, n, batch, directory, out, go, done))
                 for i in range(P)
             ]
         procs = counters + senders
         try:
-            for proc in counters:
+            for proc in procs:
                 proc.start()
-            for _ in counters:
+            for _ in procs:  # every process started, its sockets set up
                 out.get(timeout=WAIT)
             started = time.perf_counter()
-            for proc in senders:
-                proc.start()
-            results = [out.get(timeout=WAIT) for _ in range(2 * P)]
+            go.set()
+            results = [out.get(timeout=WAIT) for _ in range(P)]
             done.set()
             for proc in procs:
                 proc.join(60)
@@ -261,12 +270,19 @@ def main() -> None:
         "--batch", type=int, nargs="+", default=[1000], help="records per frame (one run each)"
     )
     ap.add_argument("--skip-job", action="store_true", help="only the bare layouts")
+    ap.add_argument(
+        "--start",
+        choices=("spawn", "fork"),
+        default="spawn",
+        help="how the bare layouts' processes start (spawn: fresh interpreters, as the "
+        "job's tasks; fork: copies of this process, sharing its imported code)",
+    )
     args = ap.parse_args()
     n: int = args.n
     runs: dict[str, Callable[[], float]] = {"floor": functools.partial(plain_python, n)}
     for b in args.batch:
-        runs[f"four processes, {b}"] = functools.partial(bare_rate, "four", n, b)
-        runs[f"co-located, {b}"] = functools.partial(bare_rate, "co-located", n, b)
+        runs[f"four processes, {b}"] = functools.partial(bare_rate, "four", n, b, args.start)
+        runs[f"co-located, {b}"] = functools.partial(bare_rate, "co-located", n, b, args.start)
         if not args.skip_job:
             runs[f"the job (local), {b}"] = functools.partial(job_rate, n, b)
     names = list(runs)
