@@ -37,6 +37,12 @@ from paper_topology import TASKS_PER_P
 from jobmanager import launcher
 from runtime.config import JobConfig
 
+
+def _small(inflight: float, hwm: int, **more: Any) -> dict[str, Any]:
+    """The settings of the defaults before 2026-11-26's: 8 KiB socket buffers."""
+    return {"max_inflight_time": inflight, "channel_hwm": hwm, "socket_buffer": 8192, **more}
+
+
 SETTINGS: dict[str, dict[str, Any]] = {
     "before (fixed 1000-record batches, hwm 8, OS buffers, TCP)": {
         "max_inflight_time": None,
@@ -44,18 +50,17 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "socket_buffer": 0,
         "local_channels": False,
     },
-    "default (0.04 s, hwm 3, 8 KiB, Unix sockets)": {},
+    "default (0.015 s, hwm 8, 64 KiB, Unix sockets)": {},
     "the default over TCP": {"local_channels": False},
-    "0.05 s, hwm 4 (the previous default)": {"max_inflight_time": 0.05, "channel_hwm": 4},
-    "0.03 s, hwm 3": {"max_inflight_time": 0.03},
-    "0.04 s, hwm 6": {"channel_hwm": 6},
-    "0.04 s, hwm 6, 2000-record batches (throughput.py --tuned)": {
-        "channel_hwm": 6,
-        "batch_size": 2000,
-    },
+    "0.04 s, hwm 3, 8 KiB (the previous default)": _small(0.04, 3),
+    "0.05 s, hwm 4, 8 KiB (the one before)": _small(0.05, 4),
+    "0.03 s, hwm 3, 8 KiB": _small(0.03, 3),
+    "0.04 s, hwm 6, 8 KiB": _small(0.04, 6),
+    "0.04 s, hwm 6, 8 KiB, 2000-record batches": _small(0.04, 6, batch_size=2000),
     "the default with Python's GC settings (gc_threshold=None)": {"gc_threshold": None},
-    "0.04 s, hwm 3, 2000-record batches": {"batch_size": 2000},
-    "0.02 s, hwm 3, batches up to 4000 records": {"batch_size": 4000, "max_inflight_time": 0.02},
+    "0.04 s, hwm 3, 8 KiB, 2000-record batches": _small(0.04, 3, batch_size=2000),
+    "0.02 s, hwm 3, 8 KiB, batches up to 4000 records": _small(0.02, 3, batch_size=4000),
+    "0.015 s, hwm 8, 64 KiB, batches up to 4000 records": {"batch_size": 4000},
 }
 BASELINE = next(iter(SETTINGS))
 

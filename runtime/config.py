@@ -57,13 +57,13 @@ class JobConfig:
     )
     batch_size: int = 1000
     buffer_timeout: float = 0.01
-    channel_hwm: int = 3  # batches queued per channel side: bounds barrier latency and memory
+    channel_hwm: int = 8  # batches queued per channel side (their size: max_inflight_time)
     # Bounded in-flight data (Flink's buffer debloating): batches sized so that what a
     # channel can queue drains within this many seconds at its measured throughput
     # (None: fixed batches of batch_size); the kernel's share: socket buffers of
     # socket_buffer bytes (0: the OS's autotuned ones, megabytes on loopback).
-    max_inflight_time: float | None = 0.04
-    socket_buffer: int = 8 * 1024
+    max_inflight_time: float | None = 0.015
+    socket_buffer: int = 64 * 1024
     # Tasks on one host (same kernel and network namespace) exchange data over Unix
     # sockets (send buffers of socket_buffer bytes): no TCP acknowledgements and
     # retransmission timers in a channel's way; tasks on other hosts over TCP.
