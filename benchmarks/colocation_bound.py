@@ -21,11 +21,13 @@ Each round runs, interleaved, for each frame size in ``--batch``:
 and the plain-Python floor (``../shared/peers/python_baseline.py``) once. The bare
 layouts have no checkpoints, control plane or metrics: only the per-record work and the
 frames a job in that layout could not avoid, under the job's scheduling policy
-(``task_scheduling="batch"``), in fresh interpreters as the job's tasks are (the local
-launcher starts each task with ``subprocess``; Spark forks its Python workers from a
-daemon that has not imported absflow): ``--start fork`` runs them as copies of this
-process instead, which share its imported code with each other. Printed: median [min-max] records/s over the rounds and
-each layout's ratio to the floor per round; each run checks sum(last counts) == N.
+(``task_scheduling="batch"``) and the job's high-water mark, in fresh interpreters as the
+job's tasks are (the local launcher starts each task with ``subprocess``; Spark forks its
+Python workers from a daemon that has not imported absflow); ``--start fork`` runs them
+as copies of this process instead, which share its imported code. Each run is timed from
+a common start once every process has set up its sockets. Printed: median [min-max]
+records/s over the rounds and each layout's ratio to the floor per round; each run checks
+sum(last counts) == N.
 """
 
 from __future__ import annotations
