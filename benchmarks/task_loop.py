@@ -169,7 +169,7 @@ def main() -> None:
     args = ap.parse_args()
     b, nf = args.batch, args.frames
     n = 2 * b * nf  # source 0's half fills ~nf frames
-    config = JobConfig(batch_size=b, heartbeat_interval=0.5)
+    config = JobConfig(batch_size=b)
     plan = build(n, 2, batch_size=b).plan()
     source = next(t for t in plan.tasks if t.task_id == "words[0]")
     count = next(t for t in plan.tasks if t.task_id == "count[0]")
