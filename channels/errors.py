@@ -27,7 +27,13 @@ _FINE = object()
 def _offending(value: Any) -> Any:
     """The first part of ``value`` (depth first; ``value`` itself included) that msgpack
     cannot pack, or ``_FINE``."""
-    if value is None or isinstance(value, bool | float | str | bytes | bytearray | memoryview):
+    if isinstance(value, str):  # only UTF-8 goes on the wire: a lone surrogate does not
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value
+        return _FINE
+    if value is None or isinstance(value, bool | float | bytes | bytearray | memoryview):
         return _FINE
     if isinstance(value, int):
         return _FINE if -(2**63) <= value < 2**64 else value
@@ -45,6 +51,12 @@ def _offending(value: Any) -> Any:
 
 
 def _fix(leaf: Any) -> str:
+    if isinstance(leaf, str):
+        return (
+            "strings must be valid Unicode: drop or replace the lone surrogates (e.g. "
+            "s.encode('utf-8', 'replace').decode()), or send the raw bytes "
+            "(s.encode('utf-8', 'surrogateescape'))"
+        )
     if isinstance(leaf, set | frozenset):
         return f"convert the {type(leaf).__name__} to a list/tuple"
     if isinstance(leaf, int):

@@ -5,10 +5,14 @@ Every message is exactly one ZeroMQ frame::
     +----------------+-----------+----------------------------+
     | channel id u32 | kind byte | payload                    |
     +----------------+-----------+----------------------------+
-      little endian    low 4 bits: KIND_*, bit 4: FLAG_LZ4
+      little endian    low 4 bits: KIND_*, bit 4: FLAG_LZ4, bit 5: FLAG_TEXT
 
-* ``KIND_DATA``: payload is a msgpack array of records, lz4-block compressed
-  (with the uncompressed size stored in front) when ``FLAG_LZ4`` is set.
+* ``KIND_DATA``: payload is a msgpack array of records; with ``FLAG_TEXT`` (a batch
+  of strings none of which holds a NUL) ``TEXT_PREFIX`` (u32 record count, u32 text
+  bytes) and the strings joined by NUL, UTF-8: no per-record type tag to write or
+  dispatch on, and the receiver splits the batch in one call. Either is lz4-block
+  compressed (with the uncompressed size stored in front) when
+  ``FLAG_LZ4`` is set.
 * ``KIND_BARRIER``: payload is msgpack ``[checkpoint_id, timestamp, final]``.
 * ``KIND_END_OF_INPUT``: empty payload.
 * ``KIND_CANCEL``: payload is msgpack ``checkpoint_id``.
@@ -51,6 +55,13 @@ KIND_SUPERSTEP: Final = 5
 
 KIND_MASK: Final = 0x0F
 FLAG_LZ4: Final = 0x10
+FLAG_TEXT: Final = 0x20
+TEXT_PREFIX: Final = struct.Struct("<II")
+"""In front of a text batch: (records, bytes of the NUL-joined UTF-8 text that follows)."""
+_NUL: Final = "\0"
+_text_prefix_pack = TEXT_PREFIX.pack
+_text_prefix_unpack_from = TEXT_PREFIX.unpack_from
+_TEXT_PREFIX_SIZE: Final = TEXT_PREFIX.size
 
 _HEADER_SIZE: Final = HEADER.size
 _header_pack = HEADER.pack
@@ -102,20 +113,38 @@ Event = Barrier | EndOfInput | CancelBarrier | Watermark
 def encode_data(channel: int, records: list[Any], compress_min_bytes: int = 65536) -> bytes:
     """Encode a batch of records as one data frame.
 
-    The packed batch is lz4-compressed when it is at least ``compress_min_bytes``
-    long; 0 or a negative value disables compression.
+    A batch of strings (``str`` or a subclass; they arrive as ``str``, as msgpack's would)
+    none of which holds a NUL is sent as text (``FLAG_TEXT``), any other as msgpack. The
+    payload is lz4-compressed when it is at least ``compress_min_bytes`` long; 0 or a
+    negative value disables compression.
 
     Raises:
         RecordSerializationError: a record is not a msgpack type; the message
             names its position and type.
     """
-    try:
-        payload: bytes = _packb(records, use_bin_type=True)
-    except (TypeError, OverflowError, ValueError) as err:
-        raise RecordSerializationError.of_batch(records, err) from err
+    kind = KIND_DATA
+    payload: bytes | None = None
+    try:  # str.join type-checks in C and stops at the first record that is not a str
+        text = _NUL.join(records)
+    except TypeError:
+        pass
+    else:
+        # As many NULs as separators: no record holds one (nor is the batch empty).
+        if text.count(_NUL) == len(records) - 1:
+            try:
+                body = text.encode()
+                payload = _text_prefix_pack(len(records), len(body)) + body
+                kind = KIND_DATA | FLAG_TEXT
+            except UnicodeEncodeError:  # a lone surrogate: msgpack names the record
+                pass
+    if payload is None:
+        try:
+            payload = _packb(records, use_bin_type=True)
+        except (TypeError, OverflowError, ValueError) as err:
+            raise RecordSerializationError.of_batch(records, err) from err
     if 0 < compress_min_bytes <= len(payload):
-        return _header_pack(channel, KIND_DATA | FLAG_LZ4) + _lz4_compress(payload, store_size=True)
-    return _header_pack(channel, KIND_DATA) + payload
+        return _header_pack(channel, kind | FLAG_LZ4) + _lz4_compress(payload, store_size=True)
+    return _header_pack(channel, kind) + payload
 
 
 def encode_event(channel: int, event: Event) -> bytes:
@@ -156,12 +185,34 @@ def decode_records(frame: bytes | memoryview) -> list[Any]:
     view = memoryview(frame)[_HEADER_SIZE:]
     try:
         payload = _lz4_decompress(view) if kind & FLAG_LZ4 else view
+        if kind & FLAG_TEXT:
+            return _decode_text(payload)
         records = _unpackb(payload, use_list=False, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException, lz4.block.LZ4BlockError) as err:
         raise MalformedFrameError(
             f"data frame of {len(frame)} bytes does not decode: {err}"
         ) from err
     return list(records)
+
+
+def _decode_text(payload: bytes | memoryview) -> list[str]:
+    """The records of a text batch's payload (prefix and text).
+
+    Raises:
+        ValueError: the payload is shorter or longer than its prefix says, holds other
+            than that many records, or is not UTF-8.
+    """
+    if len(payload) < _TEXT_PREFIX_SIZE:
+        raise ValueError(f"a text batch of {len(payload)} bytes has no prefix")
+    count, size = _text_prefix_unpack_from(payload)
+    if len(payload) - _TEXT_PREFIX_SIZE != size:
+        raise ValueError(
+            f"a text batch of {size} bytes came with {len(payload) - _TEXT_PREFIX_SIZE}"
+        )
+    records = str(memoryview(payload)[_TEXT_PREFIX_SIZE:], "utf-8").split(_NUL)
+    if len(records) != count:
+        raise ValueError(f"a text batch of {count} records holds {len(records)}")
+    return records
 
 
 def count_records(frame: bytes | memoryview) -> int:
@@ -176,6 +227,8 @@ def count_records(frame: bytes | memoryview) -> int:
     view = memoryview(frame)[_HEADER_SIZE:]
     try:
         payload = _lz4_decompress(view) if frame[4] & FLAG_LZ4 else view
+        if frame[4] & FLAG_TEXT:
+            return len(_decode_text(payload))
         unpacker = msgpack.Unpacker()
         unpacker.feed(payload)
         count: int = unpacker.read_array_header()

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 import pytest
 
 from channels.errors import AbsflowError, RecordSerializationError
 from channels.messages import (
     FLAG_LZ4,
+    FLAG_TEXT,
     HEADER,
     KIND_BARRIER,
     KIND_CANCEL,
     KIND_DATA,
     KIND_END_OF_INPUT,
     KIND_WATERMARK,
+    TEXT_PREFIX,
     Barrier,
     CancelBarrier,
     EndOfInput,
@@ -68,7 +71,7 @@ def test_decode_accepts_memoryview() -> None:
 def test_large_batch_is_compressed_and_round_trips() -> None:
     records = [f"word-{i % 100}" for i in range(20_000)]
     frame = encode_data(1, records, compress_min_bytes=1024)
-    assert frame[4] == KIND_DATA | FLAG_LZ4
+    assert frame[4] == KIND_DATA | FLAG_LZ4 | FLAG_TEXT
     assert decode_header(frame) == (1, KIND_DATA)
     assert len(frame) < len(encode_data(1, records, compress_min_bytes=0)) // 2
     assert decode_records(frame) == records
@@ -78,7 +81,7 @@ def test_large_batch_is_compressed_and_round_trips() -> None:
 def test_compression_disabled(threshold: int) -> None:
     records = ["x" * 100] * 1000
     frame = encode_data(1, records, compress_min_bytes=threshold)
-    assert frame[4] == KIND_DATA
+    assert frame[4] == KIND_DATA | FLAG_TEXT
     assert decode_records(frame) == records
 
 
@@ -87,6 +90,79 @@ def test_compression_threshold_is_inclusive() -> None:
     size = len(encode_data(0, records, compress_min_bytes=0)) - HEADER.size
     assert encode_data(0, records, compress_min_bytes=size)[4] & FLAG_LZ4
     assert not encode_data(0, records, compress_min_bytes=size + 1)[4] & FLAG_LZ4
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        ["a"],
+        [""],
+        ["", ""],
+        ["a", "", "b", ""],
+        ["ünïcödé ✓", "日本語", "emoji 🚀"],
+        ["x" * 70_000],
+    ],
+    ids=["one", "one-empty", "two-empty", "some-empty", "unicode", "long"],
+)
+def test_a_batch_of_strings_goes_as_text(records: list[str]) -> None:
+    frame = encode_data(5, records, compress_min_bytes=0)
+    assert frame[4] == KIND_DATA | FLAG_TEXT
+    assert decode_header(frame) == (5, KIND_DATA)
+    assert decode_records(frame) == records
+    assert count_records(frame) == len(records)
+    # no smaller than msgpack's frame of the same batch by more than the prefix
+    assert len(frame) <= len(HEADER.pack(5, 0) + msgpack.packb(records)) + 8
+
+
+class Word(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        ["a\0b", "c"],  # a NUL inside a record: the separator would split it
+        ["\0"],
+        ["a", 1],  # not all strings
+        [1, "a"],
+        [b"bytes", "str"],
+        [("a", 1)],
+    ],
+    ids=["nul", "only-nul", "str-int", "int-str", "bytes", "tuple"],
+)
+def test_other_batches_go_as_msgpack(records: list[Any]) -> None:
+    frame = encode_data(1, records, compress_min_bytes=0)
+    assert frame[4] == KIND_DATA
+    assert decode_records(frame) == [tuple(r) if type(r) is tuple else r for r in records]
+    assert count_records(frame) == len(records)
+
+
+def test_str_subclasses_arrive_as_str_as_with_msgpack() -> None:
+    decoded = decode_records(encode_data(0, [Word("a"), "b"]))
+    assert decoded == ["a", "b"] and type(decoded[0]) is str
+
+
+def test_a_lone_surrogate_is_named_as_with_msgpack() -> None:
+    with pytest.raises(
+        RecordSerializationError, match=r"record 1 .* surrogates not allowed.*valid Unicode"
+    ):
+        encode_data(0, ["fine", "bad \ud800"])
+
+
+def test_text_frames_that_do_not_add_up_are_malformed() -> None:
+    frame = encode_data(0, ["abc", "def"], compress_min_bytes=0)
+    body = frame[HEADER.size + TEXT_PREFIX.size :]
+    for bad in (
+        frame[:-1],  # truncated inside the last record
+        frame + b"\0x",  # one more record than the prefix says
+        HEADER.pack(0, KIND_DATA | FLAG_TEXT) + TEXT_PREFIX.pack(3, len(body)) + body,
+        HEADER.pack(0, KIND_DATA | FLAG_TEXT) + TEXT_PREFIX.pack(2, 2) + b"\xff\xfe",
+        HEADER.pack(0, KIND_DATA | FLAG_TEXT) + b"\x01",
+    ):
+        with pytest.raises(MalformedFrameError, match="does not decode"):
+            decode_records(bad)
+        with pytest.raises(MalformedFrameError, match="does not decode"):
+            count_records(bad)
 
 
 def test_channel_id_range() -> None:
