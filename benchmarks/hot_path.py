@@ -5,9 +5,10 @@
 Runs the runtime's own pieces of the keyed count (benchmarks/keyed_count.py) in this
 one process, batch by batch, as the task processes run them at parallelism 2: the
 source reader (``GeneratorSource``), the hash partitioner of ``key_by`` (2 targets),
-the data-frame codec (msgpack encode, decode), the task's input side and chain
-(``InputSide.dispatch`` -> ``on_batch`` -> ``Chain.process``) around the aggregate
-operator, and the sink operator (``CountingSink.write_batch``). Prints µs per record
+the data-frame codec (encode, decode: a batch of words goes as a text frame), the
+task's input side and chain (``InputSide.dispatch`` -> ``on_batch`` ->
+``Chain.process``) around the aggregate operator, and the sink operator
+(``CountingSink.write_batch``). Prints µs per record
 per stage (best of ``--repeat``: the figure least disturbed by other load on the
 machine; the partitioner and the aggregate on fresh strings each time, whose hashes
 are not cached yet), their sum, and the plain-Python loop of ../shared/peers/python_baseline.py
@@ -145,8 +146,8 @@ def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
     return {
         "source: generate (GeneratorSource.read_batch)": best_us(gen, repeat),
         "key_by: partition (HashPartitioner, 2 targets)": best_us(partition, repeat, fresh_batches),
-        "encode (msgpack)": best_us(encode, repeat),
-        "decode (msgpack)": best_us(decode, repeat),
+        "encode (text frame)": best_us(encode, repeat),
+        "decode (text frame)": best_us(decode, repeat),
         "aggregate operator (running count)": best_us(aggregate, repeat, fresh_decoded),
         "sink (CountingSink.write_batch)": best_us(sink, repeat),
     }
