@@ -11,8 +11,7 @@ Every message is exactly one ZeroMQ frame::
   of strings none of which holds a NUL) ``TEXT_PREFIX`` (u32 record count, u32 text
   bytes) and the strings joined by NUL, UTF-8: no per-record type tag to write or
   dispatch on, and the receiver splits the batch in one call. Either is lz4-block
-  compressed (with the uncompressed size stored in front) when
-  ``FLAG_LZ4`` is set.
+  compressed (with the uncompressed size stored in front) when ``FLAG_LZ4`` is set.
 * ``KIND_BARRIER``: payload is msgpack ``[checkpoint_id, timestamp, final]``.
 * ``KIND_END_OF_INPUT``: empty payload.
 * ``KIND_CANCEL``: payload is msgpack ``checkpoint_id``.
@@ -216,8 +215,9 @@ def _decode_text(payload: bytes | memoryview) -> list[str]:
 
 
 def count_records(frame: bytes | memoryview) -> int:
-    """How many records a data frame holds, from its msgpack array header (the records
-    themselves are not decoded).
+    """How many records a data frame holds: from its msgpack array header (the records
+    themselves are not decoded), or for a text batch by splitting it (which checks the
+    count its prefix states).
 
     Raises:
         MalformedFrameError: the frame is not a data frame or does not decode.
