@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import tempfile
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(
@@ -44,33 +45,54 @@ def main() -> None:
         "--config", type=json.loads, default={}, help="job settings as JSON for every run"
     )
     args = ap.parse_args()
-    paths = wordcount.make_corpus(args.data, args.words)
-    expected: collections.Counter[str] = collections.Counter()
-    for path in paths:
-        with open(path) as fh:
-            expected.update(fh.read().split())
+    corpus = Corpus(args.data, args.words)
     pooled, runs = [], []
     for i in range(args.runs):
-        result = wordcount.build(
-            paths, 2, **{"checkpoint_interval": 0.5, "progress": False, "ui": False, **args.config}
-        ).run()
-        if wordcount.final_counts(result.output("counts")) != dict(expected):
-            raise SystemExit(f"run {i}: the counts differ from collections.Counter")
-        checkpoints = [c for c in result.checkpoints if not c.get("final")]
+        duration, checkpoints = corpus.run(args.config, f"run {i}")
         pooled += checkpoints
-        runs.append(result.duration)
-        parts = ", ".join(
-            f"{c['duration_ms']:.0f} (q {c['queueing_ms']:.0f} a {c['alignment_ms']:.0f} "
-            f"w {c['write_ms']:.0f})"
-            for c in checkpoints
-        )
-        print(f"run {i}: {result.duration:.2f} s, checkpoints ms: {parts}", flush=True)
-    durations = [c["duration_ms"] for c in pooled]
+        runs.append(duration)
+        print(f"run {i}: {duration:.2f} s, checkpoints ms: {describe(checkpoints)}", flush=True)
     print(
-        f"{len(durations)} checkpoints over {args.runs} runs (run {statistics.median(runs):.2f} s "
-        f"median, {min(runs):.2f}-{max(runs):.2f}): duration p50 {statistics.median(durations):.0f} "
-        f"ms, p99 {nearest_rank(durations, 0.99):.0f} ms, max {max(durations):.0f} ms; "
-        f"write p50 {statistics.median(c['write_ms'] for c in pooled):.0f} ms, queueing p50 "
+        f"{len(pooled)} checkpoints over {args.runs} runs (run {statistics.median(runs):.2f} s "
+        f"median, {min(runs):.2f}-{max(runs):.2f}): {summary(pooled)}"
+    )
+
+
+class Corpus:
+    """The main example's corpus and its expected counts (collections.Counter)."""
+
+    def __init__(self, directory: str, words: int) -> None:
+        self.paths = wordcount.make_corpus(directory, words)
+        self.expected: collections.Counter[str] = collections.Counter()
+        for path in self.paths:
+            with open(path) as fh:
+                self.expected.update(fh.read().split())
+
+    def run(self, config: dict[str, Any], name: str) -> tuple[float, list[dict[str, Any]]]:
+        """One run of the example's job (``config`` added), checked: its duration and
+        its checkpoints but the final one."""
+        result = wordcount.build(
+            self.paths, 2, **{"checkpoint_interval": 0.5, "progress": False, "ui": False, **config}
+        ).run()
+        if wordcount.final_counts(result.output("counts")) != dict(self.expected):
+            raise SystemExit(f"{name}: the counts differ from collections.Counter")
+        return result.duration, [c for c in result.checkpoints if not c.get("final")]
+
+
+def describe(checkpoints: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"{c['duration_ms']:.0f} (q {c['queueing_ms']:.0f} a {c['alignment_ms']:.0f} "
+        f"w {c['write_ms']:.0f})"
+        for c in checkpoints
+    )
+
+
+def summary(pooled: list[dict[str, Any]]) -> str:
+    durations = [c["duration_ms"] for c in pooled]
+    return (
+        f"duration p50 {statistics.median(durations):.0f} ms, p99 "
+        f"{nearest_rank(durations, 0.99):.0f} ms, max {max(durations):.0f} ms; write p50 "
+        f"{statistics.median(c['write_ms'] for c in pooled):.0f} ms, queueing p50 "
         f"{statistics.median(c['queueing_ms'] for c in pooled):.0f} ms"
     )
 

@@ -268,7 +268,7 @@ class CollectSink(TwoPhaseCommitSink):
 
     def pre_commit(self, txn: _PackedTxn, checkpoint_id: int) -> bytes:
         header: bytes = _ARRAY_HEADER.pack_array_header(txn.count)
-        return header + b"".join(txn.parts)
+        return b"".join([header, *txn.parts])  # one copy of the epoch's records
 
     def commit(self, checkpoint_id: int, handle: Any) -> None:
         # A handle is the packed transaction, sent on as is: neither this task nor the

@@ -29,6 +29,7 @@ from statebackend.restore import (
     plan_restore,
 )
 from statebackend.snapshot import (
+    FLAG_RAW,
     OperatorSnapshot,
     StateFileInfo,
     encode_task_snapshot,
@@ -42,6 +43,7 @@ from statebackend.spill import SpillBuffer
 from statebackend.storage import CheckpointInfo, CheckpointStatus, CheckpointStorage
 
 __all__ = [
+    "FLAG_RAW",
     "CheckpointInfo",
     "CheckpointMetadata",
     "CheckpointNotFoundError",

@@ -12,14 +12,22 @@ File format (all integers big-endian)::
     offset  size
     0       8     magic  b"ABSFSTAT"
     8       2     format version (1)
-    10      2     flags (0)
+    10      2     flags: 0, or FLAG_RAW (1): the sections are stored as they are
     12      4     header length H
     16      4     crc32 of the header
     20      H     header, msgpack: {"operators": {op: [keyed, kg_start, kg_stop]},
                                     "sections": [[op, kind, key_group, offset, length,
                                                   crc32, raw_length], ...],
                                     "data_length": int}
-    20+H    ...   sections, each an lz4 block (size stored) of a msgpack blob
+    20+H    ...   sections, each a msgpack blob: an lz4 block of it (size stored), or
+                  with FLAG_RAW the blob itself
+
+A task compresses its sections only with ``JobConfig.snapshot_compression`` (as in
+Flink, off by default): on local disk lz4 costs the writer thread more CPU than the
+bytes it saves cost to write (``benchmarks/snapshot_compression.py``), and that CPU
+is taken from the task processes, on a loaded machine at two to three times its
+length in wall time; on an object store, where bytes cost time and money, it can pay.
+Readers take either form.
 
 Section offsets are relative to the end of the header; ``kind`` is ``"operator"``
 (key group -1) or ``"keyed"``. The task writes keyed state as one section per operator
@@ -50,6 +58,8 @@ from statebackend.keyed import KeyedStateBackend
 MAGIC = b"ABSFSTAT"
 FILE_VERSION = 1
 _PREFIX = struct.Struct(">8sHHII")  # magic, version, flags, header length, header crc32
+FLAG_RAW = 0x0001
+"""Prefix flag: the sections are the msgpack blobs as they are, not lz4 blocks of them."""
 OPERATOR_SECTION = "operator"
 KEYED_SECTION = "keyed"
 WHOLE_RANGE = -2  # key group of a keyed section holding the instance's whole range
@@ -99,6 +109,7 @@ class _Header:
     sections: list[_Section]
     data_start: int
     data_length: int
+    compressed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +124,13 @@ class EncodedSnapshot:
 def encode_task_snapshot(
     operators: Mapping[str, OperatorSnapshot],
     key_group_fns: Mapping[str, Callable[[Any], int]] | None = None,
+    compress: bool = False,
 ) -> EncodedSnapshot:
     """The state file of one task's operators (asynchronous part; any thread; no I/O).
 
     Keyed state is one whole-range section per operator, unless ``key_group_fns[op]``
     (key -> key group) is given for operator ``op``: then one section per key group.
+    ``compress``: each section an lz4 block; else the blobs as they are (no copy).
     """
     fns = key_group_fns or {}
     payloads: list[tuple[str, str, int, bytes]] = []  # operator, kind, key group, raw blob
@@ -143,7 +156,7 @@ def encode_task_snapshot(
     bodies: list[bytes] = []
     offset = 0
     for op, kind, kg, raw in payloads:
-        body = lz4.block.compress(raw, store_size=True)
+        body = lz4.block.compress(raw, store_size=True) if compress else raw
         sections.append([op, kind, kg, offset, len(body), zlib.crc32(body), len(raw)])
         bodies.append(body)
         offset += len(body)
@@ -151,7 +164,8 @@ def encode_task_snapshot(
         {"operators": op_index, "sections": sections, "data_length": offset},
         use_bin_type=True,
     )
-    prefix = _PREFIX.pack(MAGIC, FILE_VERSION, 0, len(header), zlib.crc32(header))
+    flags = 0 if compress else FLAG_RAW
+    prefix = _PREFIX.pack(MAGIC, FILE_VERSION, flags, len(header), zlib.crc32(header))
     return EncodedSnapshot(
         (prefix, header, *bodies), len(prefix) + len(header) + offset, len(sections)
     )
@@ -170,6 +184,7 @@ def write_task_snapshot(
     path: str,
     operators: Mapping[str, OperatorSnapshot],
     key_group_fns: Mapping[str, Callable[[Any], int]] | None = None,
+    compress: bool = False,
 ) -> StateFileInfo:
     """Write one task's state file to local ``path`` atomically (``path + ".tmp"``,
     fsync, rename, directory fsync): ``path`` either does not exist or is complete.
@@ -177,7 +192,7 @@ def write_task_snapshot(
     The local-file convenience of tests and benchmarks; tasks write through
     ``CheckpointStorage.write_task_state``. The crc32 covers the whole file.
     """
-    encoded = encode_task_snapshot(operators, key_group_fns)
+    encoded = encode_task_snapshot(operators, key_group_fns, compress)
     with LocalFileSystem().open_write(path) as out:
         crc = write_chunks(out, encoded.chunks)
     return StateFileInfo(path=path, size=encoded.size, crc32=crc, sections=encoded.sections)
@@ -278,12 +293,16 @@ def _read_header(f: BinaryIO, path: str) -> _Header:
     raw = f.read(_PREFIX.size)
     if len(raw) < _PREFIX.size:
         raise CorruptStateError(path, f"truncated: {len(raw)} bytes, shorter than the file prefix")
-    magic, version, _flags, header_len, header_crc = _PREFIX.unpack(raw)
+    magic, version, flags, header_len, header_crc = _PREFIX.unpack(raw)
     if magic != MAGIC:
         raise CorruptStateError(path, f"bad magic {magic!r}, expected {MAGIC!r}: not a state file")
     if version != FILE_VERSION:
         raise CorruptStateError(
             path, f"format version {version}, this absflow reads version {FILE_VERSION}"
+        )
+    if flags & ~FLAG_RAW:
+        raise CorruptStateError(
+            path, f"unknown flags {flags:#06x} (a newer absflow's file, or a damaged prefix)"
         )
     header_bytes = f.read(header_len)
     if len(header_bytes) < header_len:
@@ -300,6 +319,7 @@ def _read_header(f: BinaryIO, path: str) -> _Header:
             sections=sections,
             data_start=_PREFIX.size + header_len,
             data_length=decoded["data_length"],
+            compressed=not flags & FLAG_RAW,
         )
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as err:
         raise CorruptStateError(path, f"header does not decode: {err}") from err
@@ -320,6 +340,12 @@ def _read_section(
             path,
             f"crc32 mismatch in {section.describe()}: {crc:#010x}, expected {section.crc32:#010x}",
         )
+    if not header.compressed:
+        if len(body) != section.raw_length:
+            raise CorruptStateError(
+                path, f"{section.describe()} says it holds {section.raw_length} bytes"
+            )
+        return body
     if not decompress:
         return body
     try:

@@ -99,14 +99,18 @@ class CheckpointStorage:
         fs: FileSystem | None = None,
         storage_options: Mapping[str, Any] | None = None,
         inline_threshold: int = 0,
+        compression: bool = False,
     ) -> None:
         """``inline_threshold``: task states of at most this many bytes are held inline in
-        the ack and ``_metadata`` instead of a state file (0: always a file)."""
+        the ack and ``_metadata`` instead of a state file (0: always a file).
+        ``compression``: task states written are lz4-compressed section by section
+        (``JobConfig.snapshot_compression``); reading takes either."""
         if fs is None:
             fs, root = filesystem_for(root, storage_options)
         self.fs: FileSystem = fs
         self.root: str = root
         self.inline_threshold = inline_threshold
+        self.compression = compression
         # Whether each checkpoint this instance wrote or read is a savepoint: retain()
         # runs at every completion and need not read the metadata it wrote.
         self._savepoint: dict[int, bool] = {}
@@ -155,7 +159,7 @@ class CheckpointStorage:
         names. A state of at most ``inline_threshold`` bytes is not written but held in
         the handle. Returns the handle the task acknowledges with."""
         path = self.task_state_path(checkpoint_id, task_id)
-        encoded = encode_task_snapshot(snapshots)
+        encoded = encode_task_snapshot(snapshots, compress=self.compression)
         if encoded.size <= self.inline_threshold:
             return _inline(encoded, layout)
         with self.fs.open_write_part(path) as out:  # published by _metadata
@@ -174,7 +178,7 @@ class CheckpointStorage:
         )
         if raw > self.inline_threshold:
             return None
-        encoded = encode_task_snapshot(snapshots)
+        encoded = encode_task_snapshot(snapshots, compress=self.compression)
         return _inline(encoded, layout) if encoded.size <= self.inline_threshold else None
 
     def read_operator_state(

@@ -122,13 +122,21 @@ def test_injected_raise_at_record_names_the_step() -> None:
     assert info.value.operator == "sum" and "injected failure at record 100" in str(info.value)
 
 
-@pytest.mark.parametrize("inline_threshold", [20 * 1024, 0], ids=["inline", "files"])
+@pytest.mark.parametrize(
+    ("inline_threshold", "compression"),
+    [(20 * 1024, False), (0, False), (0, True)],
+    ids=["inline", "files", "lz4-files"],
+)
 def test_sigkill_after_checkpoint_k_gives_the_failure_free_output(
-    tmp_path: Any, inline_threshold: int
+    tmp_path: Any, inline_threshold: int, compression: bool
 ) -> None:
     # rate-limited: the job outlives checkpoint 2 even on a fast machine
     root = tmp_path / "chk"
-    config = {"checkpoint_dir": str(root), "state_inline_threshold": inline_threshold}
+    config = {
+        "checkpoint_dir": str(root),
+        "state_inline_threshold": inline_threshold,
+        "snapshot_compression": compression,
+    }
     killed = run_local(
         keyed_sums(60_000, rate=60_000, checkpoint_interval=0.05, **config),
         faults=[Kill("sum[1]", after_checkpoint=2)],
@@ -147,6 +155,8 @@ def test_sigkill_after_checkpoint_k_gives_the_failure_free_output(
         handles = storage.check(n).tasks
         state_files = {p.name for p in (root / f"chk-{n}").glob("*.state")}
         assert state_files == {h.file for h in handles.values() if h.inline is None}
+        for path in (root / f"chk-{n}").glob("*.state"):  # flags: lz4 blocks (0) or raw
+            assert path.read_bytes()[10:12] == (b"\0\0" if compression else b"\0\1")
         small = {task for task, h in handles.items() if h.size <= inline_threshold}
         assert {task for task, h in handles.items() if h.inline is not None} == small
         if inline_threshold:

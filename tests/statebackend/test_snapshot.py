@@ -1,12 +1,16 @@
 import os
+import struct
 import threading
 import time
+import zlib
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 
 from statebackend import (
+    FLAG_RAW,
     CorruptStateError,
     KeyedStateBackend,
     OperatorSnapshot,
@@ -30,7 +34,10 @@ def keyed_backend(n: int, groups: range) -> KeyedStateBackend:
     return b
 
 
-def write_sample(path: str) -> tuple[KeyedStateBackend, int]:
+FORMS = pytest.mark.parametrize("compress", [False, True], ids=["raw", "lz4"])
+
+
+def write_sample(path: str, compress: bool = False) -> tuple[KeyedStateBackend, int]:
     groups = key_group_range(1, 4)
     b = keyed_backend(2000, groups)
     info = write_task_snapshot(
@@ -41,14 +48,16 @@ def write_sample(path: str) -> tuple[KeyedStateBackend, int]:
             "sink": OperatorSnapshot(None, None, None),
         },
         {"count": KG},
+        compress,
     )
     assert info.path == path and info.size == os.path.getsize(path)
     return b, info.crc32
 
 
-def test_round_trip(tmp_path: Path) -> None:
+@FORMS
+def test_round_trip(tmp_path: Path, compress: bool) -> None:
     path = os.path.join(str(tmp_path), "count[1].state")
-    src, crc = write_sample(path)
+    src, crc = write_sample(path, compress)
     verify_state_file(path, crc)
     assert msgpack.unpackb(read_operator_state(path, "source")) == {"offset": 42}
     assert read_operator_state(path, "sink") is None
@@ -77,9 +86,10 @@ def test_info_crc_is_the_file_crc(tmp_path: Path) -> None:
         verify_state_file(path, crc ^ 1)
 
 
-def test_flipped_byte_in_a_section_is_detected(tmp_path: Path) -> None:
+@FORMS
+def test_flipped_byte_in_a_section_is_detected(tmp_path: Path, compress: bool) -> None:
     path = os.path.join(str(tmp_path), "count[1].state")
-    write_sample(path)
+    write_sample(path, compress)
     data = bytearray(Path(path).read_bytes())
     data[-10] ^= 0x40  # inside the last section
     Path(path).write_bytes(bytes(data))
@@ -100,10 +110,11 @@ def test_flipped_byte_in_header_is_detected(tmp_path: Path) -> None:
         read_operator_state(path, "source")
 
 
+@FORMS
 @pytest.mark.parametrize("keep", [10, 100, -5])
-def test_truncated_file_is_detected(tmp_path: Path, keep: int) -> None:
+def test_truncated_file_is_detected(tmp_path: Path, keep: int, compress: bool) -> None:
     path = os.path.join(str(tmp_path), "t.state")
-    write_sample(path)
+    write_sample(path, compress)
     data = Path(path).read_bytes()
     Path(path).write_bytes(data[:keep])
     with pytest.raises(CorruptStateError, match="truncated") as err:
@@ -125,6 +136,71 @@ def test_trailing_bytes_are_detected(tmp_path: Path) -> None:
         f.write(b"x")
     with pytest.raises(CorruptStateError, match="trailing"):
         verify_state_file(path)
+
+
+PREFIX = struct.Struct(">8sHHII")  # the file's prefix, as the module docstring gives it
+
+
+def prefix_and_header(path: str) -> tuple[tuple[bytes, int, int, int, int], dict[str, Any], bytes]:
+    data = Path(path).read_bytes()
+    fields = PREFIX.unpack_from(data)
+    header = msgpack.unpackb(data[PREFIX.size : PREFIX.size + fields[3]])
+    return fields, header, data[PREFIX.size + fields[3] :]
+
+
+def test_the_two_forms_hold_the_same_blobs_raw_or_as_lz4_blocks(tmp_path: Path) -> None:
+    blob = msgpack.packb([("word", i) for i in range(5000)])  # compressible, as records are
+    snap = {"sink": OperatorSnapshot(blob, None, None)}
+    raw, lz4 = str(tmp_path / "raw.state"), str(tmp_path / "lz4.state")
+    write_task_snapshot(raw, snap)  # the default: raw, as tasks write unless told
+    write_task_snapshot(lz4, snap, compress=True)
+    (_, _, raw_flags, _, _), raw_header, raw_data = prefix_and_header(raw)
+    (_, _, lz4_flags, _, _), _, lz4_data = prefix_and_header(lz4)
+    assert raw_flags == FLAG_RAW and lz4_flags == 0
+    assert raw_data == blob  # the section is the blob itself
+    [[length, crc, raw_length]] = [section[4:] for section in raw_header["sections"]]
+    assert length == raw_length == len(blob) and crc == zlib.crc32(blob)
+    assert len(lz4_data) < len(blob) // 2
+    assert read_operator_state(raw, "sink") == read_operator_state(lz4, "sink") == blob
+    verify_state_file(raw)
+    verify_state_file(lz4)
+
+
+def rewrite(path: str, flags: int | None = None, raw_length: int | None = None) -> None:
+    """Rewrite a state file's prefix flags or its first section's raw length (the header
+    crc recomputed: only the field differs)."""
+    (magic, version, old_flags, _, _), header, data = prefix_and_header(path)
+    if raw_length is not None:
+        header["sections"][0][6] = raw_length
+    packed = msgpack.packb(header)
+    prefix = PREFIX.pack(
+        magic, version, old_flags if flags is None else flags, len(packed), zlib.crc32(packed)
+    )
+    Path(path).write_bytes(prefix + packed + data)
+
+
+@pytest.mark.parametrize("flags", [0x0002, 0x8001])
+def test_unknown_flags_are_refused(tmp_path: Path, flags: int) -> None:
+    path = str(tmp_path / "t.state")
+    write_sample(path)
+    rewrite(path, flags=flags)
+    with pytest.raises(CorruptStateError, match="unknown flags") as err:
+        read_operator_state(path, "source")
+    assert path in str(err.value)
+
+
+def test_a_raw_section_of_another_length_than_its_header_says_is_refused(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "t.state")
+    write_sample(path)
+    rewrite(path, raw_length=3)
+    with pytest.raises(CorruptStateError, match="says it holds 3 bytes"):
+        read_operator_state(path, "source")
+    # An lz4 file's raw length is what its blocks decompress to (their stored size).
+    write_sample(path, compress=True)
+    rewrite(path, raw_length=3)
+    assert msgpack.unpackb(read_operator_state(path, "source")) == {"offset": 42}
 
 
 def test_keyed_state_without_key_group_fn_is_one_whole_range_section(tmp_path: Path) -> None:
