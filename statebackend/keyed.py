@@ -119,7 +119,9 @@ class KeyedStateBackend:
 
     :meth:`snapshot` is the synchronous part of a checkpoint (an immutable msgpack
     copy, taken between two batches); writing the file is the asynchronous part and
-    touches only that copy.
+    touches only that copy. An operator that keeps recent values elsewhere on its hot
+    path registers a ``write_back`` (:meth:`add_write_back`): it runs before every
+    snapshot and key count, which therefore always see the whole state.
     """
 
     def __init__(
@@ -148,6 +150,12 @@ class KeyedStateBackend:
         self._states: dict[str, dict[Any, Any]] = {}
         # [kind, name, live dict] per state: snapshot() packs this list as it is.
         self._layout: list[list[Any]] = []
+        self._write_backs: list[Callable[[], None]] = []
+
+    def add_write_back(self, write_back: Callable[[], None]) -> None:
+        """Run ``write_back`` before each snapshot and key count: it writes what the
+        operator holds outside the live dicts into them."""
+        self._write_backs.append(write_back)
 
     def _state(self, name: str, kind: StateKind) -> dict[Any, Any]:
         known = self._kinds.get(name)
@@ -191,6 +199,8 @@ class KeyedStateBackend:
 
         Raises StateError naming the state if a key or value is not a msgpack type.
         """
+        for write_back in self._write_backs:
+            write_back()
         try:
             return _pack(self._layout)
         except (TypeError, ValueError, OverflowError) as err:
@@ -248,6 +258,8 @@ class KeyedStateBackend:
 
     def num_keys(self) -> int:
         """Number of distinct keys over all states (a metric; not for the hot path)."""
+        for write_back in self._write_backs:
+            write_back()
         if len(self._states) == 1:
             return len(next(iter(self._states.values())))
         return len(set().union(*self._states.values()))

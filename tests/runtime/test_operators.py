@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 from runtime.graph import Step, StepKind
@@ -141,3 +142,73 @@ def test_aggregate_adding_a_constant_matches_the_general_path_and_a_counter() ->
         assert got == general.process(words[:700]) + general.process(words[700:])
         assert got == expected
         assert fast.snapshot_state(1) == general.snapshot_state(1)
+
+
+def count_step(fn: Any, initial: Any = 0, key_fn: Any = None) -> Step:
+    return Step(
+        0,
+        "count",
+        StepKind.AGGREGATE,
+        1,
+        fn=fn,
+        args={"initial": initial},
+        key_fn=key_fn or (lambda w: w),
+    )
+
+
+def test_int_totals_reach_keyed_state_before_every_snapshot_and_key_count() -> None:
+    """An int aggregate keeps its totals in C counters between snapshots; the keyed state
+    writes them back before a snapshot or a key count, so both see every record, and a
+    restore goes on from them."""
+    words = [f"w{i % 7}" for i in range(100)]
+    fast = build_operator(count_step(lambda c, _w: c + 1), 0, 128)
+    general = build_operator(count_step(lambda c, _w: 1 + c), 0, 128)
+    assert fast.totals is not None and general.totals is None  # type: ignore[attr-defined]
+    assert fast.keyed_state is not None and general.keyed_state is not None
+    assert fast.process(words) == general.process(words)
+    assert fast.keyed_state.value_state() == {}  # the counts are in the counters yet
+    assert fast.keyed_state.num_keys() == 7
+    assert fast.keyed_state.value_state() == general.keyed_state.value_state()
+    assert fast.process(words[:10]) == general.process(words[:10])
+    blob = fast.keyed_state.snapshot()
+    assert blob == general.keyed_state.snapshot()
+    resumed = build_operator(count_step(lambda c, _w: c + 1), 0, 128)
+    assert resumed.keyed_state is not None
+    resumed.keyed_state.restore([blob])
+    seen = collections.Counter(words + words[:10])
+    assert resumed.process(words[:3]) == [(w, seen[w] + 1) for w in words[:3]]
+
+
+def test_without_the_write_back_a_snapshot_misses_the_counts(monkeypatch: Any) -> None:
+    """Companion: with the write-back switched off, a snapshot loses what the counters hold."""
+    from statebackend.keyed import KeyedStateBackend
+
+    monkeypatch.setattr(KeyedStateBackend, "add_write_back", lambda self, fn: None)
+    op = build_operator(count_step(lambda c, _w: c + 1), 0, 128)
+    op.process(["a", "a", "b"])
+    assert op.keyed_state is not None
+    fresh = build_operator(count_step(lambda c, _w: c + 1), 0, 128)
+    assert fresh.keyed_state is not None
+    fresh.keyed_state.restore([op.keyed_state.snapshot()])
+    assert fresh.process(["a"]) == [("a", 1)]  # not 3: the two counted "a" were lost
+
+
+def test_int_totals_stay_exact_past_64_bits_and_over_restored_floats() -> None:
+    big = 2**62
+    op = build_operator(count_step(lambda c, _w: c + 4611686018427387904, initial=big), 0, 128)
+    assert op.process(["k"] * 4) == [("k", big * n) for n in range(2, 6)]
+    assert op.keyed_state is not None
+    assert op.keyed_state.num_keys() == 1  # writes back (msgpack could not pack 2**64)
+    assert op.keyed_state.value_state() == {"k": big * 5}
+    # A float total in the state (written by another initial, e.g. 0.5): the same
+    # additions, and the exact last total written back (not a sum less the addend).
+    floats = build_operator(count_step(lambda c, _w: c + 1, initial=0.1), 0, 128)
+    assert floats.totals is None  # type: ignore[attr-defined]
+    floats.process(["x", "x"])
+    assert floats.keyed_state is not None
+    ints = build_operator(count_step(lambda c, _w: c + 1), 0, 128)
+    assert ints.keyed_state is not None
+    ints.keyed_state.restore([floats.keyed_state.snapshot()])
+    assert ints.process(["x", "y", "x"]) == [("x", 0.1 + 1 + 1 + 1), ("y", 1), ("x", 0.1 + 4)]
+    ints.keyed_state.snapshot()
+    assert ints.keyed_state.value_state() == {"x": 0.1 + 1 + 1 + 1 + 1, "y": 1}
