@@ -160,7 +160,7 @@ def test_int_totals_reach_keyed_state_before_every_snapshot_and_key_count() -> N
     """An int aggregate keeps its totals in C counters between snapshots; the keyed state
     writes them back before a snapshot or a key count, so both see every record, and a
     restore goes on from them."""
-    words = [f"w{i % 7}" for i in range(100)]
+    words = [f"w{i % 7}" for i in range(300)]  # 43 a key: enough to keep the counters
     fast = build_operator(count_step(lambda c, _w: c + 1), 0, 128)
     general = build_operator(count_step(lambda c, _w: 1 + c), 0, 128)
     assert fast.totals is not None and general.totals is None  # type: ignore[attr-defined]
@@ -169,13 +169,14 @@ def test_int_totals_reach_keyed_state_before_every_snapshot_and_key_count() -> N
     assert fast.keyed_state.value_state() == {}  # the counts are in the counters yet
     assert fast.keyed_state.num_keys() == 7
     assert fast.keyed_state.value_state() == general.keyed_state.value_state()
-    assert fast.process(words[:10]) == general.process(words[:10])
+    assert fast.process(words[:250]) == general.process(words[:250])
     blob = fast.keyed_state.snapshot()
     assert blob == general.keyed_state.snapshot()
+    assert fast.totals.enabled  # type: ignore[attr-defined]
     resumed = build_operator(count_step(lambda c, _w: c + 1), 0, 128)
     assert resumed.keyed_state is not None
     resumed.keyed_state.restore([blob])
-    seen = collections.Counter(words + words[:10])
+    seen = collections.Counter(words + words[:250])
     assert resumed.process(words[:3]) == [(w, seen[w] + 1) for w in words[:3]]
 
 
@@ -212,3 +213,25 @@ def test_int_totals_stay_exact_past_64_bits_and_over_restored_floats() -> None:
     assert ints.process(["x", "y", "x"]) == [("x", 0.1 + 1 + 1 + 1), ("y", 1), ("x", 0.1 + 4)]
     ints.keyed_state.snapshot()
     assert ints.keyed_state.value_state() == {"x": 0.1 + 1 + 1 + 1 + 1, "y": 1}
+
+
+def test_running_totals_turn_off_after_an_epoch_of_few_records_a_key() -> None:
+    """Many keys with few records each between snapshots: the counters would cost more
+    than they save (MIN_RECORDS_PER_KEY), so the operator goes back to Python's loop, with
+    the same output and state."""
+    from runtime.operators import MIN_RECORDS_PER_KEY
+
+    sparse = [f"u{i}" for i in range(2000)] * 3  # 3 records a key
+    dense = ["a", "b"] * MIN_RECORDS_PER_KEY
+    fast = build_operator(count_step(lambda c, _w: c + 1), 0, 128)
+    general = build_operator(count_step(lambda c, _w: 1 + c), 0, 128)
+    assert fast.keyed_state is not None and general.keyed_state is not None
+    assert fast.process(dense) == general.process(dense)
+    assert fast.keyed_state.snapshot() == general.keyed_state.snapshot()
+    assert fast.totals.enabled  # type: ignore[attr-defined]  # 32 records a key
+    assert fast.process(sparse) == general.process(sparse)
+    assert fast.keyed_state.snapshot() == general.keyed_state.snapshot()
+    assert not fast.totals.enabled  # type: ignore[attr-defined]
+    assert fast.process(dense + sparse) == general.process(dense + sparse)
+    assert len(fast.totals) == 0  # type: ignore[attr-defined]  # the loop ran
+    assert fast.keyed_state.snapshot() == general.keyed_state.snapshot()
