@@ -83,13 +83,12 @@ def best_each_us(
     return best
 
 
-def generated(source: Any, batch_size: int) -> list[list[Any]]:
-    """Every batch of subtask 0 of 1 of ``source``: new record objects each call."""
+def batches_of(source: Any, batch_size: int) -> Iterator[list[Any]]:
+    """Every batch of subtask 0 of 1 of ``source``, as it is read: new record objects
+    each call."""
     reader = source.create_reader(0, 1)
-    out: list[list[Any]] = []
     while (b := reader.read_batch(batch_size)) is not None:
-        out.append(b)
-    return out
+        yield b
 
 
 def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
@@ -102,22 +101,19 @@ def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
     assert key_fn is not None
 
     # Inputs of each stage, made by the stage before it. The partitioner and the
-    # aggregate get fresh strings before each run, as in a task: a str caches its hash,
-    # and reused records would leave out the hashing both stages do on every record.
-    batches = generated(source.fn, batch_size)
+    # aggregate take fresh strings, each batch as it is made (best_each_us), as in a task:
+    # a str caches its hash, and reused records would leave out the hashing both stages
+    # do on every record.
+    batches = list(batches_of(source.fn, batch_size))
     # the partitioner's key cache is warm at steady state
-    warm = generated(source.fn, batch_size)[0]
+    warm = next(batches_of(source.fn, batch_size))
     partitioner = HashPartitioner(key_fn, 2, plan.max_parallelism)
     parts = [part for b in batches for _, part in partitioner.partition(b)]
     frames = [encode_data(0, part) for part in parts]
     decoded = [decode_records(f) for f in frames]
 
     def gen() -> int:
-        r = source.fn.create_reader(0, 1)
-        total = 0
-        while (b := r.read_batch(batch_size)) is not None:
-            total += len(b)
-        return total
+        return sum(len(b) for b in batches_of(source.fn, batch_size))
 
     def encode() -> int:
         for part in parts:
@@ -128,11 +124,6 @@ def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
         for f in frames:
             decode_records(f)
         return n
-
-    def source_batches() -> Iterator[list[Any]]:
-        reader = source.fn.create_reader(0, 1)
-        while (b := reader.read_batch(batch_size)) is not None:
-            yield b
 
     def decoded_batches() -> Iterator[list[Any]]:
         return (decode_records(f) for f in frames)
@@ -156,7 +147,7 @@ def stages(n: int, batch_size: int, repeat: int) -> dict[str, float]:
     return {
         "source: generate (GeneratorSource.read_batch)": best_us(gen, repeat),
         "key_by: partition (HashPartitioner, 2 targets)": best_each_us(
-            source_batches, partitioner.partition, repeat
+            lambda: batches_of(source.fn, batch_size), partitioner.partition, repeat
         ),
         "encode (text frame)": best_us(encode, repeat),
         "decode (text frame)": best_us(decode, repeat),
