@@ -157,6 +157,10 @@ class KeyedStateBackend:
         operator holds outside the live dicts into them."""
         self._write_backs.append(write_back)
 
+    def _write_back(self) -> None:
+        for write_back in self._write_backs:
+            write_back()
+
     def _state(self, name: str, kind: StateKind) -> dict[Any, Any]:
         known = self._kinds.get(name)
         if known is None:
@@ -199,8 +203,7 @@ class KeyedStateBackend:
 
         Raises StateError naming the state if a key or value is not a msgpack type.
         """
-        for write_back in self._write_backs:
-            write_back()
+        self._write_back()
         try:
             return _pack(self._layout)
         except (TypeError, ValueError, OverflowError) as err:
@@ -258,8 +261,7 @@ class KeyedStateBackend:
 
     def num_keys(self) -> int:
         """Number of distinct keys over all states (a metric; not for the hot path)."""
-        for write_back in self._write_backs:
-            write_back()
+        self._write_back()
         if len(self._states) == 1:
             return len(next(iter(self._states.values())))
         return len(set().union(*self._states.values()))
