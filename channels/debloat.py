@@ -11,10 +11,15 @@ queue drains within ``target`` seconds::
 
 Throughput is measured where the sender sees it, and only while it means the receiver's
 drain rate: records sent per second over windows of at least ``window`` seconds in which
-the channel was backpressured (a send found the queue full). In such a window the queue
-is full, the sender goes at the receiver's pace, and that pace is what a barrier behind
-the queue waits for. A window without backpressure says the receiver keeps up, so the
-queue is short whatever the batch: the batch grows back (doubles, up to ``max_batch``).
+the channel was backpressured: the sender waited on a full queue for at least
+``min_blocked_share`` of the window. In such a window the queue is full, the sender goes
+at the receiver's pace, and that pace is what a barrier behind the queue waits for. A
+window without backpressure says the receiver keeps up, so the queue is short whatever
+the batch: the batch grows back (doubles, up to ``max_batch``). So does a window in which
+the sender waited only a moment: its rate is the sender's own, a lower bound of the
+receiver's; the moment is a receiver that stalled briefly (aligning on a barrier, taking
+its snapshot), and counting it shrank the batches of channels whose receivers keep up
+behind every checkpoint, and left the job more frames to carry.
 The rate used is the highest of the last ``memory`` backpressured windows: a receiver
 that stops draining for a moment (aligning its inputs on a barrier, descheduled, taking
 its snapshot) is not slow, and sizing from that dip would shrink the batches behind every
@@ -48,6 +53,9 @@ class BatchSizer:
     min_batch: int = 16
     window: float = 0.1
     memory: int = 5
+    min_blocked_share: float = 0.25
+    """A window is backpressured when the sender waited on the full queue at least this
+    share of it."""
     batch_size: int = 0
     throughput: float = 0.0
     """The receiver's drain rate, records per second: the highest of the last ``memory``
@@ -63,11 +71,14 @@ class BatchSizer:
             or self.slots < 1
             or self.memory < 1
             or not 1 <= self.min_batch <= self.max_batch
+            or not 0 <= self.min_blocked_share < 1
         ):
             raise ValueError(
-                f"BatchSizer needs target > 0, slots >= 1, memory >= 1 and "
-                f"1 <= min_batch <= max_batch, got target={self.target}, slots={self.slots}, "
-                f"memory={self.memory}, min_batch={self.min_batch}, max_batch={self.max_batch}"
+                f"BatchSizer needs target > 0, slots >= 1, memory >= 1, "
+                f"1 <= min_batch <= max_batch and 0 <= min_blocked_share < 1, got "
+                f"target={self.target}, slots={self.slots}, memory={self.memory}, "
+                f"min_batch={self.min_batch}, max_batch={self.max_batch}, "
+                f"min_blocked_share={self.min_blocked_share}"
             )
         self.batch_size = self.max_batch
 
@@ -82,7 +93,8 @@ class BatchSizer:
         elapsed = now - self._window_start
         if elapsed < self.window:
             return self.batch_size
-        if blocked > self._window_blocked:  # backpressured: the receiver's drain rate
+        waited = blocked - self._window_blocked
+        if waited > 0 and waited >= self.min_blocked_share * elapsed:  # the receiver's pace
             self._rates.append(self._window_records / elapsed)
             if len(self._rates) > self.memory:
                 self._rates.popleft()
