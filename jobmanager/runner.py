@@ -366,6 +366,8 @@ class RouterLink:
 
     def __init__(self, router: zmq.Socket[bytes]) -> None:
         self.router = router
+        self._poller = zmq.Poller()  # one for the run: Socket.poll builds one per call
+        self._poller.register(router, zmq.POLLIN)
 
     def send(self, task_index: int, attempt: int, msg: P.Message) -> None:
         try:
@@ -376,14 +378,23 @@ class RouterLink:
             log.debug("cannot reach task %d: %s", task_index, err)
 
     def receive(self, timeout_ms: int) -> Iterator[P.Message]:
-        if not self.router.poll(timeout_ms):
+        """The messages waiting, after waiting up to ``timeout_ms`` for the first. The
+        loop turns once per message or so at short checkpoint intervals (acks arrive one
+        by one): it asks the socket whether another is there instead of failing a
+        non-blocking receive (an exception per turn)."""
+        router = self.router
+        if not self._waiting() and not self._poller.poll(timeout_ms):
             return
-        while True:
+        while self._waiting():
             try:
-                _ident, frame = self.router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+                _ident, frame = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:  # not expected after POLLIN; harmless
                 return
             yield P.decode(frame)
+
+    def _waiting(self) -> bool:
+        events = self.router.get(zmq.EVENTS)
+        return isinstance(events, int) and bool(events & zmq.POLLIN)
 
 
 def open_checkpoint_storage(
