@@ -382,12 +382,11 @@ class RouterLink:
         loop turns once per message or so at short checkpoint intervals (acks arrive one
         by one): it asks the socket whether another is there instead of failing a
         non-blocking receive (an exception per turn)."""
-        router = self.router
-        if not self._waiting() and not self._poller.poll(timeout_ms):
+        if not self._poller.poll(timeout_ms):  # returns at once if one is waiting
             return
         while self._waiting():
             try:
-                _ident, frame = router.recv_multipart(zmq.NOBLOCK)
+                _ident, frame = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:  # not expected after POLLIN; harmless
                 return
             yield P.decode(frame)
