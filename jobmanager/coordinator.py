@@ -21,6 +21,7 @@ from runtime.operators import acts_on_completion
 from runtime.plan import JobPlan, step_state
 from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
 from statebackend.metrics import AckMetrics, CheckpointSummary, decode, summarize
+from statebackend.shared import SharedStateRegistry
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.coordinator")
@@ -97,6 +98,9 @@ class CheckpointCoordinator:
     ) -> None:
         self.plan, self.config, self.storage, self.send = plan, config, storage, send
         self.attempt = attempt
+        # Chain files of incremental checkpoints, counted per completed checkpoint.
+        self.shared = SharedStateRegistry(storage) if storage is not None else None
+        self._shared_loaded = False
         self.clock = clock
         self.next_id = first_id
         self.pending: dict[int, PendingCheckpoint] = {}
@@ -297,6 +301,8 @@ class CheckpointCoordinator:
             )
             try:
                 path = self.storage.write_metadata(metadata)
+                if self.shared is not None:
+                    self.shared.register(metadata)
             except (
                 OSError
             ) as err:  # e.g. a full disk: a failed checkpoint, tolerable like any other
@@ -333,10 +339,19 @@ class CheckpointCoordinator:
         for index in told:
             self.send(index, P.Complete(cp.checkpoint_id))
         if self.storage is not None:
-            self._clean_up(lambda st: st.retain(self.config.retained_checkpoints), "old ones")
+            self._clean_up(self._retain, "old ones")
         if self.on_complete is not None:
             self.on_complete(completed)
         return completed
+
+    def _retain(self, storage: CheckpointStorage) -> None:
+        """Keep the newest checkpoints, then delete the chain files only deleted ones
+        referred to (every completed checkpoint under the root is counted first)."""
+        assert self.shared is not None
+        if not self._shared_loaded:  # once: those of earlier attempts and runs
+            self.shared.load()
+            self._shared_loaded = True
+        self.shared.release(storage.retain(self.config.retained_checkpoints))
 
     def _steps_with_state(self, tasks: dict[str, TaskStateHandle]) -> tuple[StepState, ...]:
         """The plan's steps whose state the state files hold, by name."""

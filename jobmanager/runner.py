@@ -50,6 +50,7 @@ from runtime.scratch import remove_run
 from statebackend.errors import StateError, StorageAccessError
 from statebackend.metadata import CheckpointMetadata
 from statebackend.restore import check_compatible
+from statebackend.shared import SharedStateRegistry
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.jobmanager")
@@ -333,6 +334,8 @@ class JobManager:
     ) -> Attempt:
         """Run attempt ``attempt`` to its end; its ``failure`` is None when it finished."""
         plan, config = self.plan, self.config
+        if self.storage is not None:  # no task runs: chain files no checkpoint refers to go
+            SharedStateRegistry(self.storage).remove_orphans()
         env = TaskEnvironment(
             jm_endpoint=self.endpoint,
             attempt=attempt,

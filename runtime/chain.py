@@ -19,6 +19,8 @@ from typing import Any
 
 import msgpack
 
+from runtime.changelog import ChainWrite, KeyedChangelog, restore_chains
+from runtime.config import JobConfig
 from runtime.errors import OperatorFailure, RecordSerializationError, TaskCancelled
 from runtime.event_time import TimestampAssigner
 from runtime.graph import Step, StepKind
@@ -45,11 +47,13 @@ SinkOutputSender = Callable[[str, int, int, list[Any] | bytes], None]  # step, s
 
 @dataclass(frozen=True, slots=True)
 class Capture:
-    """The synchronous part of a checkpoint: the state of every operator that holds any."""
+    """The synchronous part of a checkpoint: the state of every operator that holds any;
+    ``chains``: the bases and deltas of incrementally checkpointed keyed state."""
 
     snapshots: dict[str, OperatorSnapshot] = field(default_factory=dict)
     layout: dict[str, OperatorLayout] = field(default_factory=dict)
     keys: int = 0
+    chains: ChainWrite | None = None
 
 
 def pack(state: Any) -> bytes:
@@ -70,10 +74,20 @@ class OperatorChain:
         attempt: int,
         send_sink_output: SinkOutputSender,
         faults: TaskFaults,
-        debug_drop_event_time: bool = False,
+        config: JobConfig | None = None,
     ) -> None:
         self.plan, self.spec, self.attempt = plan, spec, attempt
-        self._drop_event_time = debug_drop_event_time
+        cfg = config if config is not None else JobConfig()
+        self._drop_event_time = cfg.debug_drop_event_time
+        self.changelog = KeyedChangelog(
+            spec.task_id,
+            attempt,
+            cfg.incremental_checkpoints and cfg.checkpointing,
+            cfg.incremental_min_keys,
+            cfg.incremental_max_chain,
+            cfg.debug_drop_deltas,
+        )
+        """Incremental checkpoints of the chain's keyed operators (`runtime.changelog`)."""
         self._send_sink_output = send_sink_output
         self._faults = faults
         self.steps = plan.chain_steps(spec)
@@ -122,6 +136,8 @@ class OperatorChain:
                 step, spec.subtask, self.plan.max_parallelism, ctx, self._drop_event_time
             )
             op.open(OperatorContext(spec.subtask, self.plan.max_parallelism, ctx))
+            if self.changelog.enabled and op.tracks_changes and op.keyed_state is not None:
+                op.keyed_state.track_changes()
             self.operators.append(self._faults.wrap(op))
         self._processes = [op.process for op in self.operators]
         for i, op in enumerate(self.operators):
@@ -244,9 +260,15 @@ class OperatorChain:
             self._call(i, lambda op: op.on_processing_time(now))
 
     # -- checkpoints ---------------------------------------------------------------------
-    def capture(self, checkpoint_id: int, with_state: bool) -> Capture:
-        """Snapshot every operator (sinks pre-commit, also without ``with_state``); with
-        ``with_state``, the state of those that hold any, serialized."""
+    def capture(
+        self, checkpoint_id: int, storage: CheckpointStorage | None, final: bool = False
+    ) -> Capture:
+        """Snapshot every operator (sinks pre-commit, also without ``storage``); with a
+        ``storage``, the state of those that hold any, serialized: keyed state of operators
+        that track their changes incrementally (`runtime.changelog`), except in a
+        ``final`` checkpoint (a savepoint: self-contained)."""
+        with_state = storage is not None
+        changelog = self.changelog
         snapshots: dict[str, OperatorSnapshot] = {}
         layout: dict[str, OperatorLayout] = {}
         subtask = self.spec.subtask
@@ -261,9 +283,16 @@ class OperatorChain:
             if not with_state or (state is None and keyed is None):
                 continue  # an operator without state is not in the checkpoint
             groups = keyed.key_groups if keyed is not None else None
+            chained = (
+                keyed is not None
+                and storage is not None
+                and not final
+                and op.tracks_changes
+                and changelog.capture(checkpoint_id, op.name, keyed, storage)
+            )
             snapshots[op.name] = OperatorSnapshot(
                 None if state is None else pack(state),
-                keyed.snapshot() if keyed is not None else None,
+                keyed.snapshot() if keyed is not None and not chained else None,
                 groups,
             )
             layout[op.name] = OperatorLayout(
@@ -272,8 +301,8 @@ class OperatorChain:
                 None if groups is None else (groups.start, groups.stop),
             )
             if keyed is not None:
-                keys += keyed.num_keys()
-        return Capture(snapshots, layout, keys)
+                keys += keyed.key_count() if chained else keyed.num_keys()
+        return Capture(snapshots, layout, keys, changelog.take())
 
     def finish(self) -> None:
         """All input has ended (before the final checkpoint): what operators emit now
@@ -348,6 +377,9 @@ class OperatorChain:
                     for handle in handles
                     for blob in storage.read_keyed_state(n, handle, op.name, keyed.key_groups)
                 )
+                inherited = restore_chains(keyed, op.name, handles, storage)
+                if op.tracks_changes and inherited is not None:
+                    self.changelog.inherit(op.name, inherited)
                 op.after_keyed_restore()
         return states
 
@@ -380,6 +412,7 @@ class OperatorChain:
     # -- shutdown ------------------------------------------------------------------------
     def close(self, graceful: bool) -> None:
         """Close the operators (only when ``graceful``: not after a failure) and the reader."""
+        self.changelog.close()
         if graceful:
             for op in self.operators:
                 try:

@@ -7,29 +7,21 @@ A checkpoint is taken in four steps, each its own method so that later work
    two batches (``OperatorChain.capture``);
 2. **forward** — the barrier goes out on every output channel, behind all records
    sent before it;
-3. **write** — the asynchronous part: the state file is written in one background
-   thread while the task goes on (none without storage; a small state, held inline
-   in the ack, is encoded at once and acked in the same step);
+3. **write** — the asynchronous part: the state file (and the chain file of incremental
+   keyed state, `runtime.changelog`) is written in one background thread while the task
+   goes on (none without storage; a small state, held inline, is acked at once);
 4. **ack** — once written, ``Ack`` with the state handle and the metrics (or
-   ``Decline`` with STATE_WRITE_FAILED when the write failed: the job goes on). The
-   task's first write is different: if it fails and a probe file cannot be written
-   either, this executor cannot write the checkpoint storage at all (unreachable
-   endpoint, no such bucket, no credentials), which no restart fixes, so
-   `collect_writes` raises CheckpointStorageError naming the storage URL and the
-   host, and the task reports it as fatal. (A probe that succeeds means the write
-   met something passing, e.g. its checkpoint removed while it ran: a decline.)
+   ``Decline`` with STATE_WRITE_FAILED when the write failed: the job goes on). If the
+   task's first write fails and a probe file cannot be written either, this executor
+   cannot write the storage at all (no endpoint, bucket or credentials), which no
+   restart fixes: `collect_writes` raises CheckpointStorageError naming the storage URL
+   and the host, reported as fatal (a probe that succeeds: a decline).
 
 A task with back-edge inputs (a loop head, cyclic ABS) slots one step in between
 forward and write: it **logs** the records arriving on its back-edges until the
 barrier comes back on each (`log`, then `back_edges_logged` from the handler's
 `BackEdgeLogger`); the log becomes the operator state of the chain's head step
 (the loop head, which holds no state of its own) and is written with the rest.
-
-Metrics of an ack: ``start_delay_ms`` (trigger to the first barrier here), ``alignment_ms``
-(first to last barrier), ``spilled_bytes`` (blocked input spilled meanwhile),
-``sync_ms`` (capture), ``async_ms`` (write), ``state_bytes`` (file size),
-``keys`` (keyed state entries), ``backedge_records``/``backedge_bytes`` (a loop
-head's back-edge log), ``records_in``/``records_out``/``watermark`` (at the snapshot).
 
 Threading: task-loop thread, except `_write` (the writer thread), which touches only
 the captured, immutable blobs and the storage.
@@ -38,6 +30,7 @@ the captured, immutable blobs and the storage.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -70,7 +63,9 @@ log = logging.getLogger("absflow.task")
 class Snapshotted(Protocol):
     """What the checkpointer needs of the task's operators (``OperatorChain``)."""
 
-    def capture(self, checkpoint_id: int, with_state: bool) -> Capture: ...
+    def capture(
+        self, checkpoint_id: int, storage: CheckpointStorage | None, final: bool = False
+    ) -> Capture: ...
     def finish(self) -> None: ...
     def notify_complete(self, checkpoint_id: int) -> None: ...
 
@@ -86,7 +81,7 @@ class TaskIdentity:
 @dataclass(slots=True)
 class _PendingWrite:
     checkpoint_id: int
-    future: Future[tuple[TaskStateHandle, float]]
+    future: Future[tuple[TaskStateHandle, float, int]]
     metrics: dict[str, Any]
 
 
@@ -107,11 +102,8 @@ def _ms(seconds: float) -> float:
 
 
 class TaskCheckpointer:
-    """Implements ``runtime.barriers.CheckpointActions`` for one task.
-
-    Lifecycle: ``start()`` starts the writer thread; ``close()`` waits for it.
-    ``completed_final`` turns true when the final checkpoint completed: the task ends.
-    """
+    """Implements ``runtime.barriers.CheckpointActions`` for one task. ``start()`` starts
+    the writer thread, ``close()`` waits for it; ``completed_final``: the task ends."""
 
     def __init__(
         self,
@@ -225,7 +217,7 @@ class TaskCheckpointer:
             layout = dict(captured.layout)
             snapshots[spec.step] = OperatorSnapshot(pack(logged), None, None)
             layout[spec.step] = spec.layout
-            captured = Capture(snapshots, layout, captured.keys)
+            captured = Capture(snapshots, layout, captured.keys, captured.chains)
         self._write_or_ack(checkpoint_id, captured, metrics)
 
     # -- the in-flight log (back-edges, channel state) ---------------------------------------
@@ -283,7 +275,7 @@ class TaskCheckpointer:
         if barrier.final:
             self.final_checkpoint = n
             self.chain.finish()
-        captured = self.capture(n, metrics)
+        captured = self.capture(n, metrics, barrier.final)
         self.forward(barrier)
         spec = self._in_flight
         if spec is not None:  # written once the log is complete (the handler says when)
@@ -303,9 +295,9 @@ class TaskCheckpointer:
             return
         self.write(n, captured, metrics)
 
-    def capture(self, checkpoint_id: int, metrics: dict[str, Any]) -> Capture:
+    def capture(self, checkpoint_id: int, metrics: dict[str, Any], final: bool = False) -> Capture:
         started = time.perf_counter()
-        captured = self.chain.capture(checkpoint_id, with_state=self.storage is not None)
+        captured = self.chain.capture(checkpoint_id, self.storage, final)
         metrics["sync_ms"] = _ms(time.perf_counter() - started)
         metrics["keys"] = captured.keys
         # Counts at the snapshot (a consistent cut): the job's committed record figures.
@@ -326,11 +318,12 @@ class TaskCheckpointer:
         """Ack a small state at once, inline (if no older write waits for its ack: acks go
         in order); else start writing the state file: `collect_writes` acks it when done."""
         die = self._faults.kill_during_snapshot(checkpoint_id)
-        if not die and not self._pending and self.storage is not None:
+        if not die and not self._pending and self.storage is not None and not captured.chains:
             started = time.perf_counter()
             handle = self.storage.inline_handle(captured.snapshots, captured.layout)
             if handle is not None:  # not after the writer thread and this task's next turn
                 self._wrote_state, metrics["state_bytes"] = True, handle.size
+                metrics["full_state_bytes"] = handle.size
                 metrics["async_ms"] = _ms(time.perf_counter() - started)
                 self.ack(checkpoint_id, handle, metrics)
                 return
@@ -341,17 +334,22 @@ class TaskCheckpointer:
 
     def _write(
         self, checkpoint_id: int, captured: Capture, die: bool
-    ) -> tuple[TaskStateHandle, float]:
+    ) -> tuple[TaskStateHandle, float, int]:
         storage = self.storage
         if storage is None:
             raise BarrierProtocolError("a state file write without checkpoint storage")
-        if die:  # fault injection: die with a half-written state file on disk
-            TaskFaults.die_writing(storage, checkpoint_id, self.task.task_id)
+        chains = captured.chains
+        if die:  # fault injection: die with a half-written state (or chain) file on disk
+            at = None if chains is None else chains.path
+            TaskFaults.die_writing(storage, checkpoint_id, self.task.task_id, at)
         started = time.perf_counter()
+        refs, written = chains.write(storage) if chains is not None else ({}, 0)
         handle = storage.write_task_state(
             checkpoint_id, self.task.task_id, captured.snapshots, captured.layout
         )
-        return handle, _ms(time.perf_counter() - started)
+        if refs:  # incremental keyed state: its chains, and the bytes of this delta
+            handle = dataclasses.replace(handle, chains=refs)
+        return handle, _ms(time.perf_counter() - started), written
 
     @property
     def writes_pending(self) -> bool:
@@ -372,7 +370,7 @@ class TaskCheckpointer:
                     pending.future.result()
                 continue
             try:
-                handle, async_ms = pending.future.result()
+                handle, async_ms, chain_bytes = pending.future.result()
             except Exception as err:  # e.g. disk full: decline, the job goes on
                 if not self._wrote_state and not self._storage_writable():
                     t, root = self.task, self.storage.root if self.storage else None
@@ -393,7 +391,8 @@ class TaskCheckpointer:
                 continue
             self._wrote_state = True
             metrics["async_ms"] = async_ms
-            metrics["state_bytes"] = handle.size
+            metrics["state_bytes"] = handle.size + chain_bytes  # written for this checkpoint
+            metrics["full_state_bytes"] = handle.full_size
             self.ack(n, handle, metrics)
         self._pending = still
 

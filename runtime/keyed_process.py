@@ -101,9 +101,13 @@ class ProcessContext:
         self._op.timers.processing.delete(self.key, timestamp)
 
 
+_IGNORE = frozenset().__contains__  # changes not tracked
+
+
 @register(StepKind.PROCESS)
 class ProcessOperator(KeyedOperator):
     uses_event_time = True
+    tracks_changes = True  # every key whose state it may touch: each record's, each timer's
 
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         super().__init__(step, ctx)
@@ -117,13 +121,20 @@ class ProcessOperator(KeyedOperator):
         self.with_ctx = bool(step.args.get("with_ctx"))
         self.drop_timers = ctx.debug_drop_event_time
 
+    def _touch(self) -> Callable[[Any], Any]:
+        assert self.keyed_state is not None
+        changed = self.keyed_state.changed
+        return _IGNORE if changed is None else changed.add
+
     def process(self, batch: list[Any], side: int = 0) -> list[Any]:
         key_fn, fn, handle = self.key_fn, self.step.fn, self.handle
         out: list[Any] = []
         extend = out.extend
+        touch = self._touch()
         if not self.with_ctx:
             for r in batch:
                 k = key_fn(r)
+                touch(k)
                 handle._key = k
                 emitted = fn(k, r, handle)
                 if emitted is not None:
@@ -132,6 +143,7 @@ class ProcessOperator(KeyedOperator):
         ctx, ts_fn = self.ctx, self.ts_fn
         for r in batch:
             k = key_fn(r)
+            touch(k)
             handle._key = ctx.key = k
             if ts_fn is not None:
                 ts = ts_fn(r)
@@ -149,7 +161,9 @@ class ProcessOperator(KeyedOperator):
         if on_timer is None:
             return out
         ctx.time_domain = domain
+        touch = self._touch()
         for key, ts, _namespace in queue_due:
+            touch(key)
             handle._key = ctx.key = key
             ctx.timestamp = ts
             emitted = on_timer(key, ts, handle, ctx)

@@ -43,6 +43,7 @@ from runtime.watermarks import NO_WATERMARK
 from statebackend.keyed import KeyedStateBackend
 
 _MISSING = object()
+_IGNORE = frozenset().__contains__  # a call in C that does nothing: changes not tracked
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,9 @@ class Operator:
     """Whether watermarks mean anything to it (it gets ``on_watermark`` calls)."""
     wants_processing_time = False
     """Whether it gets ``on_processing_time`` calls (processing-time timers, windows)."""
+    tracks_changes = False
+    """Whether every key it writes in keyed state goes into ``keyed_state.changed``: its
+    keyed state can then be checkpointed incrementally (``runtime.changelog``)."""
 
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         self.step = step
@@ -174,24 +178,31 @@ class KeyedOperator(Operator):
 
 @register(StepKind.REDUCE)
 class ReduceOperator(KeyedOperator):
+    tracks_changes = True
+
     def process(self, batch: list[Any], side: int = 0) -> list[Any]:
         assert self.keyed_state is not None
         state = self.keyed_state.value_state()
         key_fn, fn, get = self.key_fn, self.step.fn, state.get
         out: list[Any] = []
         append = out.append
+        changed = self.keyed_state.changed
         if self.key_is_record:
+            if changed is not None:
+                changed.update(batch)
             for r in batch:
                 prev = get(r, _MISSING)
                 v = r if prev is _MISSING else fn(prev, r)
                 state[r] = v
                 append(v)
             return out
+        touch = _IGNORE if changed is None else changed.add
         for r in batch:
             k = key_fn(r)
             prev = get(k, _MISSING)
             v = r if prev is _MISSING else fn(prev, r)
             state[k] = v
+            touch(k)
             append(v)
         return out
 
@@ -242,11 +253,14 @@ class _RunningTotals(dict[Any, Any]):
     (``enabled``): with many keys and few records each they would cost more than they
     save."""
 
-    __slots__ = ("addend", "enabled", "initial", "records", "state")
+    __slots__ = ("addend", "enabled", "initial", "keyed", "records", "state")
 
-    def __init__(self, state: dict[Any, Any], initial: int, addend: int) -> None:
+    def __init__(
+        self, state: dict[Any, Any], initial: int, addend: int, keyed: KeyedStateBackend
+    ) -> None:
         super().__init__()
         self.state, self.initial, self.addend = state, initial, addend
+        self.keyed = keyed  # the flushed keys join its changed keys
         self.enabled = True
         self.records = 0  # taken through the totals since the last flush
 
@@ -268,12 +282,17 @@ class _RunningTotals(dict[Any, Any]):
         state, addend = self.state, self.addend
         for key, total in self.items():
             state[key] = total.acc if type(total) is _Total else next(total) - addend
+        changed = self.keyed.changed
+        if changed is not None:
+            changed.update(self)
         self.clear()
         self.records = 0
 
 
 @register(StepKind.AGGREGATE)
 class AggregateOperator(KeyedOperator):
+    tracks_changes = True
+
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         super().__init__(step, ctx)
         self.addend = constant_addend(step.fn)
@@ -281,7 +300,8 @@ class AggregateOperator(KeyedOperator):
         self.totals: _RunningTotals | None = None
         if type(self.addend) is int and type(initial) is int:  # acc + c on ints: in C
             assert self.keyed_state is not None
-            self.totals = _RunningTotals(self.keyed_state.value_state(), initial, self.addend)
+            keyed = self.keyed_state
+            self.totals = _RunningTotals(keyed.value_state(), initial, self.addend, keyed)
             self.keyed_state.add_write_back(self.totals.flush)
 
     def after_keyed_restore(self) -> None:
@@ -301,6 +321,10 @@ class AggregateOperator(KeyedOperator):
         out: list[Any] = []
         append = out.append
         addend = self.addend
+        changed = self.keyed_state.changed
+        touch = _IGNORE if changed is None else changed.add
+        if self.key_is_record and changed is not None:
+            changed.update(batch)
         if addend is not _MISSING and not callable(initial):  # acc + c: no call per record
             if self.key_is_record:
                 for r in batch:
@@ -312,6 +336,7 @@ class AggregateOperator(KeyedOperator):
                     k = key_fn(r)
                     acc = get(k, initial) + addend
                     state[k] = acc
+                    touch(k)
                     append((k, acc))
         elif callable(initial):
             for r in batch:
@@ -319,6 +344,7 @@ class AggregateOperator(KeyedOperator):
                 acc = get(k, _MISSING)
                 acc = add(initial() if acc is _MISSING else acc, r)
                 state[k] = acc
+                touch(k)
                 append((k, acc))
         elif self.key_is_record:
             for r in batch:
@@ -330,6 +356,7 @@ class AggregateOperator(KeyedOperator):
                 k = key_fn(r)
                 acc = add(get(k, initial), r)
                 state[k] = acc
+                touch(k)
                 append((k, acc))
         return out
 

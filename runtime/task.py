@@ -83,7 +83,7 @@ class Task:
             env.attempt,
             self._send_sink_output,
             self.faults,
-            cfg.debug_drop_event_time,
+            cfg,
         )
         self.out = TaskOutputs()
         self.chain.emit = self.out.emit

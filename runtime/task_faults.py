@@ -40,7 +40,7 @@ class RaiseAtRecord(Operator):
     def __init__(self, inner: Operator, record: int) -> None:
         self.step, self.name, self.watermark = inner.step, inner.name, inner.watermark
         self.inner, self.limit, self.seen = inner, record, 0
-        self.keyed_state = inner.keyed_state
+        self.keyed_state, self.tracks_changes = inner.keyed_state, inner.tracks_changes
 
     def process(self, batch: list[Any], side: int = 0) -> list[Any]:
         if self.seen + len(batch) >= self.limit:
@@ -94,9 +94,14 @@ class TaskFaults:
         return self._fires(KILL_DURING_SNAPSHOT, checkpoint_id)
 
     @staticmethod
-    def die_writing(storage: CheckpointStorage, checkpoint_id: int, task_id: str) -> NoReturn:
-        """Start the state file, flush part of it, and SIGKILL this process."""
+    def die_writing(
+        storage: CheckpointStorage, checkpoint_id: int, task_id: str, chain: str | None = None
+    ) -> NoReturn:
+        """Start the state file (or the chain file at ``chain``, relative to the root),
+        flush part of it, and SIGKILL this process."""
         path = storage.task_state_path(checkpoint_id, task_id)
+        if chain is not None:
+            path = storage.fs.join(storage.root, *chain.split("/"))
         with storage.fs.open_write_part(path) as out:  # as write_task_state does
             out.write(b"ABSF-partial")
             out.flush()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statebackend.errors import CorruptCheckpointError
+from statebackend.incremental import StateRef
 from statebackend.metrics import AckMetrics, CheckpointSummary, decode
 
 _LIST_HINT = "list the checkpoints with `python -m jobmanager checkpoints DIR`"
@@ -79,13 +80,26 @@ class TaskStateHandle:
     """One task's state in a checkpoint: the state file ``file`` (a name inside the
     checkpoint), its ``size`` and whole-file ``crc32``, and the layout of each operator
     in it. A small state is not written as a file: its bytes (the same format) travel
-    ``inline`` in the task's ack and in ``_metadata``, and ``file`` is empty."""
+    ``inline`` in the task's ack and in ``_metadata``, and ``file`` is empty. ``chains``:
+    the keyed state of operators checkpointed incrementally, by operator, as the files
+    to apply in order (``statebackend.incremental``); their keyed state is not in
+    ``file``. ``file`` is empty too when the task has nothing else to write."""
 
     file: str
     size: int
     crc32: int
     operators: Mapping[str, OperatorLayout] = field(default_factory=dict)
     inline: bytes | None = None
+    chains: Mapping[str, tuple[StateRef, ...]] = field(default_factory=dict)
+
+    @property
+    def full_size(self) -> int:
+        """Bytes of the whole state: the file (or inline state) and every chain file."""
+        return self.size + sum(ref.size for chain in self.chains.values() for ref in chain)
+
+    def shared_files(self) -> set[str]:
+        """The chain files under this checkpoint's root (relative paths)."""
+        return {r.path for chain in self.chains.values() for r in chain if not r.foreign}
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -96,6 +110,10 @@ class TaskStateHandle:
         }
         if self.inline is not None:  # base64: the same dict goes into the JSON _metadata
             out["inline"] = base64.b64encode(self.inline).decode("ascii")
+        if self.chains:
+            out["chains"] = {
+                name: [ref.encode() for ref in chain] for name, chain in self.chains.items()
+            }
         return out
 
     @classmethod
@@ -103,12 +121,17 @@ class TaskStateHandle:
         try:
             operators = data.get("operators") or {}
             inline = data.get("inline")
+            chains = data.get("chains") or {}
             return cls(
                 str(data["file"]),
                 int(data["size"]),
                 int(data["crc32"]),
                 {str(name): OperatorLayout.decode(op) for name, op in operators.items()},
                 None if inline is None else base64.b64decode(inline, validate=True),
+                {
+                    str(name): tuple(StateRef.decode(ref) for ref in chain)
+                    for name, chain in chains.items()
+                },
             )
         except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as err:
             raise CorruptCheckpointError(

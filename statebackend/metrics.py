@@ -78,7 +78,8 @@ class AckMetrics(MetricsRecord):
     sync_ms: float = 0.0  # capturing the state (the task stops for this)
     async_ms: float = 0.0  # writing the state file (the task goes on meanwhile)
     keys: int = 0
-    state_bytes: int = 0
+    state_bytes: int = 0  # written for this checkpoint (an incremental one: its deltas)
+    full_state_bytes: int = 0  # the whole state it restores from (base and deltas)
     spilled_bytes: int = 0
     records_in: int = 0  # counts at the snapshot, since the attempt started
     records_out: int = 0
@@ -103,7 +104,8 @@ class CheckpointSummary(MetricsRecord):
     mean_alignment_ms: float = 0.0
     max_sync_ms: float = 0.0
     max_async_ms: float = 0.0
-    state_bytes: int = 0
+    state_bytes: int = 0  # written for this checkpoint
+    full_state_bytes: int = 0  # the state it restores from (incremental: chains included)
     spilled_bytes: int = 0
     keys: int = 0
     backedge_records: int = 0
@@ -140,6 +142,7 @@ def summarize(
         max_sync_ms=mx([a.sync_ms for a in acks]),
         max_async_ms=mx([a.async_ms for a in acks]),
         state_bytes=sum(a.state_bytes for a in acks),
+        full_state_bytes=sum(a.full_state_bytes or a.state_bytes for a in acks),
         spilled_bytes=sum(a.spilled_bytes for a in acks),
         keys=sum(a.keys for a in acks),
         backedge_records=sum(a.backedge_records for a in acks),

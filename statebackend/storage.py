@@ -7,11 +7,11 @@
         count[0].state       one state file per task (statebackend.snapshot format)
         count[1].state
         _metadata            CheckpointMetadata JSON, written LAST
+      shared/count[0]/...    chain files of incremental keyed state (statebackend.shared)
 
 A task state of at most ``inline_threshold`` bytes is not a file: the same bytes go
-inline in the task's ack and in ``_metadata`` (Flink's ``state.storage.fs.memory-threshold``),
-which saves a file create, write and fsync per task and checkpoint, and their
-deletion later (one PUT and one DELETE each on an object store).
+inline in the ack and ``_metadata`` (Flink's ``state.storage.fs.memory-threshold``):
+no file to create, fsync and later delete (a PUT and a DELETE on an object store).
 
 A checkpoint counts as completed only once its ``_metadata`` exists; a ``chk-<n>``
 directory without one is in progress or was aborted. Writers: each task writes its
@@ -19,11 +19,9 @@ own state file (`write_task_state`, as a part: ``_metadata`` publishes it, so a 
 half-way may leave a partial one in an incomplete checkpoint, and one fsync makes it
 durable); the coordinator writes ``_metadata`` (`write_metadata`, atomically) after
 every task acknowledged, and alone calls `retain`/`discard`.
-All I/O goes through a `statebackend.fs.FileSystem`; a `CheckpointStorage` is
-described by its ``root`` string and the job's ``storage_options`` (what the driver
-hands the tasks). On an object store (``s3://bucket/prefix``) the "directories" are
-key prefixes: nothing is renamed, ``_metadata`` is one PUT, and `discard` removes
-the prefix with everything under it.
+All I/O goes through a `statebackend.fs.FileSystem`; a storage is its ``root`` and the
+job's ``storage_options``. On an object store (``s3://bucket/prefix``) "directories" are
+key prefixes: nothing is renamed, ``_metadata`` is one PUT, `discard` removes a prefix.
 """
 
 from __future__ import annotations
@@ -46,6 +44,7 @@ from statebackend.errors import (
     StorageUsageError,
 )
 from statebackend.fs import FileSystem, filesystem_for
+from statebackend.incremental import StateRef
 from statebackend.metadata import CheckpointMetadata, OperatorLayout, TaskStateHandle
 from statebackend.snapshot import (
     EncodedSnapshot,
@@ -109,6 +108,7 @@ class CheckpointStorage:
             fs, root = filesystem_for(root, storage_options)
         self.fs: FileSystem = fs
         self.root: str = root
+        self.storage_options = dict(storage_options or {})
         self.inline_threshold = inline_threshold
         self.compression = compression
         # Whether each checkpoint this instance wrote or read is a savepoint: retain()
@@ -251,48 +251,54 @@ class CheckpointStorage:
         return [n for n in ids if self.fs.exists(self.fs.join(self.location(n), METADATA))]
 
     def check(self, checkpoint_id: int, verify_files: bool = True) -> CheckpointMetadata:
-        """Verified metadata of a checkpoint whose state files all exist with the
-        recorded size (and, if ``verify_files``, crc32 and section checksums).
-
-        Raises CheckpointNotFoundError or CorruptCheckpointError saying what failed.
-        """
+        """Verified metadata of a checkpoint whose state and chain files all exist with
+        the recorded size (and, if ``verify_files``, crc32 and section checksums).
+        Raises CheckpointNotFoundError or CorruptCheckpointError saying what failed."""
         metadata = self.read_metadata(checkpoint_id)
         directory = self.location(checkpoint_id)
         for task_id, handle in sorted(metadata.tasks.items()):
             if handle.inline is not None:
                 self._check_inline(checkpoint_id, task_id, handle)
-                continue
-            path = self.fs.join(directory, handle.file)
-            try:
-                actual = self.fs.size(path)
-            except OSError:
-                raise CorruptCheckpointError(
-                    f"checkpoint {checkpoint_id}: state file {path!r} of task {task_id!r} "
-                    f"is missing"
-                ) from None
-            if actual != handle.size:
-                raise CorruptCheckpointError(
-                    f"checkpoint {checkpoint_id}: state file {path!r} of task {task_id!r} "
-                    f"has {actual} bytes, metadata records {handle.size}"
-                )
-            if verify_files:
-                try:
-                    with self.fs.open_read(path) as f:
-                        verify_state_file(f, handle.crc32)
-                except CorruptStateError as err:
-                    raise CorruptCheckpointError(
-                        f"checkpoint {checkpoint_id}: task {task_id!r}: {err.what} in {path!r}"
-                    ) from err
+            else:
+                path = self.fs.join(directory, handle.file)
+                where = f"checkpoint {checkpoint_id}: state file {path!r} of task {task_id!r}"
+                self._check_file(self.fs, path, handle.size, handle.crc32, verify_files, where)
+            chain_files = {ref.path: ref for chain in handle.chains.values() for ref in chain}
+            for ref in chain_files.values():  # incremental state (statebackend.incremental)
+                fs, path = self.locate(ref)
+                where = f"checkpoint {checkpoint_id}: chain file {path!r} of task {task_id!r}"
+                self._check_file(fs, path, ref.size, ref.crc32, verify_files, where)
         return metadata
+
+    @staticmethod
+    def _check_file(
+        fs: FileSystem, path: str, size: int, crc: int, verify: bool, where: str
+    ) -> None:
+        try:
+            actual = fs.size(path)
+        except OSError:
+            raise CorruptCheckpointError(f"{where} is missing") from None
+        if actual != size:
+            raise CorruptCheckpointError(f"{where} has {actual} bytes, metadata records {size}")
+        if verify:
+            try:
+                with fs.open_read(path) as f:
+                    verify_state_file(f, crc)
+            except CorruptStateError as err:
+                raise CorruptCheckpointError(f"{where}: {err.what}") from err
+
+    def locate(self, ref: StateRef) -> tuple[FileSystem, str]:
+        """Where a chain file is: under this root, or under another one (state inherited
+        from ``restore_from``, opened with the same ``storage_options``)."""
+        if ref.foreign:
+            return filesystem_for(ref.path, self.storage_options)
+        return self.fs, self.fs.join(self.root, *ref.path.split("/"))
 
     def _check_inline(self, checkpoint_id: int, task_id: str, handle: TaskStateHandle) -> None:
         """The inline state of ``task_id``: its recorded size, crc32 and every section."""
-        data = handle.inline or b""
         where = f"checkpoint {checkpoint_id}: the inline state of task {task_id!r}"
-        if len(data) != handle.size:
-            raise CorruptCheckpointError(
-                f"{where} has {len(data)} bytes, metadata records {handle.size}"
-            )
+        if len(handle.inline or b"") != handle.size:
+            raise CorruptCheckpointError(f"{where} has another size than metadata records")
         try:
             with self._open_state(checkpoint_id, handle) as f:
                 verify_state_file(f, handle.crc32)
@@ -346,9 +352,8 @@ class CheckpointStorage:
 
     def retain(self, keep: int) -> list[int]:
         """Keep the newest ``keep`` completed checkpoints and every savepoint; delete older
-        completed ones and incomplete ``chk-*`` directories older than the newest completed
-        one (the newer incomplete ones may be in progress). Returns the deleted ids,
-        ascending."""
+        completed ones and incomplete ``chk-*`` older than the newest completed one (newer
+        ones may be in progress). Returns the deleted ids, ascending."""
         if keep < 1:
             raise StorageUsageError(f"retain(keep={keep}): keep at least 1 completed checkpoint")
         ids = self.checkpoint_ids()
@@ -408,11 +413,11 @@ class CheckpointStorage:
             )
         m = _CHK.fullmatch(name)
         if m:
-            storage = CheckpointStorage(parent, fs)
+            storage = CheckpointStorage(parent, fs, storage_options)
             checkpoint_id = int(m.group(1))
             storage.check(checkpoint_id)
             return storage, checkpoint_id
-        storage = CheckpointStorage(path, fs)
+        storage = CheckpointStorage(path, fs, storage_options)
         found = storage.latest_valid()
         if found is None:
             raise CheckpointNotFoundError(
