@@ -45,6 +45,7 @@ SUMMARY_METRICS = (
     "alignment_ms",
     "write_ms",
     "state_bytes",
+    "full_state_bytes",
     "spilled_bytes",
     "keys",
     "backedge_records",
@@ -56,6 +57,7 @@ TASK_METRICS = (
     "sync_ms",
     "async_ms",
     "state_bytes",
+    "full_state_bytes",
     "spilled_bytes",
     "backedge_records",
     "watermark",
@@ -134,7 +136,7 @@ def storage_option(text: str) -> tuple[str, Any]:
 def _row(info: CheckpointInfo) -> list[Any]:
     meta = info.metadata
     if meta is None:
-        return [info.checkpoint_id, info.status.value, *([None] * 12)]
+        return [info.checkpoint_id, info.status.value, *([None] * 13)]
     metrics = meta.metrics
     return [
         info.checkpoint_id,
@@ -146,6 +148,7 @@ def _row(info: CheckpointInfo) -> list[Any]:
         _time(meta.trigger_time),
         meta.duration_ms,
         metrics.state_bytes,
+        metrics.full_state_bytes or metrics.state_bytes,
         metrics.tasks or len(meta.task_metrics),
         metrics.max_alignment_ms,
         metrics.spilled_bytes,
@@ -172,6 +175,7 @@ def list_checkpoints(directory: str, out: TextIO, options: dict[str, Any] | None
                 "attempt",
                 "triggered",
                 "duration_ms",
+                "written_bytes",
                 "state_bytes",
                 "tasks",
                 "max_align_ms",

@@ -113,6 +113,12 @@ class JobResult:
                 f"queueing {median('queueing_ms'):.1f} ms, alignment "
                 f"{median('alignment_ms'):.1f} ms, write {median('write_ms'):.1f} ms"
             )
+            written, full = median("state_bytes"), median("full_state_bytes")
+            if full > written:  # incremental: each checkpoint wrote less than its state
+                lines.append(
+                    f"  state per checkpoint (median): {written / 1e6:.2f} MB written, "
+                    f"{full / 1e6:.2f} MB in all (incremental)"
+                )
         for r in self.restarts:
             restored = (
                 f"checkpoint {r.restored_checkpoint}" if r.restored_checkpoint else "the start"

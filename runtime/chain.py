@@ -372,11 +372,13 @@ class OperatorChain:
             if keyed is not None:
                 part = plan.operators.get(op.name)
                 handles = part.keyed_state if part is not None else ()
-                keyed.restore(
-                    blob
-                    for handle in handles
-                    for blob in storage.read_keyed_state(n, handle, op.name, keyed.key_groups)
-                )
+                for handle in handles:  # no key hashed when the writer's key groups are ours
+                    layout = handle.operators.get(op.name)
+                    written = layout.key_groups if layout is not None else None
+                    keyed.restore(
+                        storage.read_keyed_state(n, handle, op.name, keyed.key_groups),
+                        written_for=range(*written) if written else None,
+                    )
                 inherited = restore_chains(keyed, op.name, handles, storage)
                 if op.tracks_changes and inherited is not None:
                     self.changelog.inherit(op.name, inherited)

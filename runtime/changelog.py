@@ -314,6 +314,6 @@ def restore_chains(
                 continue
             blob = read_chain_blob(storage, ref, operator)
             if blob:
-                keyed.restore([blob], key_groups=range(*mine.key_groups))
+                keyed.restore([blob], range(*mine.key_groups), range(*ref.file_key_groups))
             inherited.append(mine)
     return None if whole else inherited

@@ -103,6 +103,7 @@ def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "attempt",
         "triggered",
         "duration_ms",
+        "written_bytes",
         "state_bytes",
         "tasks",
         "max_align_ms",
@@ -172,12 +173,13 @@ def test_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "sync_ms",
         "async_ms",
         "state_bytes",
+        "full_state_bytes",
         "spilled_bytes",
         "backedge_records",
         "watermark",
     ]
     count_row = next(line for line in out.splitlines() if line.startswith("count[0]"))
-    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "64", "0", "-"]
+    assert count_row.split() == ["count[0]", "0.4", "7.2", "0.3", "2.5", "120", "0", "64", "0", "-"]
     state_row = next(
         line for line in out.splitlines() if line.startswith("src[0]") and ".state" in line
     )

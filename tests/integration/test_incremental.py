@@ -1,0 +1,120 @@
+"""Incremental checkpoints of keyed state in real task processes (the harness): a task
+SIGKILLed mid-chain, during a chain file's write, and a restore at another parallelism
+from an incremental checkpoint, each compared record for record with a failure-free run;
+their companions drop the deltas and see the check fail."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobmanager.faults import Kill
+from runtime import Dataflow
+from runtime.sources import GeneratorSource
+from runtime.testing import run_local
+from statebackend import CheckpointStorage
+
+pytestmark = [pytest.mark.harness]
+
+KEYS = 3000
+N = 50_000
+INCREMENTAL: dict[str, Any] = {"incremental_min_keys": 0, "incremental_max_chain": 2}
+
+
+@pytest.fixture(scope="module")
+def clean() -> list[Any]:
+    """The failure-free run's output (no checkpoints)."""
+    return run_local(sums(N)).output("sums")
+
+
+def sums(n: int, parallelism: int = 2, rate: float | None = None, **config: Any) -> Dataflow:
+    """A running sum per key; a tenth of the keys are hot after the first pass."""
+
+    def record(i: int) -> tuple[int, int]:
+        key = i % KEYS if i < KEYS else (i * 7) % (KEYS // 10)
+        return key, i % 7
+
+    flow = Dataflow("inc-sums", parallelism=parallelism, ui=False, **config)
+    (
+        flow.source(GeneratorSource(record, n, rate=rate), name="numbers")
+        .key_by(lambda r: r[0])
+        .aggregate(0, lambda acc, r: acc + r[1], name="sum")
+        .collect("sums")
+    )
+    return flow
+
+
+def finals(records: list[Any]) -> dict[Any, Any]:
+    return dict(records)  # the last running sum of each key
+
+
+def chained(root: Path) -> list[int]:
+    """The retained checkpoints whose 'sum' state is a chain of at least two files."""
+    storage = CheckpointStorage(str(root))
+    return [
+        n
+        for n in storage.completed_checkpoints()
+        if all(
+            len(h.chains.get("sum", ())) >= 2
+            for t, h in storage.check(n).tasks.items()
+            if t.startswith("sum")
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fault", "drop"),
+    [
+        (Kill("sum[1]", after_checkpoint=5), False),
+        (Kill("sum[0]", during="snapshot", after_checkpoint=4), False),
+        (Kill("sum[1]", after_checkpoint=5), True),
+    ],
+    ids=["kill-mid-chain", "kill-writing-a-delta", "companion-drop-deltas"],
+)
+def test_a_kill_restores_base_and_deltas_exactly(
+    tmp_path: Path, clean: list[Any], fault: Kill, drop: bool
+) -> None:
+    root = tmp_path / "chk"
+    config: dict[str, Any] = {
+        "checkpoint_dir": str(root),
+        "checkpoint_interval": 0.05,
+        **INCREMENTAL,
+    }
+    killed = run_local(sums(N, rate=10_000, debug_drop_deltas=drop, **config), faults=[fault])
+    assert killed.unfired_faults == []
+    [restart] = killed.restarts
+    assert restart.restored_checkpoint is not None
+    same = collections.Counter(killed.output("sums")) == collections.Counter(clean)
+    assert same is not drop
+    if not drop:
+        assert chained(root), "the run restored and retained no chained checkpoint"
+        steady = [c for c in killed.checkpoints if not c["final"]][2:]
+        written = sum(c["state_bytes"] for c in steady)
+        full = sum(c["full_state_bytes"] for c in steady)
+        assert 0 < written < full  # deltas: less than the whole state each time
+
+
+@pytest.mark.parametrize("drop", [False, True], ids=["exact", "companion-drop-deltas"])
+def test_rescaling_from_an_incremental_checkpoint_keeps_every_key(
+    tmp_path: Path, clean: list[Any], drop: bool
+) -> None:
+    root = tmp_path / "chk"
+    config: dict[str, Any] = {"checkpoint_dir": str(root), "checkpoint_interval": 0.05}
+    first = run_local(sums(N, rate=25_000, debug_drop_deltas=drop, **config, **INCREMENTAL))
+    assert first.restarts == []
+    candidates = chained(root)
+    assert candidates, "no retained checkpoint with a chain"
+    restore_from = str(root / f"chk-{candidates[-1]}")
+    want = finals(clean)
+    for parallelism in (1, 3):  # 2 -> 1 and 2 -> 3
+        config["checkpoint_dir"] = str(tmp_path / f"chk-p{parallelism}")
+        resumed = run_local(
+            sums(N, parallelism=parallelism, **config, **INCREMENTAL), restore_from=restore_from
+        )
+        got = finals(resumed.output("sums"))
+        # keys the resumed run met again carry their whole sum: checkpointed plus new
+        assert got
+        assert all(want[k] == v for k, v in got.items()) is not drop

@@ -1,0 +1,276 @@
+"""Incremental checkpoints of keyed state, without processes: deltas, chains, merging,
+narrowing to key groups, the metadata of chains, and which chain files retention keeps."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from statebackend.errors import CorruptCheckpointError, StateError
+from statebackend.incremental import StateRef, merge_chain
+from statebackend.keyed import KeyedStateBackend
+from statebackend.metadata import CheckpointMetadata, OperatorLayout, TaskStateHandle
+from statebackend.metrics import CheckpointSummary
+from statebackend.shared import SharedStateRegistry, read_chain_blob, write_chain_file
+from statebackend.snapshot import OperatorSnapshot
+from statebackend.storage import CheckpointStorage
+
+GROUPS = 8
+
+
+def group_of(key: Any) -> int:
+    return zlib.crc32(msgpack.packb(key)) % GROUPS
+
+
+def backend(groups: range = range(GROUPS)) -> KeyedStateBackend:
+    b = KeyedStateBackend("op", GROUPS, groups, group_of)
+    b.track_changes()
+    return b
+
+
+def contents(b: KeyedStateBackend) -> dict[str, dict[Any, Any]]:
+    return {name: dict(state) for name, state in b._states.items()}
+
+
+def write(b: KeyedStateBackend, key: Any, value: int) -> None:
+    """An operator's write: the value state, a list state and a map state of ``key``."""
+    assert b.changed is not None
+    b.value_state()[key] = value
+    b.list_state("seen").setdefault(key, []).append(value)
+    b.map_state("last").setdefault(key, {})["v"] = (value, key)
+    b.changed.add(key)
+
+
+def delete(b: KeyedStateBackend, key: Any) -> None:
+    assert b.changed is not None
+    for name in ("value", "seen", "last"):
+        b._states[name].pop(key, None)
+    b.changed.add(key)
+
+
+def test_a_base_and_its_deltas_restore_the_live_state_deletions_included() -> None:
+    live = backend()
+    for k in range(50):
+        write(live, (k, "k"), k)
+    blobs = [live.start_chain()]
+    for epoch in range(1, 4):
+        for k in range(epoch * 5, epoch * 5 + 5):
+            write(live, (k, "k"), k * 10 + epoch)
+        delete(live, (epoch, "k"))
+        blobs.append(live.snapshot_delta())
+    restored = backend()
+    restored.restore(blobs)
+    assert contents(restored) == contents(live)
+    assert (1, "k") not in restored.value_state() and (20, "k") in restored.value_state()
+
+
+def test_a_delta_holds_only_the_changed_keys() -> None:
+    live = backend()
+    for k in range(1000):
+        write(live, k, k)
+    base = live.start_chain()
+    write(live, 7, 70)
+    delta = live.snapshot_delta()
+    assert len(delta) * 50 < len(base)
+    assert live.changed == set()
+
+
+def test_the_dropped_deltas_companion_loses_the_changes() -> None:
+    live = backend()
+    write(live, 1, 1)
+    blobs = [live.start_chain()]
+    write(live, 1, 2)
+    blobs.append(live.snapshot_delta(drop=True))
+    restored = backend()
+    restored.restore(blobs)
+    assert restored.value_state()[1] == 1 != live.value_state()[1]
+
+
+def test_a_delta_without_tracking_is_refused() -> None:
+    b = KeyedStateBackend("op", GROUPS, range(GROUPS), group_of)
+    with pytest.raises(StateError, match="not tracked"):
+        b.snapshot_delta()
+
+
+def ref(path: str, base: bool, groups: tuple[int, int] = (0, GROUPS)) -> StateRef:
+    return StateRef(path, 1, 0, base, groups, groups)
+
+
+@pytest.mark.parametrize("with_base", [True, False], ids=["into-a-base", "deltas-only"])
+def test_merging_a_run_of_a_chain_restores_what_the_run_restores(with_base: bool) -> None:
+    live = backend()
+    for k in range(30):
+        write(live, k, k)
+    blobs = [(ref("b", True), live.start_chain())]
+    for epoch in range(4):
+        write(live, epoch, 100 + epoch)
+        delete(live, 20 + epoch)
+        if epoch:
+            write(live, 20 + epoch - 1, 7)
+        blobs.append((ref(f"d{epoch}", False), live.snapshot_delta()))
+    run = blobs if with_base else blobs[1:]
+    merged, is_base = merge_chain(run, range(GROUPS), group_of)
+    assert is_base is with_base
+    one = backend()
+    one.restore([b for _, b in run] if with_base else [blobs[0][1], *(b for _, b in run)])
+    two = backend()
+    two.restore([merged] if with_base else [blobs[0][1], merged])
+    assert contents(two) == contents(one) == contents(live)
+
+
+def test_rescaled_chains_keep_each_key_from_the_instance_that_owned_it() -> None:
+    # Two old instances (groups 0-3, 4-7) each have a chain; a stale copy of a key of the
+    # other half sits in instance 0's base (as after an earlier rescale): it must not count.
+    low, high = backend(range(0, 4)), backend(range(4, 8))
+    keys = list(range(200))
+    for k in keys:
+        write(low if group_of(k) < 4 else high, k, k)
+    stale_key = next(k for k in keys if group_of(k) >= 4)
+    low.value_state()[stale_key] = -1  # a key of the other half, as an old file may hold
+    chains = {}
+    for name, b, groups in (("low", low, (0, 4)), ("high", high, (4, 8))):
+        base = b.start_chain()
+        for k in keys[:20]:
+            if b.key_groups.start <= group_of(k) < b.key_groups.stop:
+                write(b, k, k + 1000)
+        chains[name] = [
+            (ref(f"{name}-b", True, groups), base),
+            (ref(f"{name}-d", False, groups), b.snapshot_delta()),
+        ]
+    for new_groups in (range(0, 3), range(3, 6), range(6, 8), range(0, 8)):
+        new = backend(new_groups)
+        for chain in chains.values():
+            for r, blob in chain:
+                mine = r.narrowed(new_groups, None)
+                if mine is not None:
+                    new.restore([blob], key_groups=range(*mine.key_groups))
+        want = {
+            k: (k + 1000 if k in keys[:20] else k)
+            for k in keys
+            if new_groups.start <= group_of(k) < new_groups.stop
+        }
+        assert dict(new.value_state()) == want
+
+
+def handle_with_chains() -> TaskStateHandle:
+    chain = (
+        StateRef("shared/sum[0]/1-0-chk-aa.state", 120, 7, True, (0, 64), (0, 64)),
+        StateRef("s3://other/root/shared/sum[0]/2-0-chk-bb.state", 30, 9, False, (0, 32), (0, 64)),
+    )
+    return TaskStateHandle(
+        "", 10, 3, {"sum": OperatorLayout(0, 2, (0, 64))}, b"x" * 10, {"sum": chain}
+    )
+
+
+def test_chains_round_trip_through_the_metadata_and_count_their_bytes() -> None:
+    handle = handle_with_chains()
+    assert TaskStateHandle.decode(handle.encode()) == handle
+    assert handle.full_size == 160
+    assert handle.shared_files() == {"shared/sum[0]/1-0-chk-aa.state"}  # not another root's
+    metadata = CheckpointMetadata(
+        3, "job", 0, False, 1.0, 2.0, 1.0, 128, {"sum[0]": handle}, {}, CheckpointSummary()
+    )
+    assert CheckpointMetadata.from_json(metadata.to_json()).tasks["sum[0]"].chains == handle.chains
+    with pytest.raises(CorruptCheckpointError, match="chain entry"):
+        StateRef.decode(["path", 1])
+
+
+# -- files on disk: retention and checks -----------------------------------------------------
+
+
+def chained_checkpoint(storage: CheckpointStorage, n: int, files: list[str]) -> CheckpointMetadata:
+    """Write chain files ``files`` (those not yet there) and checkpoint ``n`` naming them."""
+    refs = []
+    for path in files:
+        full = Path(storage.root, path)
+        if not full.exists():
+            blob = msgpack.packb([1, [["value", "value", {path: n}]]])
+            write_chain_file(storage, path, {"sum": OperatorSnapshot(None, blob, range(GROUPS))})
+        data = full.read_bytes()
+        refs.append(
+            StateRef(path, len(data), zlib.crc32(data), path == files[0], (0, GROUPS), (0, GROUPS))
+        )
+    handle = TaskStateHandle(
+        "", 0, 0, {"sum": OperatorLayout(0, 1, (0, GROUPS))}, None, {"sum": tuple(refs)}
+    )
+    inline = storage.inline_handle({}, {"sum": OperatorLayout(0, 1, (0, GROUPS))})
+    assert inline is not None
+    handle = TaskStateHandle(
+        inline.file, inline.size, inline.crc32, handle.operators, inline.inline, handle.chains
+    )
+    metadata = CheckpointMetadata(
+        n, "job", 0, False, 1.0, 2.0, 1.0, GROUPS, {"sum[0]": handle}, {}, CheckpointSummary()
+    )
+    storage.write_metadata(metadata)
+    return metadata
+
+
+def run_retention(tmp_path: Path, naive: bool) -> CheckpointStorage:
+    """Checkpoints 1-4 with chains that share files (4's base is a compaction of 1-3's);
+    retention keeps 2. ``naive``: delete every chain file a deleted checkpoint named."""
+    storage = CheckpointStorage(str(tmp_path / "chk"), inline_threshold=1 << 16)
+    registry = SharedStateRegistry(storage)
+    chains = {
+        1: ["shared/t/1-b.state"],
+        2: ["shared/t/1-b.state", "shared/t/2-d.state"],
+        3: ["shared/t/1-b.state", "shared/t/2-d.state", "shared/t/3-d.state"],
+        4: ["shared/t/0-merged.state", "shared/t/4-d.state"],
+    }
+    for n, files in chains.items():
+        registry.register(chained_checkpoint(storage, n, files))
+        deleted = storage.retain(2)
+        if naive:
+            for gone in deleted:
+                for path in chains[gone]:
+                    storage.fs.remove(str(Path(storage.root, path)))
+        else:
+            registry.release(deleted)
+    return storage
+
+
+def test_retention_deletes_a_chain_file_only_when_no_retained_checkpoint_refers_to_it(
+    tmp_path: Path,
+) -> None:
+    storage = run_retention(tmp_path, naive=False)
+    assert storage.completed_checkpoints() == [3, 4]
+    for n in (3, 4):
+        storage.check(n)  # every chain file is there and intact
+    left = sorted(p.name for p in Path(storage.root, "shared", "t").iterdir())
+    assert left == ["0-merged.state", "1-b.state", "2-d.state", "3-d.state", "4-d.state"]
+
+
+def test_the_naive_deletion_companion_breaks_a_retained_checkpoint(tmp_path: Path) -> None:
+    storage = run_retention(tmp_path, naive=True)
+    with pytest.raises(CorruptCheckpointError, match=r"chain file .* is missing"):
+        storage.check(3)
+
+
+def test_orphans_go_between_attempts_and_referenced_files_stay(tmp_path: Path) -> None:
+    storage = run_retention(tmp_path, naive=False)
+    orphan = Path(storage.root, "shared", "t", "9-0-chk-dead.state")
+    orphan.write_bytes(b"ABSF-partial")
+    removed = SharedStateRegistry(storage).remove_orphans()
+    assert removed == ["shared/t/9-0-chk-dead.state"]
+    storage.check(3)
+    storage.check(4)
+
+
+def test_a_corrupt_or_missing_chain_file_makes_restore_fall_back(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path / "chk"), inline_threshold=1 << 16)
+    chained_checkpoint(storage, 1, ["shared/t/1-b.state"])
+    chained_checkpoint(storage, 2, ["shared/t/1-b.state", "shared/t/2-d.state"])
+    delta = Path(storage.root, "shared", "t", "2-d.state")
+    data = bytearray(delta.read_bytes())
+    data[-1] ^= 0xFF
+    delta.write_bytes(bytes(data))
+    found = storage.latest_valid()
+    assert found is not None and found[0] == 1
+    delta.unlink()
+    with pytest.raises(CorruptCheckpointError, match="is missing"):
+        storage.check(2, verify_files=False)
+    blob = read_chain_blob(storage, storage.check(1).tasks["sum[0]"].chains["sum"][0], "sum")
+    assert msgpack.unpackb(blob) == [1, [["value", "value", {"shared/t/1-b.state": 1}]]]
