@@ -85,7 +85,7 @@ def add_low_bits(acc: int, x: int) -> int:
     return acc + (x & 7)
 
 
-def build(shape: str, keys: int, setting: str, interval: float) -> Dataflow:
+def build(shape: str, keys: int, setting: str, interval: float, **extra: Any) -> Dataflow:
     hot = max(1, keys // 100)
 
     def once(i: int) -> int:
@@ -95,7 +95,7 @@ def build(shape: str, keys: int, setting: str, interval: float) -> Dataflow:
         return i if i < keys else (i * 7919) % hot
 
     records = keys if shape == "once" else 2 * keys
-    config: dict[str, Any] = {"launcher": "local", "ui": False, "progress": False}
+    config: dict[str, Any] = {"launcher": "local", "ui": False, "progress": False, **extra}
     if setting != "none":
         config["checkpoint_interval"] = interval
         config["incremental_checkpoints"] = setting == "incremental"
@@ -109,9 +109,9 @@ def build(shape: str, keys: int, setting: str, interval: float) -> Dataflow:
     return flow
 
 
-def run_once(shape: str, keys: int, setting: str, interval: float) -> dict[str, Any]:
+def run_once(shape: str, keys: int, setting: str, interval: float, **extra: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="absflow-state-scale-") as chk:
-        flow = build(shape, keys, setting, interval)
+        flow = build(shape, keys, setting, interval, **extra)
         result = flow.run(checkpoint_dir=chk) if setting != "none" else flow.run()
     steady = [c for c in result.checkpoints if not c["final"]]
     digest = sorted(tuple(x) for x in result.outputs.get("digest", []))

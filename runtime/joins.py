@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.graph import Step, StepKind
-from runtime.keyed_process import ProcessOperator
+from runtime.keyed_process import IGNORE_CHANGES, ProcessOperator
 from runtime.operators import KeyedOperator, OperatorContext, register
 from runtime.timestamps import TimestampError
 from runtime.window_kinds import WindowKind
@@ -59,8 +59,10 @@ class CoProcessOperator(ProcessOperator):
         key_fn, ts_fn = self.key_fns[side], self.ts_fns[side]
         fn, handle, ctx, name = self.step.fn, self.handle, self.ctx, self.name
         out: list[Any] = []
+        touch = self._touch()
         for r in batch:
             k = key_fn(r)
+            touch(k)
             handle._key = ctx.key = k
             if ts_fn is not None:
                 ctx.timestamp = _timestamp(name, ts_fn, r)
@@ -72,6 +74,12 @@ class CoProcessOperator(ProcessOperator):
 
 class _JoinBase(KeyedOperator):
     uses_event_time = True
+    tracks_changes = True  # buffers and timers mark their keys; in-place appends below
+
+    def _touch(self) -> Callable[[Any], Any]:
+        assert self.keyed_state is not None
+        changed = self.keyed_state.changed
+        return IGNORE_CHANGES if changed is None else changed.add
 
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         super().__init__(step, ctx)
@@ -116,8 +124,10 @@ class IntervalJoinOperator(_JoinBase):
             lo, hi, keep_until = -upper, -lower, -lower  # partners: [ts - upper, ts - lower]
         events = self.timers.event
         out: list[Any] = []
+        touch = self._touch()
         for r in batch:
             k = key_fn(r)
+            touch(k)
             ts = _timestamp(name, ts_fn, r)
             for other_ts, records in theirs.namespaces(k).items():
                 if ts + lo <= other_ts <= ts + hi:
@@ -156,8 +166,10 @@ class WindowJoinOperator(_JoinBase):
     def process(self, batch: list[Any], side: int = 0) -> list[Any]:
         key_fn, ts_fn, name = self.key_fns[side], self.ts_fns[side], self.name
         windows, events, kind = self.windows, self.timers.event, self.kind
+        touch = self._touch()
         for r in batch:
             k = key_fn(r)
+            touch(k)
             for window in kind.windows(_timestamp(name, ts_fn, r)):
                 if window[1] <= self.watermark:
                     continue  # the window was joined and freed already: too late

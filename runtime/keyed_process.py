@@ -101,7 +101,7 @@ class ProcessContext:
         self._op.timers.processing.delete(self.key, timestamp)
 
 
-_IGNORE = frozenset().__contains__  # changes not tracked
+IGNORE_CHANGES = frozenset().__contains__  # changes not tracked
 
 
 @register(StepKind.PROCESS)
@@ -124,7 +124,7 @@ class ProcessOperator(KeyedOperator):
     def _touch(self) -> Callable[[Any], Any]:
         assert self.keyed_state is not None
         changed = self.keyed_state.changed
-        return _IGNORE if changed is None else changed.add
+        return IGNORE_CHANGES if changed is None else changed.add
 
     def process(self, batch: list[Any], side: int = 0) -> list[Any]:
         key_fn, fn, handle = self.key_fn, self.step.fn, self.handle

@@ -40,6 +40,7 @@ from statebackend.timers import NamespacedState, TimerService
 log = logging.getLogger("absflow.task")
 
 _MISSING = object()
+_IGNORE = frozenset().__contains__  # changes not tracked
 FIRE, CLEANUP = 0, 1
 MAIN, LATE = 0, 1
 """Tags of the window step's output when it has a late output (split by the next steps)."""
@@ -48,6 +49,7 @@ MAIN, LATE = 0, 1
 @register(StepKind.WINDOW)
 class WindowOperator(KeyedOperator):
     uses_event_time = True
+    tracks_changes = True  # state and timers mark their keys; the fast path below too
 
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         super().__init__(step, ctx)
@@ -100,6 +102,9 @@ class WindowOperator(KeyedOperator):
         horizon = watermark - self.lateness
         states, key_fn, fn = self.state.by_key, self.key_fn, self.fn
         fresh, missing = self._fresh, _MISSING
+        assert self.keyed_state is not None
+        changed = self.keyed_state.changed
+        touch = changed.add if changed is not None else _IGNORE
         for r in batch:
             ts = ts_fn(r)
             if ts.__class__ is not int and ts.__class__ is not float:
@@ -121,6 +126,7 @@ class WindowOperator(KeyedOperator):
             else:
                 acc = fn(acc, r)
             windows[window] = acc
+            touch(key)
             if end <= watermark:  # fired already: late within lateness
                 out.append(self._result(key, window, acc))
 

@@ -29,6 +29,14 @@ from typing import Any
 
 from statebackend.keyed import KeyedStateBackend
 
+
+def _touch(backend: KeyedStateBackend, key: Any) -> None:
+    """``key``'s state changed (incremental checkpoints: ``KeyedStateBackend.changed``)."""
+    changed = backend.changed
+    if changed is not None:
+        changed.add(key)
+
+
 EVENT_TIME = "event"
 PROCESSING_TIME = "processing"
 
@@ -36,10 +44,11 @@ PROCESSING_TIME = "processing"
 class TimerQueue:
     """The pending timers of one time domain, by key; see the module docstring."""
 
-    __slots__ = ("_heap", "_seq", "_timers", "domain")
+    __slots__ = ("_backend", "_heap", "_seq", "_timers", "domain")
 
     def __init__(self, backend: KeyedStateBackend, domain: str) -> None:
         self.domain = domain
+        self._backend = backend  # its changed keys (incremental checkpoints), when tracked
         # key -> {(timestamp, namespace): None}: the checkpointed truth
         self._timers: dict[Any, dict[tuple[float, Any], None]] = backend.map_state(
             f"__timers/{domain}"
@@ -59,6 +68,7 @@ class TimerQueue:
         if entry not in timers:
             timers[entry] = None
             heapq.heappush(self._heap, (timestamp, next(self._seq), key, namespace))
+            _touch(self._backend, key)
 
     def delete(self, key: Any, timestamp: float, namespace: Any = None) -> None:
         timers = self._timers.get(key)
@@ -66,6 +76,7 @@ class TimerQueue:
             del timers[(timestamp, namespace)]
             if not timers:
                 del self._timers[key]
+            _touch(self._backend, key)
 
     def next_time(self) -> float | None:
         """The earliest pending timer (stale heap entries are dropped on the way)."""
@@ -92,6 +103,7 @@ class TimerQueue:
             del timers[entry]
             if not timers:
                 del all_timers[key]
+            _touch(self._backend, key)
             yield key, ts, namespace
 
     def rebuild(self) -> None:
@@ -130,10 +142,11 @@ class NamespacedState:
     """Keyed state per (key, namespace): map state ``name`` holds ``{namespace: value}``
     per key (e.g. a window's accumulator per window). Rescales with its key."""
 
-    __slots__ = ("_states",)
+    __slots__ = ("_backend", "_states")
 
     def __init__(self, backend: KeyedStateBackend, name: str) -> None:
         self._states: dict[Any, dict[Any, Any]] = backend.map_state(name)
+        self._backend = backend
 
     def get(self, key: Any, namespace: Any, default: Any = None) -> Any:
         m = self._states.get(key)
@@ -144,6 +157,7 @@ class NamespacedState:
         if m is None:
             m = self._states[key] = {}
         m[namespace] = value
+        _touch(self._backend, key)
 
     def pop(self, key: Any, namespace: Any) -> Any:
         m = self._states.get(key)
@@ -152,12 +166,14 @@ class NamespacedState:
         value = m.pop(namespace, None)
         if not m:
             del self._states[key]
+        _touch(self._backend, key)
         return value
 
     @property
     def by_key(self) -> dict[Any, dict[Any, Any]]:
         """The live ``{key: {namespace: value}}`` (a per-record fast path's direct access;
-        drop a key's map once it is empty, as ``pop`` does)."""
+        drop a key's map once it is empty, as ``pop`` does, and add each key written to
+        the backend's ``changed`` keys when they are tracked)."""
         return self._states
 
     def namespaces(self, key: Any) -> dict[Any, Any]:

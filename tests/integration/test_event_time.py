@@ -20,7 +20,13 @@ N = 12_000
 KEYS = 7
 BUCKET = 1_000  # event-time buckets counted per key
 REPORT_DELAY = 5_000  # a bucket is reported when the watermark passes its end + this
-CHK: dict[str, Any] = {"checkpoint_interval": 0.1}
+# Keyed state is checkpointed incrementally from its first key here (base, then deltas):
+# the kills below restore process, session-window and interval-join state from chains.
+CHK: dict[str, Any] = {
+    "checkpoint_interval": 0.1,
+    "incremental_min_keys": 0,
+    "incremental_max_chain": 2,
+}
 
 
 def event(i: int) -> tuple[str, int]:
