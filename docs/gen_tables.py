@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import html
 import pathlib
 import re
 import sys
@@ -37,6 +38,11 @@ MARKER = re.compile(r"^<!-- generated:([a-z_]+) -->$", re.MULTILINE)
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    """Inline code in a table cell: a backtick span would show an escaped pipe as ``\\|``."""
+    return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
 
 
 def _default(f: dataclasses.Field[Any]) -> str:
@@ -62,7 +68,7 @@ def config_table() -> str:
                 f'field(default=..., metadata={{"help": "one sentence"}}) in runtime/config.py'
             )
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        rows.append(f"| `{f.name}` | `{_cell(kind)}` | {_cell(_default(f))} | {_cell(help_text)} |")
+        rows.append(f"| `{f.name}` | {_code(kind)} | {_cell(_default(f))} | {_cell(help_text)} |")
     return "\n".join(rows)
 
 

@@ -100,3 +100,25 @@ def test_the_readme_is_a_landing_page() -> None:
 def test_the_hash_check_catches_a_hash() -> None:
     assert COMMIT_HASH.findall("measured at 3a2117c on the machine") == ["3a2117c"]
     assert not COMMIT_HASH.findall("20000000 records, deadbeef, 1234567")
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def missing_links(markdown: str) -> list[str]:
+    """The relative link targets of ``markdown`` that are no file of the repository."""
+    targets = [t for t in LINK.findall(markdown) if "://" not in t]
+    return [t for t in targets if not (ROOT / t).exists()]
+
+
+def test_the_readme_links_resolve() -> None:
+    """mkdocs checks the site's links; the README is outside it, so its own are checked
+    here: every relative link names a file of the repository."""
+    text = (ROOT / "README.md").read_text()
+    assert "](docs/" in text, "the README links no docs page"
+    assert not missing_links(text), f"README.md links missing files: {missing_links(text)}"
+
+
+def test_the_link_check_catches_a_missing_page() -> None:
+    text = "[ok](docs/concepts.md#tasks) [gone](docs/nowhere.md) [web](https://example.org/x)"
+    assert missing_links(text) == ["docs/nowhere.md"]
