@@ -18,6 +18,7 @@ from runtime.config import JobConfig
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 README_MAX_LINES = 260
 COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 
 
 def fields_without_help(cls: Any) -> list[str]:
@@ -93,13 +94,15 @@ def test_the_readme_is_a_landing_page() -> None:
     assert not COMMIT_HASH.findall(outside), (
         f"commit hashes in README.md: {COMMIT_HASH.findall(outside)}"
     )
+    assert not DATE.findall(outside), f"dated figures in README.md: {DATE.findall(outside)}"
     assert "pip install -e . && python examples/wordcount.py" in text
     assert "pip install -e '.[test]' && pytest" in text
 
 
-def test_the_hash_check_catches_a_hash() -> None:
+def test_the_hash_and_date_checks_catch_them() -> None:
     assert COMMIT_HASH.findall("measured at 3a2117c on the machine") == ["3a2117c"]
     assert not COMMIT_HASH.findall("20000000 records, deadbeef, 1234567")
+    assert DATE.findall("measured on 2026-11-26, 5 rounds") == ["2026-11-26"]
 
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
