@@ -1,4 +1,5 @@
-"""Synchronous vs asynchronous snapshot cost of keyed state (DESIGN §7: report both).
+"""Synchronous vs asynchronous snapshot cost of keyed state (a snapshot reports both parts:
+docs/checkpoints.md).
 
     python benchmarks/bench_statebackend.py [num_keys ...]
 

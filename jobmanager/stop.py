@@ -78,7 +78,7 @@ def begin_stop(coordinator: CheckpointCoordinator, stop: StopRequest, attempt: i
     final checkpoint kept as a savepoint. Returns its id, or -1 when the input had ended
     first (that final checkpoint becomes the savepoint).
 
-    A job with a loop stops the same way (cyclic ABS, DESIGN.md): the final barrier
+    A job with a loop stops the same way (cyclic ABS, docs/loops.md): the final barrier
     ends the sources, each loop head snapshots on it and logs what comes back on its
     back-edges until the barrier has gone round the loop, and that log is part of the
     savepoint; the resumed job's loop heads replay it first. Records processed after

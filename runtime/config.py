@@ -40,20 +40,51 @@ class JobConfig:
     state of checkpointed steps the job no longer has, instead of refusing the checkpoint.
     """
 
-    checkpoint_interval: float | None = None
-    checkpoint_dir: str | None = None
-    checkpoint_timeout: float = 60.0
-    min_pause_between_checkpoints: float = 0.0
-    max_concurrent_checkpoints: int = 1
-    tolerable_checkpoint_failures: int = 3
-    retained_checkpoints: int = 3
-    # A task state of at most this many bytes goes inline in the ack and _metadata, not
-    # into a state file of its own (Flink's state.storage.fs.memory-threshold); 0: files.
-    state_inline_threshold: int = 20 * 1024
-    # lz4 every section of a task's state file (Flink's execution.checkpointing.
-    # snapshot-compression, off there too): smaller files for an object store, for CPU in
-    # the writer thread that local disk does not repay (statebackend.snapshot).
-    snapshot_compression: bool = False
+    checkpoint_interval: float | None = field(
+        default=None,
+        metadata={"help": "Seconds between checkpoint triggers; None turns checkpointing off."},
+    )
+    checkpoint_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where checkpoints are written: a path, a file:// URL or an fsspec URL "
+            "(s3://, hdfs://); None: a temp dir removed after the run (local masters only)."
+        },
+    )
+    checkpoint_timeout: float = field(
+        default=60.0,
+        metadata={"help": "Seconds after which a checkpoint that has not completed expires."},
+    )
+    min_pause_between_checkpoints: float = field(
+        default=0.0,
+        metadata={"help": "Seconds from the last completed checkpoint to the next trigger."},
+    )
+    max_concurrent_checkpoints: int = field(
+        default=1, metadata={"help": "Checkpoints that may be in flight at once."}
+    )
+    tolerable_checkpoint_failures: int = field(
+        default=3,
+        metadata={"help": "Consecutive failed checkpoints before the attempt fails."},
+    )
+    retained_checkpoints: int = field(
+        default=3, metadata={"help": "Completed checkpoints kept; older ones are deleted."}
+    )
+    state_inline_threshold: int = field(
+        default=20 * 1024,
+        metadata={
+            "help": "Bytes: a task state this small goes inline in the ack and _metadata, not "
+            "into a state file of its own (Flink's state.storage.fs.memory-threshold); 0: "
+            "always a file."
+        },
+    )
+    snapshot_compression: bool = field(
+        default=False,
+        metadata={
+            "help": "lz4 every section of a task's state file (Flink's snapshot-compression, "
+            "off there too): about half the bytes, for about three times the writer thread's "
+            "CPU; restores read either form."
+        },
+    )
     incremental_checkpoints: bool = field(
         default=True,
         metadata={
@@ -81,50 +112,172 @@ class JobConfig:
         default=False,
         metadata={"help": "Tests only: incremental checkpoints write empty deltas."},
     )
-    snapshot_mode: SnapshotMode | str = SnapshotMode.EXACTLY_ONCE
-    aligned_timeout: float | None = None  # exactly_once: turn unaligned when aligning longer
-    restart_strategy: Any = (
-        None  # jobmanager.restart strategy; default: exponential if checkpointing
+    snapshot_mode: SnapshotMode | str = field(
+        default=SnapshotMode.EXACTLY_ONCE,
+        metadata={
+            "help": "exactly_once (aligned ABS), unaligned (Chandy-Lamport), at_least_once "
+            "(barriers counted, nothing blocked) or synchronous (the paper's Naiad baseline)."
+        },
     )
-    batch_size: int = 1000
-    buffer_timeout: float = 0.01
-    channel_hwm: int = 8  # batches queued per channel side (their size: max_inflight_time)
-    # Bounded in-flight data (Flink's buffer debloating): batches sized so that what a
-    # channel can queue drains within this many seconds at its measured throughput
-    # (None: fixed batches of batch_size); the kernel's share: socket buffers of
-    # socket_buffer bytes (0: the OS's autotuned ones, megabytes on loopback).
-    max_inflight_time: float | None = 0.015
-    socket_buffer: int = 64 * 1024
-    # Tasks on one host (same kernel and network namespace) exchange data over Unix
-    # sockets (send buffers of socket_buffer bytes): no TCP acknowledgements and
-    # retransmission timers in a channel's way; tasks on other hosts over TCP.
-    local_channels: bool = True
-    # "batch": task processes run under Linux's SCHED_BATCH (a task woken by input waits
-    # for the running one's slice instead of preempting it mid-batch: throughput on
-    # shared cores; runtime.scheduling); "normal": the OS's default policy.
-    task_scheduling: str = "batch"
-    # Task processes: Python's young-generation GC threshold (threshold0; Python's own is
-    # 700, which collects mid-batch and promotes records in flight), with what the task
-    # built before its first record frozen out of collections (runtime.task_gc); None:
-    # Python's settings.
-    gc_threshold: int | None = 50_000
-    spill_threshold: int = 32 * 1024 * 1024
-    compress_min_bytes: int = 64 * 1024
-    heartbeat_interval: float = 0.5
-    heartbeat_timeout: float = 15.0
-    progress: bool | None = None  # None: only when stderr is a terminal
-    ui: bool = True  # the web dashboard, REST API and /metrics (jobmanager.web)
-    ui_host: str = "127.0.0.1"  # "0.0.0.0" exposes the (read-only) dashboard to the network
-    ui_port: int = 8081  # taken: another free port is used (and printed); 0: any free port
-    local_master: str | None = None  # embedded SparkSession master (default local[n])
-    executor_wait: float = 60.0  # on a cluster: how long to wait for executors to register
-    timeout: float | None = None  # give up (cancel) after this many seconds
-    allow_non_restored_state: bool = False  # restore_from may drop state of removed steps
-    debug_drop_in_flight_log: bool = False  # tests only: restore loops without their back-edge log
-    debug_drop_event_time: bool = False  # tests only: restore without timers and watermarks
-    debug_skip_drain: bool = False  # tests only: synchronous snapshots without waiting to drain
-    storage_options: dict[str, Any] = field(default_factory=dict, repr=False, hash=False)
-    launcher: str | None = None  # "spark" | "local"; None: $ABSFLOW_LAUNCHER, else spark
+    aligned_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds an aligned checkpoint may align before it turns unaligned and "
+            "logs the slow inputs' records as channel state; None: never."
+        },
+    )
+    restart_strategy: Any = field(
+        default=None,
+        metadata={
+            "help": "A jobmanager.restart strategy; None: ExponentialBackoff() with "
+            "checkpointing, NoRestart() without."
+        },
+    )
+    batch_size: int = field(
+        default=1000,
+        metadata={"help": "Records per network batch (the upper bound when batches are sized)."},
+    )
+    buffer_timeout: float = field(
+        default=0.01, metadata={"help": "Seconds the longest a partial batch waits to be sent."}
+    )
+    channel_hwm: int = field(
+        default=8,
+        metadata={
+            "help": "Batches queued per channel side before backpressure applies; their size "
+            "comes from max_inflight_time."
+        },
+    )
+    max_inflight_time: float | None = field(
+        default=0.015,
+        metadata={
+            "help": "Bounded in-flight data (Flink's buffer debloating): each channel sizes its "
+            "batches so that what it can queue drains within this many seconds at the "
+            "receiver's measured rate; None: fixed batches of batch_size."
+        },
+    )
+    socket_buffer: int = field(
+        default=64 * 1024,
+        metadata={
+            "help": "Bytes of the kernel's send and receive buffers per data connection, which "
+            "bound what waits ahead of a barrier there; 0: the OS's autotuned ones "
+            "(megabytes on loopback)."
+        },
+    )
+    local_channels: bool = field(
+        default=True,
+        metadata={
+            "help": "Tasks on one host exchange data over Unix sockets (no TCP acknowledgements "
+            "or retransmission timers in a channel's way), tasks on other hosts over TCP; "
+            "False: TCP everywhere."
+        },
+    )
+    task_scheduling: str = field(
+        default="batch",
+        metadata={
+            "help": "batch: task processes run under Linux's SCHED_BATCH (a task woken by input "
+            "does not preempt the running one mid-batch); normal: the OS's default policy."
+        },
+    )
+    gc_threshold: int | None = field(
+        default=50_000,
+        metadata={
+            "help": "Task processes: Python's young-generation GC threshold (Python's own is "
+            "700, which collects mid-batch), with what the task built before its first record "
+            "frozen out of collections; None: Python's settings."
+        },
+    )
+    spill_threshold: int = field(
+        default=32 * 1024 * 1024,
+        metadata={
+            "help": "Bytes a blocked channel's buffer, a loop's feedback queue or a back-edge "
+            "log holds in memory before it spills to local disk."
+        },
+    )
+    compress_min_bytes: int = field(
+        default=64 * 1024,
+        metadata={"help": "Bytes from which a batch frame's payload is lz4-compressed; 0: never."},
+    )
+    heartbeat_interval: float = field(
+        default=0.5, metadata={"help": "Seconds between a task's heartbeats to the job manager."}
+    )
+    heartbeat_timeout: float = field(
+        default=15.0,
+        metadata={
+            "help": "Seconds of silence after which the job manager fails a task, "
+            "and a task ends itself."
+        },
+    )
+    progress: bool | None = field(
+        default=None,
+        metadata={
+            "help": "The live progress line on stderr; None: only when stderr is a terminal."
+        },
+    )
+    ui: bool = field(
+        default=True,
+        metadata={"help": "Serve the web dashboard, the REST API and /metrics (jobmanager.web)."},
+    )
+    ui_host: str = field(
+        default="127.0.0.1",
+        metadata={
+            "help": "Address the dashboard listens on; 0.0.0.0 exposes the read-only "
+            "dashboard to the network."
+        },
+    )
+    ui_port: int = field(
+        default=8081,
+        metadata={
+            "help": "Dashboard port; when it is taken another free port is used (and printed); "
+            "0: any free port."
+        },
+    )
+    local_master: str | None = field(
+        default=None,
+        metadata={"help": "Master of the embedded SparkSession; None: local[n] sized to the job."},
+    )
+    executor_wait: float = field(
+        default=60.0,
+        metadata={"help": "Seconds to wait on a cluster for enough executors to register."},
+    )
+    timeout: float | None = field(
+        default=None,
+        metadata={"help": "Seconds after which the job is cancelled; None: no limit."},
+    )
+    allow_non_restored_state: bool = field(
+        default=False,
+        metadata={
+            "help": "restore_from drops (with a warning) the state of checkpointed steps the "
+            "job no longer has, instead of refusing the checkpoint."
+        },
+    )
+    debug_drop_in_flight_log: bool = field(
+        default=False,
+        metadata={"help": "Tests only: restore loops without their back-edge log."},
+    )
+    debug_drop_event_time: bool = field(
+        default=False,
+        metadata={"help": "Tests only: restore without timers and watermarks."},
+    )
+    debug_skip_drain: bool = field(
+        default=False,
+        metadata={"help": "Tests only: synchronous snapshots without waiting for the drain."},
+    )
+    storage_options: dict[str, Any] = field(
+        default_factory=dict,
+        repr=False,
+        hash=False,
+        metadata={
+            "help": "fsspec keyword arguments (endpoint, credentials) for a checkpoint_dir or "
+            "restore_from URL, passed on the driver and in every task; kept out of repr."
+        },
+    )
+    launcher: str | None = field(
+        default=None,
+        metadata={
+            "help": "spark: each attempt is a Spark barrier stage; local: local task processes "
+            "without Spark (runtime.testing); None: $ABSFLOW_LAUNCHER, else spark."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.launcher is not None and self.launcher not in LAUNCHERS:

@@ -5,7 +5,7 @@ and moves every frame waiting there into a `FeedbackQueue` at every turn of its 
 and whenever one of its sends is blocked (``drain``). So the loop body can always
 hand records back to the head, and a loop whose body multiplies records cannot
 deadlock under backpressure: a bounded feedback channel plus a blocked head is what
-made Flink's streaming iterations time out (DESIGN.md §5). The queue is a
+made Flink's streaming iterations time out (docs/loops.md). The queue is a
 `statebackend.spill.SpillBuffer`: frames past ``spill_threshold`` bytes go to the
 task's scratch dir (lz4), so memory stays bounded while the regular inputs get
 backpressure (the head processes feedback first and reads no regular input while

@@ -7,7 +7,7 @@ preempts the one running, mid-batch, ~1,250 times a second per process; each swi
 costs the switch itself and the caches the other process refills. ``"batch"`` runs the
 task under ``SCHED_BATCH``: the same fair share of the CPU, but a waking task waits for
 the running one's slice instead of preempting it. Measured on the keyed count at p = 2
-(docs/evaluation.md, "Four processes on two cores"): involuntary switches ~170 per second
+(``python benchmarks/throughput.py --compare-scheduling``): involuntary switches ~170 per second
 per process, the ZeroMQ I/O threads' CPU halved, a few per cent more records per second
 (at the edge of the machine's noise), aligned checkpoints slightly shorter.
 ``"normal"`` leaves the OS's policy.

@@ -102,7 +102,8 @@ class Sink:
 
 
 class TwoPhaseCommitSink(Sink):
-    """Exactly-once sink skeleton (DESIGN.md §13): subclasses implement the hooks.
+    """Exactly-once sink skeleton (Flink's TwoPhaseCommitSinkFunction; docs/connectors.md):
+    subclasses implement the hooks.
 
     The transaction opened after checkpoint n-1 gets the id ``TxnId(job, step, subtask,
     n)`` when it begins; barrier m seals it (pre-commit) as pending transaction m, and

@@ -18,8 +18,8 @@ built (the interpreter's modules, Spark's, the plan and the user's functions) is
 out of the collector's sight with ``gc.freeze()``, so the collections that do run do not
 traverse it. Objects still die by reference counting, and cyclic garbage is still
 collected, a little later. Measured on the paper topology at parallelism 2 on local Spark
-(twelve processes on two cores, tuple records; docs/inflight.md, "Python's garbage
-collector"): 1.25x the records per second, and aligned checkpoints every 0.1 s of p50 / p99
+(twelve processes on two cores, tuple records; ``python benchmarks/inflight.py --only
+"default (" GC``): 1.25x the records per second, and aligned checkpoints every 0.1 s of p50 / p99
 80 / 99 ms against 108 / 164 ms. The keyed count, whose records are strings (which the
 collector does not track), is unchanged.
 

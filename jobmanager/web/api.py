@@ -3,12 +3,14 @@ snapshots only (``jobmanager.web.snapshot``). Pure: no sockets, so tests call it
 
 Every answer is ``(status, body)``; errors are ``{"error": "..."}`` with 400 (a malformed
 query value or an unknown parameter), 404 (an unknown path or job) — never a traceback.
-The endpoints and their fields are documented in the README ("Dashboard and REST API").
+``API`` is the one table of endpoints (path, parameters, what the answer holds): the
+dispatcher reads it, and the docs' REST table (docs/monitoring.md) is generated from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -186,17 +188,79 @@ def _overview(board: JobBoard, params: Mapping[str, str]) -> Any:
 
 
 Handler = Callable[[JobBoard, Mapping[str, str]], Any]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One ``GET /api/<name>`` endpoint: its handler, the query parameters it takes and a
+    one-line description of its answer (rendered into the docs' REST table)."""
+
+    name: str
+    handler: Handler | None  # None: /api/jobs, which answers for every job, not one board
+    params: tuple[str, ...]
+    description: str
+
+    @property
+    def path(self) -> str:
+        return f"/api/{self.name}"
+
+
+API: tuple[Endpoint, ...] = (
+    Endpoint("jobs", None, (), "`jobs`: every job of this driver (the `/api/job` object each)"),
+    Endpoint(
+        "job",
+        _job,
+        ("job",),
+        "id, name, state (starting, running, finished, failed), error, attempt, start time, "
+        "duration, records in/out, tasks, checkpoint counts and pending ids, restarts, UI URL",
+    ),
+    Endpoint(
+        "plan", _plan, ("job",), "the physical plan: steps, chains, tasks, channels, back-edges"
+    ),
+    Endpoint(
+        "config",
+        _config,
+        ("job",),
+        "the job's settings (`storage_options` left out: they may hold credentials)",
+    ),
+    Endpoint(
+        "tasks",
+        _tasks,
+        ("job",),
+        "per task: host, pid, state, records and bytes in/out and their rates, backpressure, "
+        "busy share, input/output queues, RSS, uptime, watermark",
+    ),
+    Endpoint(
+        "metrics",
+        _metrics,
+        ("job",),
+        "job-level sums of the task figures and the checkpoint duration sum and count",
+    ),
+    Endpoint(
+        "checkpoints",
+        _checkpoints,
+        ("job", "limit", "since"),
+        "completed checkpoints (oldest first; duration, sizes, alignment and start delay, per "
+        "task figures), failed ones with their reason, pending ids; `limit` 1..1000 "
+        "(default 100), `since` a checkpoint id",
+    ),
+    Endpoint(
+        "restarts",
+        _restarts,
+        ("job", "limit"),
+        "per restart: the failed attempt, cause, error, restored checkpoint, recovery seconds",
+    ),
+    Endpoint(
+        "overview",
+        _overview,
+        ("job", "limit", "since"),
+        "job, tasks, checkpoints and restarts in one answer (what the dashboard polls)",
+    ),
+)
 _PER_JOB: dict[str, tuple[Handler, tuple[str, ...]]] = {
-    "job": (_job, ("job",)),
-    "plan": (_plan, ("job",)),
-    "config": (_config, ("job",)),
-    "tasks": (_tasks, ("job",)),
-    "metrics": (_metrics, ("job",)),
-    "checkpoints": (_checkpoints, ("job", "limit", "since")),
-    "restarts": (_restarts, ("job", "limit")),
-    "overview": (_overview, ("job", "limit", "since")),
+    e.name: (e.handler, e.params) for e in API if e.handler is not None
 }
-ENDPOINTS = ("jobs", *_PER_JOB)
+ENDPOINTS = tuple(e.name for e in API)
 
 
 def answer(jobs: Jobs, path: str, query: str) -> Answer:

@@ -3,13 +3,17 @@
 so several jobs in one driver, and tests, do not collide. The collector reads the
 snapshot at scrape time on the server's thread: nothing is counted per record.
 
-Names: ``absflow_task_*`` (labels job, step, subtask; ``step`` is the task's chain, named
-after its head step), ``absflow_checkpoint_*`` and ``absflow_restarts_total`` (label job).
+``METRICS`` is the one list of what is exported (name, type, labels, help): the collector
+reads it, and the docs' metric table (docs/monitoring.md) is generated from it. Per-task
+families carry the labels job, step (the task's chain, named after its head step) and
+subtask; per-job families the label job.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import (
@@ -25,23 +29,103 @@ from jobmanager.web.snapshot import DURATION_BUCKETS_MS, JobBoard
 
 __all__ = ["CONTENT_TYPE_LATEST", "exposition", "registry_for"]
 
-_TASK_COUNTERS = (
-    ("records_in", "absflow_task_records_in", "Records the task read (this attempt)."),
-    ("records_out", "absflow_task_records_out", "Records the task emitted (this attempt)."),
-    ("bytes_in", "absflow_task_bytes_in", "Data bytes the task received (this attempt)."),
-    ("bytes_out", "absflow_task_bytes_out", "Bytes the task sent on its channels."),
-    (
+
+class MetricType(enum.Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+TASK_LABELS = ("job", "step", "subtask")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric family. ``key`` is the task snapshot's field it reads (per-task
+    families) or the job snapshot's (per-job counters); ``labels`` as exported. A counter's
+    exposed sample name gets ``_total`` appended (prometheus_client's rule)."""
+
+    name: str
+    type: MetricType
+    help: str
+    labels: tuple[str, ...]
+    key: str = ""
+
+    @property
+    def exposed_name(self) -> str:
+        return self.name + "_total" if self.type is MetricType.COUNTER else self.name
+
+
+def _task(key: str, name: str, kind: MetricType, doc: str) -> MetricSpec:
+    return MetricSpec(name, kind, doc, TASK_LABELS, key)
+
+
+_C, _G = MetricType.COUNTER, MetricType.GAUGE
+TASK_METRICS = (
+    _task("records_in", "absflow_task_records_in", _C, "Records the task read (this attempt)."),
+    _task(
+        "records_out", "absflow_task_records_out", _C, "Records the task emitted (this attempt)."
+    ),
+    _task("bytes_in", "absflow_task_bytes_in", _C, "Data bytes the task received (this attempt)."),
+    _task("bytes_out", "absflow_task_bytes_out", _C, "Bytes the task sent on its channels."),
+    _task(
         "backpressure_seconds",
         "absflow_task_backpressure_seconds",
+        _C,
         "Time the task was blocked sending to full channels (backpressure).",
     ),
+    _task(
+        "input_queue",
+        "absflow_task_input_queue_frames",
+        _G,
+        "Frames held back in the task's input.",
+    ),
+    _task(
+        "output_queue",
+        "absflow_task_output_queue_records",
+        _G,
+        "Records waiting in output batches.",
+    ),
+    _task(
+        "busy_share", "absflow_task_busy_ratio", _G, "Share of time neither idle nor backpressured."
+    ),
+    _task("records_in_per_second", "absflow_task_records_in_per_second", _G, "Recent input rate."),
+    _task("watermark", "absflow_task_watermark", _G, "The task's event-time watermark."),
 )
-_TASK_GAUGES = (
-    ("input_queue", "absflow_task_input_queue_frames", "Frames held back in the task's input."),
-    ("output_queue", "absflow_task_output_queue_records", "Records waiting in output batches."),
-    ("busy_share", "absflow_task_busy_ratio", "Share of time neither idle nor backpressured."),
-    ("records_in_per_second", "absflow_task_records_in_per_second", "Recent input rate."),
-    ("watermark", "absflow_task_watermark", "The task's event-time watermark."),
+CHECKPOINT_DURATION = MetricSpec(
+    "absflow_checkpoint_duration_seconds",
+    MetricType.HISTOGRAM,
+    "Time from a checkpoint's trigger to its completion.",
+    ("job",),
+)
+CHECKPOINT_SIZE = MetricSpec(
+    "absflow_checkpoint_size_bytes",
+    _G,
+    "State bytes of the last completed checkpoint (by kind: state, channel_state, backedge).",
+    ("job", "kind"),
+)
+LAST_COMPLETED = MetricSpec(
+    "absflow_checkpoint_last_completed_id", _G, "Id of the last completed checkpoint.", ("job",)
+)
+JOB_COUNTERS = (
+    MetricSpec(
+        "absflow_checkpoints_completed",
+        _C,
+        "Completed checkpoints.",
+        ("job",),
+        "checkpoints_completed",
+    ),
+    MetricSpec(
+        "absflow_checkpoints_failed", _C, "Failed checkpoints.", ("job",), "checkpoints_failed"
+    ),
+    MetricSpec("absflow_restarts", _C, "Restarts of the job.", ("job",), "restarts"),
+)
+METRICS: tuple[MetricSpec, ...] = (
+    *TASK_METRICS,
+    CHECKPOINT_DURATION,
+    CHECKPOINT_SIZE,
+    LAST_COMPLETED,
+    *JOB_COUNTERS,
 )
 
 
@@ -55,18 +139,15 @@ class SnapshotCollector(Collector):
         if snap is None:
             return
         job = self.board.job_id
-        labels = ["job", "step", "subtask"]
-        for key, name, doc in _TASK_COUNTERS:
-            family = CounterMetricFamily(name, doc, labels=labels)
+        for spec in TASK_METRICS:
+            family_type = (
+                CounterMetricFamily if spec.type is MetricType.COUNTER else GaugeMetricFamily
+            )
+            family = family_type(spec.name, spec.help, labels=list(spec.labels))
             for t in snap.tasks:
-                family.add_metric(self._labels(job, t), float(t[key]))
+                if t[spec.key] is not None:
+                    family.add_metric(self._labels(job, t), float(t[spec.key]))
             yield family
-        for key, name, doc in _TASK_GAUGES:
-            gauge = GaugeMetricFamily(name, doc, labels=labels)
-            for t in snap.tasks:
-                if t[key] is not None:
-                    gauge.add_metric(self._labels(job, t), float(t[key]))
-            yield gauge
         yield from self._job_metrics(job, snap)
 
     def _labels(self, job: str, t: Any) -> list[str]:
@@ -81,16 +162,14 @@ class SnapshotCollector(Collector):
             le = "+Inf" if bound == float("inf") else repr(bound / 1000)
             buckets.append((le, float(cumulative)))
         hist = HistogramMetricFamily(
-            "absflow_checkpoint_duration_seconds",
-            "Time from a checkpoint's trigger to its completion.",
-            labels=["job"],
+            CHECKPOINT_DURATION.name,
+            CHECKPOINT_DURATION.help,
+            labels=list(CHECKPOINT_DURATION.labels),
         )
         hist.add_metric([job], buckets, snap.duration_sum_ms / 1000)
         yield hist
         size = GaugeMetricFamily(
-            "absflow_checkpoint_size_bytes",
-            "State bytes of the last completed checkpoint (by kind).",
-            labels=["job", "kind"],
+            CHECKPOINT_SIZE.name, CHECKPOINT_SIZE.help, labels=list(CHECKPOINT_SIZE.labels)
         )
         if snap.checkpoints:
             last = snap.checkpoints[-1]
@@ -99,19 +178,13 @@ class SnapshotCollector(Collector):
         yield size
         last_id = snap.job["last_checkpoint_id"]
         g = GaugeMetricFamily(
-            "absflow_checkpoint_last_completed_id",
-            "Id of the last completed checkpoint.",
-            labels=["job"],
+            LAST_COMPLETED.name, LAST_COMPLETED.help, labels=list(LAST_COMPLETED.labels)
         )
         g.add_metric([job], float(last_id or 0))
         yield g
-        for name, key, doc in (
-            ("absflow_checkpoints_completed", "checkpoints_completed", "Completed checkpoints."),
-            ("absflow_checkpoints_failed", "checkpoints_failed", "Failed checkpoints."),
-            ("absflow_restarts", "restarts", "Restarts of the job."),
-        ):
-            c = CounterMetricFamily(name, doc, labels=["job"])
-            c.add_metric([job], float(snap.job[key]))
+        for spec in JOB_COUNTERS:
+            c = CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+            c.add_metric([job], float(snap.job[spec.key]))
             yield c
 
 

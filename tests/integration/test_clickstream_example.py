@@ -1,4 +1,4 @@
-"""``examples/clickstream.py --rescale-to P``, as the README shows it: the job is stopped
+"""``examples/clickstream.py --rescale-to P``, as docs/connectors.md shows it: the job is stopped
 with a savepoint mid-run (through the stop registry, as ``python -m jobmanager stop``),
 resumed from it at another parallelism while files keep landing, and its PostgreSQL and
 Delta tables equal the totals of every generated event, each once."""
