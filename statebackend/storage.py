@@ -87,10 +87,8 @@ class CheckpointInfo:
 
 
 class CheckpointStorage:
-    """The checkpoints of one job under ``root``: a local or shared-filesystem directory
-    (a path or ``file://`` URL), or an fsspec URL (``s3://bucket/prefix``,
-    ``hdfs://namenode/path``) opened with ``storage_options``. The constructor does no
-    I/O; writes create what they need, reads of a missing root find no checkpoints."""
+    """The checkpoints of one job under ``root`` (a path, ``file://`` or fsspec URL opened
+    with ``storage_options``). No I/O in the constructor; a missing root has none."""
 
     def __init__(
         self,

@@ -388,7 +388,9 @@ class FakeChain:
     def __init__(self, log: Log) -> None:
         self.log = log
 
-    def capture(self, checkpoint_id: int, with_state: bool) -> Capture:
+    def capture(
+        self, checkpoint_id: int, storage: CheckpointStorage | None, final: bool = False
+    ) -> Capture:
         self.log.append(("capture", checkpoint_id))
         snap = OperatorSnapshot(b"\x01", None, None)
         return Capture({"op": snap}, {"op": OperatorLayout(0, 1)}, keys=3)
