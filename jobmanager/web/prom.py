@@ -91,6 +91,18 @@ TASK_METRICS = (
     ),
     _task("records_in_per_second", "absflow_task_records_in_per_second", _G, "Recent input rate."),
     _task("watermark", "absflow_task_watermark", _G, "The task's event-time watermark."),
+    _task(
+        "state_keys",
+        "absflow_task_state_keys",
+        _G,
+        "Keys in the task's keyed state at the last completed checkpoint.",
+    ),
+    _task(
+        "state_bytes",
+        "absflow_task_state_bytes",
+        _G,
+        "Bytes of the task's whole state at the last completed checkpoint.",
+    ),
 )
 CHECKPOINT_DURATION = MetricSpec(
     "absflow_checkpoint_duration_seconds",
@@ -101,7 +113,9 @@ CHECKPOINT_DURATION = MetricSpec(
 CHECKPOINT_SIZE = MetricSpec(
     "absflow_checkpoint_size_bytes",
     _G,
-    "State bytes of the last completed checkpoint (by kind: state, channel_state, backedge).",
+    "Bytes of the last completed checkpoint, by kind: state (written for it: an incremental "
+    "checkpoint's deltas), full_state (the whole state it restores from), channel_state, "
+    "backedge.",
     ("job", "kind"),
 )
 LAST_COMPLETED = MetricSpec(
@@ -145,7 +159,7 @@ class SnapshotCollector(Collector):
             )
             family = family_type(spec.name, spec.help, labels=list(spec.labels))
             for t in snap.tasks:
-                if t[spec.key] is not None:
+                if t.get(spec.key) is not None:
                     family.add_metric(self._labels(job, t), float(t[spec.key]))
             yield family
         yield from self._job_metrics(job, snap)
@@ -173,7 +187,12 @@ class SnapshotCollector(Collector):
         )
         if snap.checkpoints:
             last = snap.checkpoints[-1]
-            for kind in ("state_bytes", "channel_state_bytes", "backedge_bytes"):
+            for kind in (
+                "state_bytes",
+                "full_state_bytes",
+                "channel_state_bytes",
+                "backedge_bytes",
+            ):
                 size.add_metric([job, kind.removesuffix("_bytes")], float(last[kind]))
         yield size
         last_id = snap.job["last_checkpoint_id"]

@@ -244,7 +244,9 @@ class SnapshotBuilder:
             "mode": s.mode,
             "trigger_time": c.trigger_time,
             "duration_ms": round(c.duration_ms, 3),
-            "state_bytes": s.state_bytes,
+            "state_bytes": s.state_bytes,  # written for this checkpoint
+            "full_state_bytes": s.full_state_bytes or s.state_bytes,  # what it restores from
+            "keys": s.keys,
             "channel_state_bytes": s.channel_state_bytes,
             "backedge_bytes": s.backedge_bytes,
             "spilled_bytes": s.spilled_bytes,
@@ -263,6 +265,8 @@ class SnapshotBuilder:
                     "sync_ms": a.sync_ms,
                     "async_ms": a.async_ms,
                     "state_bytes": a.state_bytes,
+                    "full_state_bytes": a.full_state_bytes or a.state_bytes,
+                    "keys": a.keys,
                     "channel_state_bytes": a.channel_state_bytes,
                     "backedge_bytes": a.backedge_bytes,
                 }
@@ -308,9 +312,11 @@ class SnapshotBuilder:
         sources = self.metrics.source_tasks
         sinks = self.metrics.sink_tasks
         rows = []
+        latest = self.metrics.completed[-1].task_metrics if self.metrics.completed else {}
         for index, t in sorted(attempt.tasks.items()):
             m = t.metrics
             rate_in, rate_out = self._rate(index, m)
+            acked = latest.get(t.task_id)
             rows.append(
                 {
                     "index": index,
@@ -336,6 +342,11 @@ class SnapshotBuilder:
                     "rss_bytes": m.rss_bytes,
                     "uptime_seconds": m.uptime_seconds,
                     "watermark": m.watermark,
+                    # keyed state at the last completed checkpoint: keys and whole bytes
+                    "state_keys": acked.keys if acked is not None else None,
+                    "state_bytes": (acked.full_state_bytes or acked.state_bytes)
+                    if acked is not None
+                    else None,
                 }
             )
         return rows

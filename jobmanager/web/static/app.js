@@ -106,7 +106,8 @@
       <td>${fmt(t.records_in_per_second, 0)}</td><td>${fmt(t.records_out_per_second, 0)}</td>
       <td>${fmt(t.records_in, 0)}</td><td>${fmt(t.records_out, 0)}</td><td>${fmt(t.bytes_in, 0)}</td><td>${fmt(t.bytes_out, 0)}</td>
       <td>${fmt(t.backpressure_seconds, 2)} s (${pct(t.backpressure_share)})</td><td>${pct(t.busy_share)}</td>
-      <td>${fmt(t.input_queue, 0)}</td><td>${fmt(t.output_queue, 0)}</td><td>${fmt(t.watermark)}</td></tr>`));
+      <td>${fmt(t.input_queue, 0)}</td><td>${fmt(t.output_queue, 0)}</td><td>${fmt(t.watermark)}</td>
+      <td>${fmt(t.state_keys, 0)}</td><td>${fmt(t.state_bytes, 0)}</td></tr>`));
   }
 
   function showCheckpoints(cp) {
@@ -114,7 +115,7 @@
     $("#cp-summary").textContent = cp.pending.length ? `pending: ${cp.pending.join(", ")}` : "";
     setRows($("#checkpoints tbody"), rows.map((c) => `<tr data-checkpoint="${c.checkpoint_id}">
       <td>${c.checkpoint_id}${c.final ? " (final)" : ""}</td><td>${c.attempt}</td><td>${esc(c.mode)}</td>
-      <td>${fmt(c.duration_ms)}</td><td>${fmt(c.state_bytes, 0)}</td><td>${fmt(c.channel_state_bytes, 0)}</td>
+      <td>${fmt(c.duration_ms)}</td><td>${fmt(c.state_bytes, 0)}</td><td>${fmt(c.full_state_bytes, 0)}</td><td>${fmt(c.channel_state_bytes, 0)}</td>
       <td>${fmt(c.backedge_bytes, 0)}</td><td>${fmt(c.max_alignment_ms)}</td><td>${fmt(c.max_start_delay_ms)}</td>
       <td title="at ${esc(c.critical_task)}, the task written last">${fmt(c.queueing_ms)} / ${fmt(c.alignment_ms)} / ${fmt(c.write_ms)}</td>
       <td class="left"><details><summary>${Object.keys(c.tasks).length} tasks</summary>${Object.entries(c.tasks).map(([k, v]) => `${esc(k)} ${fmt(v.alignment_ms)} / ${fmt(v.start_delay_ms)}`).join("<br>")}</details></td></tr>`));
