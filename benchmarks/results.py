@@ -111,3 +111,16 @@ def read_result(name: str, directory: Path | None = None) -> dict[str, Any]:
             f"{path} does not exist: run the benchmark {name!r} (see benchmarks/{name}.py) "
             "to write it."
         ) from None
+
+
+def stamp(doc: dict[str, Any]) -> str:
+    """One line naming where a result's figures come from: the command, the commit, the
+    date and the machine (cores, CPU, Python, load at the end of the run)."""
+    m = doc.get("machine", {})
+    rounds = doc.get("rounds")
+    return (
+        f"`{doc['command']}` at commit `{doc['commit']}`, {doc['date']}"
+        + (f", {rounds} round{'s' if rounds != 1 else ''}" if rounds else "")
+        + f"; {m.get('cores', '?')} cores ({m.get('cpu', '?')}), Python "
+        f"{m.get('python', '?')}, load {m.get('loadavg_1m', '?')} (1 min average at the end)"
+    )
