@@ -98,6 +98,34 @@ def readme_page(results: Path, readme: Path) -> Page:
     return Page(readme, splice_readme(readme.read_text(encoding="utf-8"), block, readme))
 
 
+def render(results: Path, docs: Path, readme: Path, check: bool) -> list[str]:
+    """Render every page from ``results``; with ``check``, write nothing and return what
+    is stale (or missing) instead. Returns the problems, each naming its file and fix."""
+    problems: list[str] = []
+    rendered = pages(results, docs)
+    try:
+        rendered.append(readme_page(results, readme))
+    except MarkersMissingError as err:
+        problems.append(str(err))
+    for page in rendered:
+        current = page.path.read_text(encoding="utf-8") if page.path.exists() else None
+        if current == page.text:
+            continue
+        if check:
+            problems.append(
+                f"{page.path} is stale: it differs from what {results} renders; run "
+                "`python benchmarks/render.py` (never edit a figure by hand)."
+            )
+        else:
+            page.path.write_text(page.text, encoding="utf-8")
+            print(f"wrote {page.path}")
+    if not check and (results / "evaluate.json").exists():
+        report = evaluation_report(results_of(results)["evaluate"])
+        for png in plots(report, str(docs)):
+            print(f"wrote {png}")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a rendered page is stale")
@@ -105,29 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", type=Path, default=ROOT / "docs", help="the docs folder")
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = ap.parse_args(argv)
-
-    problems: list[str] = []
-    rendered = pages(args.results, args.docs)
-    try:
-        rendered.append(readme_page(args.results, args.readme))
-    except MarkersMissingError as err:
-        problems.append(str(err))
-    for page in rendered:
-        current = page.path.read_text(encoding="utf-8") if page.path.exists() else None
-        if current == page.text:
-            continue
-        if args.check:
-            problems.append(
-                f"{page.path} is stale: it differs from what {args.results} renders; run "
-                "`python benchmarks/render.py` (never edit a figure by hand)."
-            )
-        else:
-            page.path.write_text(page.text, encoding="utf-8")
-            print(f"wrote {page.path}")
-    if not args.check and (args.results / "evaluate.json").exists():
-        report = evaluation_report(results_of(args.results)["evaluate"])
-        for png in plots(report, str(args.docs)):
-            print(f"wrote {png}")
+    problems = render(args.results, args.docs, args.readme, args.check)
     for problem in problems:
         print(problem, file=sys.stderr)
     return 1 if problems else 0

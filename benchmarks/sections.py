@@ -193,6 +193,34 @@ def evaluate(doc: Result) -> str:
     )
 
 
+# -- hot path and iterations ----------------------------------------------------------
+def hot_path(doc: Result) -> str:
+    f, rounds = doc["figures"], doc["rounds"]
+    stages = f["stages_us"]
+    total = sum(stages.values())
+    rows = [[name, f"{us:.3f}"] for name, us in stages.items()]
+    rows += [
+        ["sum of the stages", f"{total:.3f}"],
+        ["plain Python loop, one process (the floor)", f"{f['floor_us']:.3f}"],
+    ]
+    return (
+        f"{f['records']:,} records in batches of {f['batch']:,}; each figure is the best "
+        f"of {rounds} runs (the run least disturbed by other load: a minimum, so no "
+        "spread is given).\n\n"
+        + table(["stage", "µs per record"], rows)
+        + f"\n\nThe stages' sum is {total / f['floor_us']:.2f}x the floor's work per "
+        "record; parallelism 2 has two cores for it.\n"
+    )
+
+
+def iterations(doc: Result) -> str:
+    f = doc["figures"]
+    return (
+        f"{f['launcher']} launcher; the tables as the benchmark formatted them, each figure "
+        "the median [min-max] over the rounds.\n\n" + "\n\n".join(f["tables"]) + "\n"
+    )
+
+
 @dataclass(frozen=True)
 class Section:
     """One benchmark's section: what it measures, how to run it, how to show its file."""
@@ -245,6 +273,7 @@ SECTIONS = (
         "frame codec, aggregate operator, sink) run batch by batch in one process, µs per "
         "record per stage, against the plain-Python loop.",
         "python benchmarks/hot_path.py",
+        hot_path,
     ),
     Section(
         "inflight",
@@ -257,9 +286,14 @@ SECTIONS = (
     Section(
         "iterations",
         "Bulk and delta iterations",
-        "PageRank and connected components as bulk and delta iterations against networkx "
-        "and scipy on the same graphs.",
-        "python benchmarks/iterations.py",
+        "Seed 004's comparison: the superstep-checkpoint overhead of PageRank (a bulk "
+        "iteration) and connected components (a delta iteration) against no fault "
+        "tolerance, the run time with one task killed at half the supersteps under "
+        "optimistic and pessimistic recovery, and PageRank's throughput beside "
+        "networkx.pagerank on the same graph.\n\n![iterations](iterations-bench.png)",
+        "python benchmarks/iterations.py --vertices 20000 --edges 100000 --cc-vertices 50000 "
+        "--cc-edges 100000 --repeat 3 --plot docs/iterations-bench.png",
+        iterations,
     ),
 )
 
