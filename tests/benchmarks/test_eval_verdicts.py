@@ -49,7 +49,8 @@ def evaluation(abs_ratios: list[float], sync_ratios: list[float]) -> Evaluation:
 
 
 def first_verdict(ev: Evaluation) -> str:
-    return Report(ev, stamp="stamp", cores=2).verdicts()[0]
+    verdicts: list[str] = Report(ev, stamp="stamp", cores=2).verdicts()
+    return verdicts[0]
 
 
 def test_an_overhead_whose_interval_straddles_the_target_is_unresolved() -> None:
@@ -72,7 +73,7 @@ def test_with_five_rounds_the_claim_rests_on_the_iqr_labelled_as_such() -> None:
 
 def test_fig6_holds_only_when_both_halves_are_resolved_its_way() -> None:
     def claim(abs_r: list[float], sync_r: list[float]) -> str:
-        verdicts = Report(evaluation(abs_r, sync_r), "stamp", 2).verdicts()
+        verdicts: list[str] = Report(evaluation(abs_r, sync_r), "stamp", 2).verdicts()
         [line] = [v for v in verdicts if v.startswith("**Fig. 6")]
         return line
 
