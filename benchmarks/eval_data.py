@@ -50,7 +50,7 @@ class Config:
         return {"checkpoint_interval": self.interval, **MODES[self.mode]}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Setting:
     seconds: float
     repeat: int
@@ -85,7 +85,7 @@ class Setting:
         return cls(**{**doc, "throttled": [Config(**c) for c in doc["throttled"]]})
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
     """The figures of one finished run."""
 
@@ -134,7 +134,7 @@ class Run:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Study:
     """Runs per configuration label, in rounds (``runs[label][round]``)."""
 
@@ -158,7 +158,7 @@ class Study:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Evaluation:
     """Everything one ``evaluate.py`` run measured: the ``figures`` of its result file."""
 

@@ -1,9 +1,12 @@
-"""The figures, tables, conclusions and plots of ``benchmarks/evaluate.py``.
+"""The figures, tables, conclusions and plots of ``benchmarks/evaluate.py``, rendered
+from its result file by ``benchmarks/render.py``.
 
-Every figure is a median over rounds with its interquartile range; a ratio is taken
-within a round before the median. The conclusions are derived from the figures by the
-rules stated beside them (``verdicts``), so the text cannot claim what the run did not
-show.
+In the tables every figure is a median over rounds with its interquartile range; a ratio
+is taken within a round before the median. The conclusions (``Report.verdicts``) quote
+the interval they rest on and follow the rules of ``benchmarks/verdicts.py`` (within /
+above / unresolved against a target, faster / slower / unresolved for a difference, a
+median's confidence interval only from 6 rounds), so the text cannot claim what the run
+did not show.
 """
 
 from __future__ import annotations
@@ -199,7 +202,7 @@ FIG6_SAYS = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
     """The evaluation's page, from its result file: ``evaluation`` the figures,
     ``stamp`` the line naming the command, date, commit and machine."""

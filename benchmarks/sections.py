@@ -241,7 +241,7 @@ SECTIONS = (
         "same loop in plain Python in one process (the floor), bytewax 0.21 on the same "
         "workload (when its venv is given), and the raw ceiling of one ZeroMQ channel. "
         "Rounds are interleaved, so every figure of a round shares the machine's state.",
-        "python benchmarks/throughput.py --launcher local --bytewax-venv /tmp/bytewax-venv",
+        "python benchmarks/throughput.py --bytewax-venv ../bytewax-venv",
         throughput,
     ),
     Section(

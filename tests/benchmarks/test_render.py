@@ -93,3 +93,15 @@ def test_the_headline_block_replaces_only_what_is_between_the_markers() -> None:
     assert splice_readme(once, "| a | b |\n", Path("README.md")) == once
     with pytest.raises(MarkersMissingError):
         splice_readme(f"{README_END}\n{README_START}\n", "x", Path("README.md"))
+
+
+def test_every_result_file_names_its_command_commit_and_machine() -> None:
+    docs = sorted(RESULTS_DIR.glob("*.json"))
+    assert docs, "benchmarks/results/ holds no results"
+    for path in docs:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        assert doc["command"].startswith("python benchmarks/"), path
+        # a run of committed code: the commit names what ran
+        assert doc["commit"] != "unknown" and not doc["commit"].endswith("+dirty"), path
+        assert doc["machine"]["cores"] and doc["machine"]["cpu"], path
+        assert doc["date"] and doc["figures"], path
