@@ -60,7 +60,6 @@ def round_args(
         help="checkpoint interval" + ("s (0.1 s)" if intervals else " (0.1 s)"),
     )
     ap.add_argument("--parallelism", type=int, default=2)
-    ap.add_argument("--out", help="also write the table to this Markdown file")
     args = ap.parse_args()
     if (
         args.repeat < 1
@@ -79,15 +78,6 @@ def stopwatch() -> Callable[[str], None]:
         print(f"[{time.monotonic() - started:6.0f} s] {text}", flush=True)
 
     return say
-
-
-def report(text: str, title: str, out: str | None, say: Callable[[str], None]) -> None:
-    """Print ``text``; with ``out``, also write it to that Markdown file under ``title``."""
-    print("\n" + text)
-    if out:
-        with open(out, "w") as fh:
-            fh.write(f"# {title}\n\n" + text)
-        say(f"wrote {out}")
 
 
 @dataclass(frozen=True)

@@ -213,6 +213,17 @@ def hot_path(doc: Result) -> str:
     )
 
 
+def inflight(doc: Result) -> str:
+    f, rounds = doc["figures"], doc["rounds"]
+    return (
+        f"Paper topology, p = {f['parallelism']}, {f['records']:,} records per run, "
+        f"checkpoints every {f['interval']:g} s in the checkpointed runs; median [IQR] over "
+        f"{rounds} interleaved rounds, durations pooled over the rounds.\n\n"
+        + table(f["header"], f["rows"])
+        + "\n"
+    )
+
+
 def iterations(doc: Result) -> str:
     f = doc["figures"]
     return (
@@ -282,6 +293,7 @@ SECTIONS = (
         "the time a barrier waits behind queued records; per setting, records/s and "
         "checkpoint duration p50 / p90 / p99 with what the checkpoints waited for.",
         "python benchmarks/inflight.py",
+        inflight,
     ),
     Section(
         "iterations",
