@@ -345,7 +345,7 @@ def benchmarks_page(results: dict[str, Result]) -> str:
 def headline(results: dict[str, Result]) -> str:
     """The README's small table of headline figures, with one stamp line."""
     rows: list[list[str]] = []
-    sources = []
+    used: list[tuple[str, Result]] = []
     tp = results.get("throughput")
     if tp:
         r = tp["figures"]["per_round"]
@@ -357,17 +357,22 @@ def headline(results: dict[str, Result]) -> str:
                 f"{p2.kind.value} {rate(p2.low)}-{rate(p2.high)}, {p2.rounds} rounds",
             ]
         )
-        for label, a, b in (
-            ("the same against plain Python in one process", "b2p", "c"),
-            ("the same against bytewax 0.21, submit to end", "b2", "bytewax"),
+        for label, a, b, target in (
+            ("the same against plain Python in one process", "b2p", "c", FLOOR_TARGET),
+            ("the same against bytewax 0.21, submit to end", "b2", "bytewax", BYTEWAX_TARGET),
         ):
             values = per_round(r.get(a, []), r.get(b, []))
             if values:
                 i = Interval.of(values)
                 rows.append(
-                    [label, f"{i.median:.2f}x", f"{i.kind.value} {i.low:.2f}-{i.high:.2f}x"]
+                    [
+                        label,
+                        f"{i.median:.2f}x",
+                        f"{i.kind.value} {i.low:.2f}-{i.high:.2f}x, {i.rounds} rounds: "
+                        f"{against_floor(i, target).value} against at least {target:g}x",
+                    ]
                 )
-        sources.append(f"throughput.json ({tp['commit']}, {tp['date'][:10]})")
+        used.append(("throughput", tp))
     cc = results.get("checkpoint_cost")
     if cc:
         settings = cc["figures"]["settings"]
@@ -380,17 +385,24 @@ def headline(results: dict[str, Result]) -> str:
                 f"{name.split(',')[0]}: processing-time overhead",
                 f"{over.median:+.1f} %",
                 f"{over.kind.value} {over.low:+.1f} to {over.high:+.1f} %, {over.rounds} "
-                f"rounds: {verdict} against {100 * OVERHEAD_TARGET:.0f} %",
+                f"rounds: {verdict} against at most {100 * OVERHEAD_TARGET:.0f} %",
             ]
         )
-        sources.append(f"checkpoint_cost.json ({cc['commit']}, {cc['date'][:10]})")
+        used.append(("checkpoint_cost", cc))
     if not rows:
         return "No result files yet: see docs/benchmarks.md.\n"
-    machine = (tp or cc or {}).get("machine", {})
+    machine = used[0][1].get("machine", {})
+    loads = [
+        float(doc["machine"][k])
+        for _, doc in used
+        for k in ("loadavg_1m_start", "loadavg_1m")
+        if k in doc.get("machine", {})
+    ]
+    sources = ", ".join(f"{name}.json at {doc['commit']}, {doc['date'][:10]}" for name, doc in used)
     return (
-        table(["figure", "median", "spread"], rows)
+        table(["figure", "median", "spread and verdict"], rows)
         + "\n\n"
-        + f"*Rendered from benchmarks/results/ ({', '.join(sources)}) on "
-        f"{machine.get('cores', '?')} cores ({machine.get('cpu', '?')}); commands and "
-        "details in [docs/benchmarks.md](docs/benchmarks.md).*\n"
+        + f"*Rendered from benchmarks/results/ ({sources}) on {machine.get('cores', '?')} "
+        f"cores ({machine.get('cpu', '?')}), load {min(loads):.0f}-{max(loads):.0f}; "
+        "commands, rules and details in [docs/benchmarks.md](docs/benchmarks.md).*\n"
     )
