@@ -181,7 +181,7 @@ def main() -> None:
     result = {
         "records": args.n,
         "batch": args.batch,
-        "stages_us": {name: round(us, 4) for name, us in figures.items()},
+        "stages_us": [[name, round(us, 4)] for name, us in figures.items()],  # in order
         "floor_us": round(floor, 4),
     }
     print(f"wrote {write_result('hot_path', result, rounds=args.repeat)}")
