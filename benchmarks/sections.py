@@ -235,7 +235,10 @@ def iterations(doc: Result) -> str:
     f = doc["figures"]
     return (
         f"{f['launcher']} launcher; the tables as the benchmark formatted them, each figure "
-        "the median [min-max] over the rounds.\n\n" + "\n\n".join(f["tables"]) + "\n"
+        f"the median [min-max] over {doc['rounds']} rounds. The *order* column ranks "
+        "medians only: it is no claim that one variant is cheaper than another unless their "
+        "[min-max] spreads do not overlap (with fewer than 6 rounds there is no confidence "
+        "interval of a median to quote).\n\n" + "\n\n".join(f["tables"]) + "\n"
     )
 
 
