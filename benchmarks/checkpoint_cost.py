@@ -22,25 +22,27 @@ ratio of the CPU the run took (task processes and job manager together) to the
 no-checkpoint run's: on a machine whose speed drifts from run to run, the same work
 takes more or less time, and the CPU ratio then resolves what the time ratio cannot
 (the job keeps both cores busy, so CPU the checkpoints take is time the records lose).
+It writes benchmarks/results/checkpoint_cost.json; ``python benchmarks/render.py`` puts
+its table in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import platform
 import resource
 import sys
-import time
 from argparse import RawTextHelpFormatter
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from eval_report import Spread, median_ci, pooled, q, report, round_args, stopwatch, table
-from evaluate import Run, rotated, run_checked
+import sections
+from eval_data import Run
+from eval_report import pooled, q, round_args, stopwatch
+from evaluate import rotated, run_checked
+from results import write_result
 
 
 def settings(intervals: list[float], files: bool) -> dict[str, dict[str, Any]]:
@@ -88,59 +90,41 @@ def main() -> None:
         for name in rotated(list(setups), r):
             runs[name].append(measured(n, p, setups[name]))
         say(f"round {r + 1}/{args.repeat} done")
-    rows = []
+    figures: dict[str, Any] = {
+        "parallelism": p,
+        "records": n,
+        "launcher": "local",
+        "none_processing_s": [round(run.processing, 4) for run, _ in runs["none"]],
+        "settings": {},
+    }
     for name in list(setups)[1:]:
         pairs = list(zip(runs[name], runs["none"], strict=True))
 
-        def extra(i: int, pairs: list[Any] = pairs) -> str:
-            """Extra CPU of kind ``i`` per completed checkpoint, ms (median [IQR])."""
-            return Spread.of(
-                (c[i] - b[i]) / max(1, len(run.checkpoints)) * 1000 for (run, c), (_, b) in pairs
-            ).fmt(1)
+        def extra(i: int, pairs: list[Any] = pairs) -> list[float]:
+            """Extra CPU of kind ``i`` per completed checkpoint, ms, per round."""
+            return [
+                round((c[i] - b[i]) / max(1, len(run.checkpoints)) * 1000, 3)
+                for (run, c), (_, b) in pairs
+            ]
 
-        time_ratios = [run.processing / b.processing for (run, _), (b, _) in pairs]
-        low, high = median_ci(time_ratios)
-        cpu_ratios = [sum(c) / sum(b) for (_, c), (_, b) in pairs]
-        cpu_low, cpu_high = median_ci(cpu_ratios)
         checkpointed = [run for run, _ in runs[name]]
         d, w = pooled(checkpointed, "duration_ms"), pooled(checkpointed, "write_ms")
-        rows.append(
-            [
-                name,
-                Spread.of(time_ratios).fmt(3),
-                "-" if math.isnan(low) else f"{low:.3f}-{high:.3f}",  # under 6 rounds
-                Spread.of(cpu_ratios).fmt(3),
-                "-" if math.isnan(cpu_low) else f"{cpu_low:.3f}-{cpu_high:.3f}",
-                Spread.of(len(run.checkpoints) for run in checkpointed).fmt(0),
-                extra(0),
-                extra(1),
-                extra(2),
-                f"{q(d, 0.5):.0f} / {q(d, 0.99):.0f}",
-                f"{q(w, 0.5):.1f} / {q(w, 0.99):.1f}",
-            ]
-        )
-    header = [
-        "setting",
-        "time vs none",
-        "its median's 95 % CI",
-        "CPU vs none",
-        "its median's 95 % CI",
-        "checkpoints per run",
-        "CPU per checkpoint, ms: tasks user",
-        "tasks system",
-        "job manager",
-        "duration p50 / p99 ms",
-        "write p50 / p99 ms",
-    ]
-    plain = Spread.of(run.processing for run, _ in runs["none"]).fmt(2)
-    text = (
-        f"Generated on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}. `python "
-        f"{' '.join(['benchmarks/checkpoint_cost.py', *sys.argv[1:]])}`: paper topology, "
-        f"p={p}, local launcher, {n:,} records per run (no checkpoints: {plain} s), "
-        f"{args.repeat} interleaved rounds, medians [IQR].\n\n" + table(header, rows) + "\n"
-    )
-    report(text, "What an aligned checkpoint costs", args.out, say)
+        figures["settings"][name] = {
+            "config": setups[name],
+            "time_ratio": [round(run.processing / b.processing, 5) for (run, _), (b, _) in pairs],
+            "cpu_ratio": [round(sum(c) / sum(b), 5) for (_, c), (_, b) in pairs],
+            "checkpoints_per_run": [len(run.checkpoints) for run in checkpointed],
+            "extra_cpu_ms": {
+                "tasks_user": extra(0),
+                "tasks_system": extra(1),
+                "job_manager": extra(2),
+            },
+            "duration_ms": {"p50": q(d, 0.5), "p99": q(d, 0.99)},
+            "write_ms": {"p50": q(w, 0.5), "p99": q(w, 0.99)},
+        }
+    path = write_result("checkpoint_cost", figures, rounds=args.repeat)
+    print("\n" + sections.checkpoint_cost_table(figures))
+    say(f"wrote {path}; `python benchmarks/render.py` puts it in docs/benchmarks.md")
 
 
 if __name__ == "__main__":

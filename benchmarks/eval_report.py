@@ -1,27 +1,36 @@
-"""The figures, tables, conclusions and plots of ``benchmarks/evaluate.py``.
+"""The figures, tables, conclusions and plots of ``benchmarks/evaluate.py``, rendered
+from its result file by ``benchmarks/render.py``.
 
-Every figure is a median over rounds with its interquartile range; a ratio is taken
-within a round before the median. The conclusions are derived from the figures by the
-rules stated beside them (``verdicts``), so the text cannot claim what the run did not
-show.
+In the tables every figure is a median over rounds with its interquartile range; a ratio
+is taken within a round before the median. The conclusions (``Report.verdicts``) quote
+the interval they rest on and follow the rules of ``benchmarks/verdicts.py`` (within /
+above / unresolved against a target, faster / slower / unresolved for a difference, a
+median's confidence interval only from 6 rounds), so the text cannot claim what the run
+did not show.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from paper_topology import TASKS_PER_P, percentile
+from eval_data import Evaluation, Run, Setting, Study
+from paper_topology import TASKS_PER_P
+from verdicts import (
+    Difference,
+    Interval,
+    TargetVerdict,
+    against_target,
+    median_ci,
+    time_difference,
+)
 
-if TYPE_CHECKING:
-    from evaluate import Run, Setting, Study
+__all__ = ["median_ci"]  # re-exported: benchmarks/checkpoint_cost.py and others use it
 
 # Targets of the issue this evaluation answers (issue 18), checked in the conclusions.
 OVERHEAD_TARGET = 0.05  # ABS every 0.1 s
@@ -51,7 +60,6 @@ def round_args(
         help="checkpoint interval" + ("s (0.1 s)" if intervals else " (0.1 s)"),
     )
     ap.add_argument("--parallelism", type=int, default=2)
-    ap.add_argument("--out", help="also write the table to this Markdown file")
     args = ap.parse_args()
     if (
         args.repeat < 1
@@ -70,15 +78,6 @@ def stopwatch() -> Callable[[str], None]:
         print(f"[{time.monotonic() - started:6.0f} s] {text}", flush=True)
 
     return say
-
-
-def report(text: str, title: str, out: str | None, say: Callable[[str], None]) -> None:
-    """Print ``text``; with ``out``, also write it to that Markdown file under ``title``."""
-    print("\n" + text)
-    if out:
-        with open(out, "w") as fh:
-            fh.write(f"# {title}\n\n" + text)
-        say(f"wrote {out}")
 
 
 @dataclass(frozen=True)
@@ -109,43 +108,26 @@ class Spread:
         return self.q1 <= x <= self.q3
 
 
-def overhead_verdict(time_ratio: Spread, target: float) -> str:
-    """How a time ratio (with checkpoints / without) stands against an overhead target:
-    within it only if its whole IQR is."""
-    name = f"the {100 * target:.0f} % target"
-    if time_ratio.q3 - 1 <= target:
-        return f"within {name}, over the whole IQR"
-    if time_ratio.median - 1 <= target:
-        return f"the median is within {name}, the IQR is not: not shown to stay under it"
-    return f"above {name}"
-
-
-def median_ci(values: Iterable[float], level: float = 0.95) -> tuple[float, float]:
-    """A distribution-free confidence interval of the median: the order statistics
-    ``(v[k], v[n-k+1])`` (1-based) with the largest ``k`` for which a Binomial(n, 1/2)
-    leaves at most ``(1 - level) / 2`` below ``k``. NaNs when ``values`` are too few
-    (fewer than 6 for 95 %)."""
-    v = sorted(values)
-    n, tail, cdf, k = len(v), (1.0 - level) / 2, 0.0, 0
-    while k < n and cdf + math.comb(n, k) / 2**n <= tail:
-        cdf += math.comb(n, k) / 2**n
-        k += 1
-    if k == 0:
-        return float("nan"), float("nan")
-    return v[k - 1], v[n - k]
+def ratio_values(study: Study, label: str, base: str = "none") -> list[float]:
+    """Processing time of ``label`` over ``base`` in the same round, per round."""
+    pairs = zip(study.runs[label], study.runs[base], strict=True)
+    return [r.processing / b.processing for r, b in pairs]
 
 
 def ratios(study: Study, label: str, base: str = "none") -> Spread:
-    """Processing time of ``label`` over ``base`` in the same round, per round."""
-    pairs = zip(study.runs[label], study.runs[base], strict=True)
-    return Spread.of(r.processing / b.processing for r, b in pairs)
+    """The median and IQR of ``ratio_values``."""
+    return Spread.of(ratio_values(study, label, base))
 
 
-def paired_gap(study: Study, a: str, b: str) -> Spread:
+def gap_values(study: Study, a: str, b: str) -> list[float]:
     """Per round: ratio of ``a`` minus ratio of ``b`` (both against ``none``)."""
     none = study.runs["none"]
     pairs = zip(study.runs[a], study.runs[b], none, strict=True)
-    return Spread.of((x.processing - y.processing) / z.processing for x, y, z in pairs)
+    return [(x.processing - y.processing) / z.processing for x, y, z in pairs]
+
+
+def paired_gap(study: Study, a: str, b: str) -> Spread:
+    return Spread.of(gap_values(study, a, b))
 
 
 def pooled(runs: list[Run], key: str) -> list[float]:
@@ -175,6 +157,7 @@ def per_run(runs: list[Run]) -> Spread:
 
 
 def halted_share(runs: list[Run]) -> str:
+    """The share of each run the sources were halted (synchronous mode), median [IQR]."""
     if not any(c.get("halt_ms") for r in runs for c in r.checkpoints):
         return "-"
     share = Spread.of(
@@ -184,23 +167,51 @@ def halted_share(runs: list[Run]) -> str:
     return share.fmt(0, 100) + " %"
 
 
+def drains(runs: list[Run]) -> str:
+    """How long a synchronous checkpoint's drain took (halt until nothing was in
+    flight), p50 / p99 over every checkpoint of the runs."""
+    d = [float(c["drain_ms"]) for r in runs for c in r.checkpoints if c.get("drain_ms")]
+    return f"{q(d, 0.5):.0f} / {q(d, 0.99):.0f}" if d else "-"
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-@dataclass
+def percent(interval: Interval) -> str:
+    """A time ratio's interval as a signed overhead in %, with its label."""
+    return interval.shifted(-1.0, 100.0).fmt(1, " %", signed=True)
+
+
+FIG6_SAYS = {
+    TargetVerdict.WITHIN: "holds here",
+    TargetVerdict.ABOVE: "does not hold here",
+    TargetVerdict.UNRESOLVED: "is unresolved here",
+}
+
+
+@dataclass(frozen=True)
 class Report:
-    setting: Setting
-    capacity: float
-    full: Study
-    throttled: Study
-    scaling: dict[int, Study]
-    backpressure: Study
-    recovery: dict[str, tuple[float | None, bool]]
-    elapsed: float
-    command: str
+    """The evaluation's page, from its result file: ``evaluation`` the figures,
+    ``stamp`` the line naming the command, date, commit and machine."""
+
+    evaluation: Evaluation
+    stamp: str
+    cores: int
+
+    @property
+    def setting(self) -> Setting:
+        return self.evaluation.setting
+
+    @property
+    def full(self) -> Study:
+        return self.evaluation.full
+
+    @property
+    def throttled(self) -> Study:
+        return self.evaluation.throttled
 
     # -- tables --------------------------------------------------------------------------
     def fig6_rows(self) -> list[list[str]]:
@@ -216,12 +227,16 @@ class Report:
                     durations(runs),
                     waited(runs),
                     halted_share(runs),
+                    drains(runs),
                 ]
             )
         return rows
 
     def latency(self, label: str, f: float) -> Spread:
-        return Spread.of(percentile(r.latency, f) for r in self.throttled.runs[label])
+        return Spread.of(self.latency_values(label, f))
+
+    def latency_values(self, label: str, f: float) -> list[float]:
+        return [r.latency_ms.get(f, float("nan")) for r in self.throttled.runs[label]]
 
     def throttled_rows(self) -> list[list[str]]:
         budget = self.throttled.n / (self.throttled.rate or 1.0)
@@ -242,16 +257,18 @@ class Report:
 
     def scaling_rows(self) -> list[list[str]]:
         rows = []
-        for p, study in sorted(self.scaling.items()):
+        label = self.setting.scaling_label
+        for p, study in sorted(self.evaluation.scaling.items()):
             none = Spread.of(r.processing for r in study.runs["none"])
-            abs_ = Spread.of(r.processing for r in study.runs["exactly_once@0.5"])
+            abs_ = Spread.of(r.processing for r in study.runs[label])
             rows.append(
                 [
                     str(p),
                     str(TASKS_PER_P * p),
                     none.fmt(),
                     abs_.fmt(),
-                    ratios(study, "exactly_once@0.5").fmt(),
+                    per_run(study.runs[label]).fmt(0),
+                    ratios(study, label).fmt(),
                 ]
             )
         return rows
@@ -259,7 +276,7 @@ class Report:
     def backpressure_rows(self) -> list[list[str]]:
         rows = []
         for mode in self.setting.backpressure_modes:
-            runs = self.backpressure.runs[mode]
+            runs = self.evaluation.backpressure.runs[mode]
             rows.append(
                 [
                     mode,
@@ -275,71 +292,92 @@ class Report:
 
     # -- conclusions ---------------------------------------------------------------------
     def verdicts(self) -> list[str]:
-        s, out = self.setting, []
+        """Each conclusion with the interval it rests on and the rule's outcome
+        (benchmarks/verdicts.py): a claim the interval does not settle is unresolved."""
+        s, full, out = self.setting, self.full, []
         short = min(s.intervals)
-        abs_short = ratios(self.full, f"exactly_once@{short}")
+        overhead = Interval.of(ratio_values(full, f"exactly_once@{short}")).shifted(-1.0)
+        target = against_target(overhead, OVERHEAD_TARGET)
         out.append(
-            f"**ABS every {short} s costs {100 * (abs_short.median - 1):+.1f} %** of processing "
-            f"time (IQR {100 * (abs_short.q1 - 1):+.1f} to {100 * (abs_short.q3 - 1):+.1f} %): "
-            f"{overhead_verdict(abs_short, OVERHEAD_TARGET)}."
+            f"**ABS every {short} s costs "
+            f"{percent(Interval.of(ratio_values(full, f'exactly_once@{short}')))}** of "
+            f"processing time against the {100 * OVERHEAD_TARGET:.0f} % target: "
+            f"**{target.value}** (rule: within only if the whole interval is at or under "
+            "the target, above only if it is all over it)."
         )
         for interval in s.intervals[1:]:
-            r = ratios(self.full, f"exactly_once@{interval}")
-            noise = "within noise (its IQR contains 1.00)" if r.contains(1.0) else "outside noise"
-            out.append(f"ABS every {interval} s: {r.fmt()} — {noise}.")
-        gaps = []
-        for interval in s.intervals:
-            gap = paired_gap(self.full, f"synchronous@{interval}", f"exactly_once@{interval}")
-            clear = gap.q1 > 0
-            gaps.append(clear)
+            r = Interval.of(ratio_values(full, f"exactly_once@{interval}"))
+            diff = time_difference(r)
             out.append(
-                f"Synchronous minus ABS at {interval} s: {gap.fmt(3)} of the no-checkpoint time "
-                + ("(clearly above: the whole IQR is > 0)." if clear else "(not clearly above).")
+                f"ABS every {interval} s against no checkpoints: {percent(r)}: "
+                f"**{DIFF_WORDS[diff]}**."
             )
-        near = abs_short.median - 1 <= OVERHEAD_TARGET
-        holds = near and gaps[0]
+        gap_diff = []
+        for interval in s.intervals:
+            gap = Interval.of(
+                gap_values(full, f"synchronous@{interval}", f"exactly_once@{interval}")
+            )
+            diff = time_difference(gap, 0.0)
+            gap_diff.append(diff)
+            out.append(
+                f"Synchronous minus ABS at {interval} s, in no-checkpoint times: "
+                f"{gap.fmt(3, signed=True)}: synchronous is **{SYNC_WORDS[diff]}**."
+            )
+        if target is TargetVerdict.WITHIN and gap_diff[0] is Difference.SLOWER:
+            claim = TargetVerdict.WITHIN
+        elif target is TargetVerdict.ABOVE or gap_diff[0] is Difference.FASTER:
+            claim = TargetVerdict.ABOVE
+        else:
+            claim = TargetVerdict.UNRESOLVED
         out.append(
-            "**Fig. 6's claim (ABS near no snapshots, far below synchronous at short intervals) "
-            + ("holds here**" if holds else "does not fully hold here**")
-            + f": ABS at {short} s is {'near' if near else 'not near'} no snapshots, and "
-            f"synchronous is {'clearly' if gaps[0] else 'not clearly'} costlier at {short} s."
+            "**Fig. 6's claim (ABS near no snapshots, far below synchronous at short "
+            f"intervals) {FIG6_SAYS[claim]}**: ABS at {short} s is {target.value} against "
+            f"the target, and synchronous is {SYNC_WORDS[gap_diff[0]]} at {short} s "
+            "(it holds only if both are resolved its way)."
         )
-        d = pooled(self.full.runs[f"exactly_once@{short}"], "duration_ms")
-        p99 = q(d, 0.99)
+        p99s = [
+            q([float(c.get("duration_ms") or 0.0) for c in r.checkpoints], 0.99)
+            for r in full.runs[f"exactly_once@{short}"]
+            if r.checkpoints
+        ]
+        p99 = Interval.of(p99s)
         out.append(
-            f"Aligned checkpoint duration at full load (ABS every {short} s, "
-            f"{len(d)} checkpoints): p50 {q(d, 0.5):.0f} ms, p99 {p99:.0f} ms — "
-            + ("within" if p99 <= P99_TARGET_MS else "above")
-            + f" the {P99_TARGET_MS:.0f} ms p99 target."
+            f"Aligned checkpoint duration p99 at full load (ABS every {short} s, the p99 of "
+            f"each run): {p99.fmt(0, ' ms')}: **{against_target(p99, P99_TARGET_MS).value}** "
+            f"against the {P99_TARGET_MS:.0f} ms target."
         )
-        lat = {c.label: self.latency(c.label, 0.99) for c in s.throttled}
+        lat = {c.label: Interval.of(self.latency_values(c.label, 0.99)) for c in s.throttled}
         out.append(
             f"Throttled to {100 * s.throttle:.0f} % of capacity, latency p99: "
-            + ", ".join(f"{label} {v.median:.0f} ms" for label, v in lat.items())
+            + "; ".join(f"{label} {v.fmt(0, ' ms')}" for label, v in lat.items())
             + "."
         )
         return out
 
     def markdown(self) -> str:
-        s = self.setting
+        s, ev = self.setting, self.evaluation
         head = (
-            f"Generated by `{self.command}` on {time.strftime('%Y-%m-%d')}, "
-            f"{os.cpu_count()} cores, Python {platform.python_version()}; "
-            f"{self.elapsed / 60:.0f} minutes. Topology: six operators, three hash shuffles, "
-            f"chaining off (6p tasks), parallelism {s.parallelism}. Capacity without "
-            f"checkpoints: {self.capacity:,.0f} records/s, so a full-speed run is "
-            f"{self.full.n:,} records (~{s.seconds:.0f} s). {s.repeat} interleaved rounds; "
-            "every figure is the median over rounds with its interquartile range [q1-q3]; "
-            "ratios are taken within a round, against that round's run without checkpoints. "
-            "Times are processing times (first record to all output committed)."
+            f"{self.stamp}. Topology: six operators, three hash shuffles, chaining off "
+            f"(6p tasks), parallelism {s.parallelism}, {s.launcher} launcher. Capacity "
+            f"without checkpoints: {ev.capacity:,.0f} records/s, so a full-speed run is "
+            f"{self.full.n:,} records (~{s.seconds:g} s). {s.repeat} interleaved round(s); in "
+            "the tables every figure is the median over rounds with its interquartile "
+            "range [q1-q3]; ratios are taken within a round, against that round's run "
+            "without checkpoints. Times are processing times (first record to all output "
+            "committed); the whole run took "
+            f"{ev.elapsed / 60:.0f} minutes."
         )
         return "\n".join(
             [
                 "# Evaluation: snapshot modes on the ABS paper's topology",
                 "",
+                GENERATED_NOTE,
+                "",
                 head,
                 "",
                 "## What the figures say",
+                "",
+                RULES_NOTE,
                 "",
                 *[f"- {v}" for v in self.verdicts()],
                 "",
@@ -349,8 +387,9 @@ class Report:
                 "background. Synchronous snapshots (Naiad's) halt every source, wait until "
                 "nothing is in flight anywhere, and only then snapshot: for each checkpoint "
                 "the job stops for the time its queues take to drain (the *sources halted* "
-                "column), so the shorter the interval, the larger the share of the run spent "
-                "halted. Unaligned barriers overtake queued records and log them instead.",
+                "and *drain* columns), so the shorter the interval, the larger the share of "
+                "the run spent halted. Unaligned barriers overtake queued records and log "
+                "them instead.",
                 "",
                 "## Processing time against the checkpoint interval, full speed (fig. 6)",
                 "",
@@ -364,14 +403,16 @@ class Report:
                         "checkpoints per run",
                         "duration ms p50 / p99",
                         "waited for ms: queueing / alignment / write",
-                        "sources halted",
+                        "sources halted, % of run",
+                        "drain ms p50 / p99",
                     ],
                     self.fig6_rows(),
                 ),
                 "",
                 "*Waited for*: at the task whose state was written last, the time from the "
                 "trigger to its first barrier (barriers behind queued records), from its first "
-                "to its last barrier, and writing its state (medians over all checkpoints).",
+                "to its last barrier, and writing its state (medians over all checkpoints). "
+                "*Drain*: from the halt until nothing was in flight (synchronous only).",
                 "",
                 f"## Throttled to {100 * s.throttle:.0f} % of capacity: latency",
                 "",
@@ -391,25 +432,34 @@ class Report:
                     self.throttled_rows(),
                 ),
                 "",
-                "## Processing time against parallelism (fig. 7)",
+                "## Fixed-data (strong) scaling: processing time against parallelism (fig. 7)",
+                "",
+                f"The same {self.full.n:,} records at every parallelism, ABS every "
+                f"{s.scaling_interval:g} s (the paper's interval for fig. 7) against no "
+                "checkpoints.",
                 "",
                 table(
-                    ["p", "tasks", "no checkpoints s", "ABS every 0.5 s s", "ratio"],
+                    [
+                        "p",
+                        "tasks",
+                        "no checkpoints s",
+                        f"ABS every {s.scaling_interval:g} s, s",
+                        "checkpoints per run",
+                        "ratio",
+                    ],
                     self.scaling_rows(),
                 ),
                 "",
-                f"This machine has {os.cpu_count()} cores: the 6p task processes share them, "
-                "so more parallelism adds processes, not speed, and weak scaling (fig. 7's "
-                "claim) cannot be shown here; `--full` runs p up to 8 for bigger machines. "
-                "What this machine can show is the ratio column: the cost of ABS as the "
-                "number of tasks grows.",
+                f"This machine has {self.cores} cores: the 6p task processes share them, so "
+                "more parallelism adds processes, not speed, and the paper's scaling cannot "
+                "be shown here; `--full` runs p up to 8 for bigger machines. What this machine "
+                "can show is the ratio column: the cost of ABS as the number of tasks grows.",
                 "",
                 "## Backpressure: a hot key on one slowed keyed task",
                 "",
                 f"{s.backpressure_n:,} records, a quarter on key 0, whose `regroup` task sleeps "
                 f"{s.hot_sleep * 1e6:.0f} µs per record of it (the job's bottleneck); the "
-                "sources emit for "
-                f"{6:.0f} s, checkpoints every 0.25 s.",
+                "sources emit for 6 s, checkpoints every 0.25 s.",
                 "",
                 table(
                     [
@@ -430,18 +480,44 @@ class Report:
                     ["mode", "processing again after s", "exact result"],
                     [
                         [m, "-" if sec is None else f"{sec:.2f}", "yes" if ok else "no"]
-                        for m, (sec, ok) in self.recovery.items()
+                        for m, (sec, ok) in ev.recovery.items()
                     ],
                 ),
                 "",
                 "SIGKILL of `count[1]` after checkpoint 2, to the first record processed after "
-                "the restore.",
+                "the restore; one run per mode (a single figure, no spread).",
                 "",
             ]
         )
 
 
+GENERATED_NOTE = (
+    "<!-- Generated by `python benchmarks/render.py` from benchmarks/results/evaluate.json: "
+    "do not edit; run `python benchmarks/evaluate.py` and then the renderer. -->"
+)
+RULES_NOTE = (
+    "Every claim quotes the interval it rests on: the 95 % confidence interval of the "
+    "median over rounds (distribution-free) with at least 6 rounds, else the "
+    "interquartile range, labelled as such. Against a target a figure is *within* only if "
+    "the whole interval is at or under it, *above* only if the whole interval is over it, "
+    "and *unresolved* where the interval straddles it; a difference is *faster* or *slower* "
+    "only if the whole interval is on one side of no difference, else *unresolved* "
+    "(`benchmarks/verdicts.py`)."
+)
+DIFF_WORDS = {
+    Difference.FASTER: "faster than without checkpoints",
+    Difference.SLOWER: "slower than without checkpoints",
+    Difference.UNRESOLVED: "unresolved (the interval contains no difference)",
+}
+SYNC_WORDS = {
+    Difference.SLOWER: "costlier than ABS",
+    Difference.FASTER: "cheaper than ABS",
+    Difference.UNRESOLVED: "not resolved against ABS",
+}
+
+
 def plots(report: Report, docs: str) -> list[str]:
+    """The figures' plots as PNGs under ``docs`` (none without matplotlib)."""
     try:
         import matplotlib
 
@@ -466,7 +542,7 @@ def plots(report: Report, docs: str) -> list[str]:
     ax.set_xlabel("checkpoint interval (s)")
     ax.set_ylabel("processing time / no checkpoints")
     ax.set_title("Fig. 6: cost against the interval (median, IQR)")
-    written.append(_save(fig, ax, docs, "evaluation-interval.png"))
+    written.append(_save(plt, fig, ax, docs, "evaluation-interval.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     labels = [c.label for c in s.throttled]
@@ -475,24 +551,29 @@ def plots(report: Report, docs: str) -> list[str]:
         bars(ax, list(range(len(labels))), spreads, f"latency {name}")
     ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=7)
     ax.set_ylabel("end-to-end latency (ms)")
-    ax.set_title(f"Throttled to {100 * s.throttle:.0f} % of capacity")
-    written.append(_save(fig, ax, docs, "evaluation-latency.png"))
+    ax.set_title(f"Throttled to {100 * s.throttle:.0f} % of capacity (median, IQR)")
+    written.append(_save(plt, fig, ax, docs, "evaluation-latency.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ps = list(report.scaling)
-    xs = [float(p) for p in ps]
-    bars(ax, xs, [ratios(report.scaling[p], "exactly_once@0.5") for p in ps], "ABS every 0.5 s")
-    ax.axhline(1.0, color="grey", linestyle="--", label="no checkpoints")
-    ax.set_xlabel("parallelism p (6p tasks)")
-    ax.set_ylabel("processing time / no checkpoints")
-    ax.set_title("Fig. 7 on 2 cores: ABS cost as tasks grow")
-    written.append(_save(fig, ax, docs, "evaluation-parallelism.png"))
+    scaling = report.evaluation.scaling
+    xs = [float(p) for p in scaling]
+    for label, name in (("none", "no checkpoints"), (s.scaling_label, "ABS every 3 s")):
+        spreads = [Spread.of(r.processing for r in scaling[p].runs[label]) for p in scaling]
+        bars(ax, xs, spreads, name.replace("3", f"{s.scaling_interval:g}"))
+    ax.set_xticks(xs, [str(p) for p in scaling])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("parallelism p (6p tasks), the same records at every p")
+    ax.set_ylabel("processing time (s)")
+    ax.set_title(f"Fig. 7, fixed data (strong scaling) on {report.cores} cores (median, IQR)")
+    written.append(_save(plt, fig, ax, docs, "evaluation-parallelism.png"))
     return written
 
 
-def _save(fig: Any, ax: Any, docs: str, name: str) -> str:
+def _save(plt: Any, fig: Any, ax: Any, docs: str, name: str) -> str:
     ax.legend(fontsize=8)
     path = os.path.join(docs, name)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    # No timestamp in the PNG's metadata: the same result renders the same bytes.
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
     return path

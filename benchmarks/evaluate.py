@@ -1,33 +1,39 @@
 """The ABS paper's evaluation (Carbone et al. 2015, section 6) for the snapshot modes, in
 one command:
 
-    python benchmarks/evaluate.py              # 20 s runs, 5 interleaved rounds (~30 min)
-    python benchmarks/evaluate.py --seconds 10 --repeat 3    # a quicker look
+    python benchmarks/evaluate.py              # 20 s runs, 6 interleaved rounds (~45 min)
+    python benchmarks/evaluate.py --seconds 5 --launcher local   # shorter, no JVM
     python benchmarks/evaluate.py --full       # every mode, p up to 8: for bigger machines
 
 On the paper's topology (benchmarks/paper_topology.py: six operators, three hash
 shuffles, chaining off, 6p tasks) it first measures the job's capacity (records/s without
 checkpoints), sizes every run to last ``--seconds``, and then runs ``--repeat`` rounds; a
 round runs every configuration once, in an order rotated from round to round, so slow
-drifts of the machine fall on every configuration alike. Each figure is reported as the
-median over rounds with its interquartile range (IQR); a ratio is taken within a round
-(against that round's run without checkpoints) before the median. It measures:
+drifts of the machine fall on every configuration alike. Each figure is the median over
+rounds; a ratio is taken within a round (against that round's run without checkpoints)
+before the median. Tables give the interquartile range (IQR); a claim rests on the
+median's 95 % confidence interval when there are at least 6 rounds, else on the IQR,
+by the rules of benchmarks/verdicts.py. It measures:
 
 1. **fig. 6, full speed**: processing time against the checkpoint interval for aligned
    ABS (``exactly_once``) and for Naiad's synchronous snapshots, as ratios to no
    checkpoints, with the number of checkpoints each run completed, their duration p50 /
    p99, what they waited for (queueing, alignment, write at the task written last) and,
-   for synchronous, the share of the run the sources were halted; unaligned barriers at
+   for synchronous, the share of the run the sources were halted and how long each
+   drain took; unaligned barriers at
    one interval beside them;
 2. **the same, throttled**: the sources limited to ``--throttle`` of the capacity, so the
    job is not throughput-bound: end-to-end record latency p50 / p99 (source to sink);
-3. **fig. 7**: ABS every 0.5 s against no checkpoints as the parallelism grows;
+3. **fig. 7, fixed-data (strong) scaling**: the same number of records at every
+   parallelism, ABS every 3 s (the paper's interval) against no checkpoints;
 4. **backpressure**: a hot key on one slowed keyed task, per mode;
 5. **recovery**: one SIGKILL per mode, time until processing again, exact result.
 
 Processing time is submit-to-all-output-committed minus start-up (submit to first
-record). It writes docs/evaluation.md (tables and the conclusions the figures support)
-and, with matplotlib (``pip install -e '.[bench]'``), plots with error bars beside it.
+record). It writes its result file, benchmarks/results/evaluate.json (every run's
+figures, the command, commit and machine); ``python benchmarks/render.py`` then writes
+docs/evaluation.md from it (tables and the conclusions the figures support) and, with
+matplotlib (``pip install -e '.[bench]'``), the plots with error bars beside it.
 """
 
 from __future__ import annotations
@@ -37,14 +43,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import eval_report
-from paper_topology import TASKS_PER_P, build, check, latency_hist
+from eval_data import MODES, Config, Evaluation, Run, Setting, Study
+from paper_topology import TASKS_PER_P, build, check
+from results import write_result
 
 from jobmanager import launcher
 from jobmanager.faults import Kill
@@ -54,58 +60,13 @@ from runtime.config import JobConfig
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, "docs")
 
-MODES: dict[str, dict[str, Any]] = {
-    "exactly_once": {"snapshot_mode": "exactly_once"},
-    "synchronous": {"snapshot_mode": "synchronous"},
-    "unaligned": {"snapshot_mode": "unaligned"},
-    "at_least_once": {"snapshot_mode": "at_least_once"},
-    "aligned_timeout": {"snapshot_mode": "exactly_once", "aligned_timeout": 0.05},
-}
 # The backpressure scenario's sources emit for this long (faster than the hot task can
 # follow), so periodic checkpoints are taken under backpressure, not only after the
 # sources ended and the backlog drains.
 BACKPRESSURE_SOURCE_SECONDS = 6.0
 
 
-@dataclass(frozen=True)
-class Config:
-    """One configuration of a run: a snapshot mode at an interval, or no checkpoints."""
-
-    mode: str | None
-    interval: float | None = None
-
-    @property
-    def label(self) -> str:
-        return "none" if self.mode is None else f"{self.mode}@{self.interval}"
-
-    def settings(self) -> dict[str, Any]:
-        if self.mode is None:
-            return {}
-        return {"checkpoint_interval": self.interval, **MODES[self.mode]}
-
-
-@dataclass
-class Setting:
-    seconds: float
-    repeat: int
-    parallelism: int
-    intervals: list[float]
-    other_modes: list[str]  # beside ABS and synchronous, at 0.5 s
-    throttle: float
-    throttled: list[Config]
-    parallelisms: list[int]
-    backpressure_modes: list[str]
-    backpressure_n: int = 500_000
-    hot_sleep: float = 0.00004
-
-    def full_speed(self) -> list[Config]:
-        configs = [Config(None)]
-        for interval in self.intervals:
-            configs += [Config("exactly_once", interval), Config("synchronous", interval)]
-        return configs + [Config(m, 0.5) for m in self.other_modes]
-
-
-def default_setting(seconds: float, repeat: int, full: bool) -> Setting:
+def default_setting(seconds: float, repeat: int, full: bool, launcher: str) -> Setting:
     return Setting(
         seconds=seconds,
         repeat=repeat,
@@ -121,35 +82,8 @@ def default_setting(seconds: float, repeat: int, full: bool) -> Setting:
         ],
         parallelisms=[1, 2, 4, 6, 8] if full else [1, 2, 3],
         backpressure_modes=list(MODES) if full else ["exactly_once", "unaligned", "synchronous"],
+        launcher=launcher,
     )
-
-
-@dataclass
-class Run:
-    """The figures of one finished run."""
-
-    processing: float
-    checkpoints: list[dict[str, Any]]
-    failed: int
-    latency: dict[int, int]
-
-    @classmethod
-    def of(cls, result: JobResult) -> Run:
-        return cls(
-            processing=result.duration - (result.startup_seconds or 0.0),
-            checkpoints=[c for c in result.checkpoints if not c.get("final")],
-            failed=len(result.failed_checkpoints),
-            latency=latency_hist(result),
-        )
-
-
-@dataclass
-class Study:
-    """Runs per configuration label, in rounds (``runs[label][round]``)."""
-
-    n: int
-    rate: float | None = None
-    runs: dict[str, list[Run]] = field(default_factory=dict)
 
 
 def run_checked(n: int, parallelism: int, **kwargs: Any) -> JobResult:
@@ -167,10 +101,12 @@ def rotated(items: list[Any], k: int) -> list[Any]:
 def calibrate(s: Setting, say: Callable[[str], None]) -> float:
     """Records/s of the topology without checkpoints (median of three runs, the first
     sized by a short probe)."""
-    probe = run_checked(300_000, s.parallelism)
+    probe = run_checked(300_000, s.parallelism, launcher=s.launcher)
     rate = 300_000 / max(0.1, Run.of(probe).processing)
     n = int(rate * min(s.seconds, 8.0))
-    rates = sorted(n / Run.of(run_checked(n, s.parallelism)).processing for _ in range(3))
+    rates = sorted(
+        n / Run.of(run_checked(n, s.parallelism, launcher=s.launcher)).processing for _ in range(3)
+    )
     say(f"capacity: {rates[1]:,.0f} records/s (runs {rates[0]:,.0f}-{rates[2]:,.0f})")
     return rates[1]
 
@@ -182,19 +118,21 @@ def rounds(
     full = Study(n=int(capacity * s.seconds))
     rate = s.throttle * capacity
     throttled = Study(n=int(rate * s.seconds), rate=rate)
-    # p = s.parallelism is the full-speed study itself (it has none and ABS every 0.5 s)
+    # p = s.parallelism is the full-speed study itself (its run without checkpoints is
+    # shared; it gets one more configuration, ABS at the scaling interval)
     scaling = {p: full if p == s.parallelism else Study(n=full.n) for p in s.parallelisms}
     jobs: list[tuple[Study, str, Callable[[], JobResult]]] = []
     for c in s.full_speed():
-        jobs.append((full, c.label, _job(full.n, s.parallelism, c.settings())))
+        jobs.append((full, c.label, _job(s, full.n, s.parallelism, c.settings())))
     for c in s.throttled:
         settings = {**c.settings(), "rate": rate}
-        jobs.append((throttled, c.label, _job(throttled.n, s.parallelism, settings)))
+        jobs.append((throttled, c.label, _job(s, throttled.n, s.parallelism, settings)))
     for p in s.parallelisms:
-        if p == s.parallelism:
-            continue
-        for c in (Config(None), Config("exactly_once", 0.5)):
-            jobs.append((scaling[p], c.label, _job(scaling[p].n, p, c.settings())))
+        scaled = [Config("exactly_once", s.scaling_interval)]
+        if p != s.parallelism:
+            scaled.insert(0, Config(None))
+        for c in scaled:
+            jobs.append((scaling[p], c.label, _job(s, scaling[p].n, p, c.settings())))
     for r in range(s.repeat):
         started = time.monotonic()
         for study, label, job in rotated(jobs, r * 7):
@@ -203,8 +141,8 @@ def rounds(
     return full, throttled, scaling
 
 
-def _job(n: int, parallelism: int, settings: dict[str, Any]) -> Callable[[], JobResult]:
-    return lambda: run_checked(n, parallelism, **settings)
+def _job(s: Setting, n: int, parallelism: int, settings: dict[str, Any]) -> Callable[[], JobResult]:
+    return lambda: run_checked(n, parallelism, launcher=s.launcher, **settings)
 
 
 def backpressure(s: Setting, say: Callable[[str], None]) -> Study:
@@ -219,6 +157,7 @@ def backpressure(s: Setting, say: Callable[[str], None]) -> Study:
                 hot_share=4,
                 checkpoint_interval=0.25,
                 rate=s.backpressure_n / BACKPRESSURE_SOURCE_SECONDS,
+                launcher=s.launcher,
                 **MODES[mode],
             )
             study.runs.setdefault(mode, []).append(Run.of(result))
@@ -233,7 +172,9 @@ def recovery(
     n = int(capacity * 3)
     for mode in s.backpressure_modes:
         settings = {"checkpoint_interval": 0.25, **MODES[mode]}
-        flow = build(n, s.parallelism, rate=n / 6, progress=False, ui=False, **settings)
+        flow = build(
+            n, s.parallelism, rate=n / 6, progress=False, ui=False, launcher=s.launcher, **settings
+        )
         result = flow.run(faults=[Kill("count[1]", after_checkpoint=2)])
         seconds = result.restarts[0].recovery_seconds if result.restarts else None
         out[mode] = (seconds, check(result, n))
@@ -244,22 +185,28 @@ def recovery(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20.0, help="length of a run (default 20)")
-    ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--repeat", type=int, default=6, help="interleaved rounds (default 6)")
     ap.add_argument("--full", action="store_true", help="every mode and interval, p up to 8")
-    ap.add_argument("--out", default=os.path.join(DOCS, "evaluation.md"))
+    ap.add_argument(
+        "--launcher",
+        choices=("spark", "local"),
+        default="spark",
+        help="spark (a local SparkSession) or local task processes (no JVM)",
+    )
     args = ap.parse_args()
     if args.repeat < 1 or args.seconds <= 0:
         ap.error("--repeat must be >= 1 and --seconds > 0")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    s = default_setting(args.seconds, args.repeat, args.full)
+    s = default_setting(args.seconds, args.repeat, args.full, args.launcher)
     started = time.monotonic()
 
     def say(text: str) -> None:
         print(f"[{time.monotonic() - started:6.0f} s] {text}", flush=True)
 
-    launcher.ensure_session(TASKS_PER_P * max(s.parallelisms), JobConfig())
+    if s.launcher == "spark":
+        launcher.ensure_session(TASKS_PER_P * max(s.parallelisms), JobConfig())
     capacity = calibrate(s, say)
-    per_round = len(s.full_speed()) + len(s.throttled) + 2 * (len(s.parallelisms) - 1)
+    per_round = len(s.full_speed()) + len(s.throttled) + 2 * len(s.parallelisms) - 1
     say(
         f"{s.repeat} rounds of {per_round} configurations, {s.seconds:.0f} s runs "
         f"(about {s.repeat * per_round * (s.seconds + 2) / 60:.0f} min), then backpressure "
@@ -268,7 +215,7 @@ def main() -> None:
     full, throttled, scaling = rounds(s, capacity, say)
     bp = backpressure(s, say)
     rec = recovery(s, capacity, say)
-    report = eval_report.Report(
+    evaluation = Evaluation(
         setting=s,
         capacity=capacity,
         full=full,
@@ -277,35 +224,9 @@ def main() -> None:
         backpressure=bp,
         recovery=rec,
         elapsed=time.monotonic() - started,
-        command=" ".join(["python benchmarks/evaluate.py", *sys.argv[1:]]),
     )
-    text = report.markdown()
-    images = eval_report.plots(report, os.path.dirname(os.path.abspath(args.out)))
-    if images:
-        text += "\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in images)
-        text += "\n"
-    else:
-        text += "\n(matplotlib is not installed: `pip install -e '.[bench]'` for the plots)\n"
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    text += kept_sections(args.out)
-    with open(args.out, "w") as fh:
-        fh.write(text)
-    print("\n" + text)
-    say(f"wrote {args.out}" + "".join(f", {p}" for p in images))
-
-
-KEPT_HEADINGS = ("## Hot path",)  # sections other benchmarks write (benchmarks/hot_path.py)
-
-
-def kept_sections(path: str) -> str:
-    """The sections of the existing file that this benchmark does not write, from the
-    first of KEPT_HEADINGS to the end: re-running the evaluation keeps them."""
-    if not os.path.exists(path):
-        return ""
-    with open(path) as fh:
-        old = fh.read()
-    starts = [i for h in KEPT_HEADINGS if (i := old.find("\n" + h)) >= 0]
-    return "\n" + old[min(starts) + 1 :] if starts else ""
+    path = write_result("evaluate", evaluation.to_json(), rounds=s.repeat)
+    say(f"wrote {path}; `python benchmarks/render.py` writes docs/evaluation.md from it")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ aggregate take each batch as the source reader or the decoder has just made it, 
 strings whose hashes are not cached yet, still in the caches), their sum, and the
 plain-Python loop of ../shared/peers/python_baseline.py for scale. No ZeroMQ, no
 process switches: those are what the end-to-end benchmarks/throughput.py adds on top.
+Writes benchmarks/results/hot_path.json (``python benchmarks/render.py`` shows it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from keyed_count import VOCAB, CountingSink, build
+from results import write_result
 
 from channels.messages import decode_records, encode_data
 from channels.partitioners import HashPartitioner
@@ -176,6 +178,13 @@ def main() -> None:
     print(f"{'sum of the stages':<{width}}  {total:6.3f}")
     print(f"{'plain Python loop, one process (the floor)':<{width}}  {floor:6.3f}")
     print(f"sum / floor = {total / floor:.2f} (parallelism 2 has two cores for the sum)")
+    result = {
+        "records": args.n,
+        "batch": args.batch,
+        "stages_us": [[name, round(us, 4)] for name, us in figures.items()],  # in order
+        "floor_us": round(floor, 4),
+    }
+    print(f"wrote {write_result('hot_path', result, rounds=args.repeat)}")
 
 
 if __name__ == "__main__":

@@ -14,25 +14,25 @@ setting twice, without checkpoints (throughput) and with aligned checkpoints eve
 prints, per setting: processing time without checkpoints (median [IQR]), throughput
 relative to the issue-18 baseline (fixed batches, 8 batches per side, OS buffers) within
 each round, checkpoints per run, and pooled checkpoint duration p50 / p90 / p99 with
-what they waited for (queueing / alignment / write, medians); ``--out`` also writes the
-table to a Markdown file.
+what they waited for (queueing / alignment / write, medians), and writes them to
+benchmarks/results/inflight.json (``python benchmarks/render.py`` shows them in
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from eval_report import Spread, pooled, q, report, round_args, stopwatch, table, waited
+from eval_report import Spread, pooled, q, round_args, stopwatch, table, waited
 from evaluate import Run, rotated, run_checked
 from paper_topology import TASKS_PER_P
+from results import write_result
 
 from jobmanager import launcher
 from runtime.config import JobConfig
@@ -121,14 +121,16 @@ def main() -> None:
         "duration p50 / p90 / p99 ms",
         "waited: queueing / alignment / write ms",
     ]
-    text = (
-        f"Generated on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}.\n\n"
-        f"`python {' '.join(['benchmarks/inflight.py', *sys.argv[1:]])}`: paper topology, "
-        f"p={p}, {n:,} records per run, {args.repeat} interleaved rounds, medians [IQR]; "
-        "durations pooled over the rounds.\n\n" + table(header, rows) + "\n"
-    )
-    report(text, "In-flight data: checkpoint duration against throughput", args.out, say)
+    figures = {
+        "parallelism": p,
+        "records": n,
+        "interval": args.interval,
+        "header": header,
+        "rows": rows,
+    }
+    print("\n" + table(header, rows))
+    path = write_result("inflight", figures, rounds=args.repeat)
+    say(f"wrote {path}; `python benchmarks/render.py` puts it in docs/benchmarks.md")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ PageRank throughput next to networkx.pagerank on the same graph, in the same run
 
     python benchmarks/iterations.py                       # small: threads, ~1 min
     python benchmarks/iterations.py --vertices 20000 --edges 100000 \\
-        --cc-vertices 50000 --cc-edges 100000 --repeat 3 --out docs/iterations-bench.md
+        --cc-vertices 50000 --cc-edges 100000 --repeat 3 --plot docs/iterations-bench.png
 
 Every configuration runs ``--repeat`` times; the runs are interleaved (round r runs
 every configuration once, after one warm-up run), so a load change hits them all alike.
@@ -15,8 +15,9 @@ Checkpoint interval k = round(sqrt(n)), n = the failure-free superstep count (th
 seed's choice); the kill ends task 1 as superstep n/2 starts. Times are the job
 manager's wall time of the iteration (a Spark session's start is not in them).
 
-Prints a markdown table (and writes it with ``--out``, with a PNG of the four panels
-beside it when matplotlib is installed: ``pip install .[bench]``).
+Prints markdown tables and writes them to benchmarks/results/iterations.json (``python
+benchmarks/render.py`` puts them in docs/benchmarks.md); ``--plot`` also draws the four
+panels to that PNG when matplotlib is installed (``pip install .[bench]``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.iterations_plot import plot
+from benchmarks.results import write_result
 from runtime.iterations import BulkIteration, DeltaIteration, Recovery, l1_below
 from runtime.iterations.api import RecoveryMode
 from runtime.iterations.graphs import (
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per configuration")
     ap.add_argument("--launcher", choices=("threads", "spark"), default="threads")
     ap.add_argument("--only", choices=("pagerank", "cc"), default=None, help="one study only")
-    ap.add_argument("--out", default=None, help="write the markdown here (and the PNG beside it)")
+    ap.add_argument("--plot", default=None, help="also draw the four panels to this PNG")
     args = ap.parse_args(argv)
     started = time.perf_counter()
     n = args.vertices
@@ -279,12 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     text = "\n\n".join([header, *parts]) + "\n"
     print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
-        png = os.path.splitext(args.out)[0] + ".png"
-        if plot(png, studies):
-            print(f"plot: {png}")
+    # The tables as this run formatted them (median [min-max] over the rounds):
+    # ``python benchmarks/render.py`` puts them in docs/benchmarks.md.
+    write_result(
+        "iterations",
+        {"launcher": args.launcher, "tables": parts, "seconds": time.perf_counter() - started},
+        rounds=args.repeat,
+        argv=sys.argv if argv is None else [sys.argv[0], *argv],
+    )
+    if args.plot:
+        if plot(args.plot, studies):
+            print(f"plot: {args.plot}")
         else:
             print("no plot: matplotlib is not installed (pip install .[bench])")
     return 0

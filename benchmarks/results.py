@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# The load when the benchmark started (it imports this module first), beside the load at
+# the end: the machine is shared, and a figure is read against the load it ran under.
+_LOAD_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
 
 
 def _commit() -> str:
@@ -57,7 +60,8 @@ def _cpu_model() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """Cores, CPU model, Python and the load the machine had when the run ended."""
+    """Cores, CPU model, Python and the load (1-minute average) the machine had when the
+    benchmark started and when the run ended."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {
         "cores": os.cpu_count(),
@@ -65,6 +69,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "system": f"{platform.system()} {platform.release()}",
         "loadavg_1m": round(load[0], 2),
+        "loadavg_1m_start": round(_LOAD_AT_START[0], 2),
     }
 
 
@@ -111,3 +116,22 @@ def read_result(name: str, directory: Path | None = None) -> dict[str, Any]:
             f"{path} does not exist: run the benchmark {name!r} (see benchmarks/{name}.py) "
             "to write it."
         ) from None
+
+
+def stamp(doc: dict[str, Any]) -> str:
+    """One line naming where a result's figures come from: the command, the commit, the
+    date and the machine (cores, CPU, Python, load at the end of the run)."""
+    m = doc.get("machine", {})
+    rounds = doc.get("rounds")
+    return (
+        f"`{doc['command']}` at commit `{doc['commit']}`, {doc['date']}"
+        + (f", {rounds} round{'s' if rounds != 1 else ''}" if rounds else "")
+        + f"; {m.get('cores', '?')} cores ({m.get('cpu', '?')}), Python "
+        f"{m.get('python', '?')}, load "
+        + (
+            f"{m['loadavg_1m_start']} at the start and {m.get('loadavg_1m', '?')} at the end"
+            if "loadavg_1m_start" in m
+            else f"{m.get('loadavg_1m', '?')} at the end"
+        )
+        + " (1-minute averages)"
+    )

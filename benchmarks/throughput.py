@@ -23,7 +23,9 @@ Each figure is printed as median [min-max] over the rounds, in records/s over th
 processing time (first record -> all output committed) and submit -> end; then the
 ratios (b)/(a), (b)/(c), (b)/bytewax, start-up time (submit -> first record), peak RSS
 of the task processes, the task processes' CPU time per record (``--launcher local``),
-and task RSS under backpressure (a slow sink) at N/10 and 4N/10 records.
+and task RSS under backpressure (a slow sink) at N/10 and 4N/10 records. It writes
+every round's figures to benchmarks/results/throughput.json; ``python
+benchmarks/render.py`` renders docs/benchmarks.md and the README's headline from it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from channel_ceiling import measure_channel_ceiling
 from keyed_count import VOCAB, build, check
+from results import write_result
 
 from runtime import Dataflow
 from runtime.sinks import Sink
@@ -363,13 +366,40 @@ def main() -> None:
                 f"median {statistics.median(figures):.2f} µs"
             )
     print(f"peak RSS of a task process (keyed count): {max(rss):.0f} MiB")
+    bp: dict[str, Any] | None = None
     if not args.skip_backpressure:
         small = backpressure_rss(n // 10, launcher)
         large = backpressure_rss(n * 4 // 10, launcher)
+        bp = {"records": [n // 10, n * 4 // 10], "peak_rss_mib": [small, large]}
         print(
             f"slow sink (backpressure): peak task RSS {small:.0f} MiB at {n // 10:,} records, "
             f"{large:.0f} MiB at {n * 4 // 10:,} records (flat = bounded buffers)"
         )
+    figures = {
+        "records": n,
+        "launcher": launcher,
+        "per_round": {k: [round(x, 1) for x in v] for k, v in rows.items() if v},
+        "tuned": args.tuned,
+        "bytewax": bytewax_note(args, rows["bytewax"]),
+        "startup_s": [round(x, 3) for x in startup],
+        "peak_rss_mib": [round(x, 1) for x in rss],
+        "task_cpu_us_per_record": {str(p): [round(x, 3) for x in v] for p, v in cpu_us.items()},
+        "backpressure": bp,
+    }
+    path = write_result("throughput", figures, rounds=args.repeat)
+    print(f"wrote {path}; `python benchmarks/render.py` puts it in docs/benchmarks.md")
+
+
+def bytewax_note(args: argparse.Namespace, figures: list[float]) -> dict[str, Any]:
+    """Where the bytewax figure came from, or why there is none."""
+    if args.bytewax_result:
+        return {"measured": True, "source": "--bytewax-result", "records": args.bytewax_n or args.n}
+    if figures:
+        return {"measured": True, "source": "peer script", "records": args.bytewax_n or args.n}
+    return {
+        "measured": False,
+        "reason": f"no bytewax venv at {args.bytewax_venv} (see ../shared/peers/README.md)",
+    }
 
 
 if __name__ == "__main__":
