@@ -242,6 +242,59 @@ def iterations(doc: Result) -> str:
     )
 
 
+def state_scale(doc: Result) -> str:
+    f, rounds = doc["figures"], doc["rounds"]
+    shapes = {
+        "hot": f"{f['keys']:,} keys once, then as many records over 1 % of them",
+        "once": f"{f['keys']:,} keys, each once",
+    }
+    out = [
+        f"Parallelism 2, checkpoints every {f['interval_s']:g} s, {rounds} interleaved "
+        "round(s); ratio: processing time against the same round's run without "
+        "checkpoints (median [min-max]); durations pooled over the rounds; bytes per "
+        "checkpoint: written for it, and the whole state it restores from (medians)."
+    ]
+    for shape, label in shapes.items():
+        figures = f.get(shape)
+        if not figures:
+            continue
+        rows = [
+            [
+                setting,
+                f"{g['ratio_median']:.2f}x [{g['ratio_min']:.2f}-{g['ratio_max']:.2f}]",
+                f"{g['duration_p50_ms']:.0f} / {g['duration_p99_ms']:.0f}"
+                if g["checkpoints"]
+                else "-",
+                f"{g['written_median_bytes'] / 1e6:.1f} MB" if g["checkpoints"] else "-",
+                f"{g['full_median_bytes'] / 1e6:.1f} MB" if g["checkpoints"] else "-",
+                f"{g['peak_rss_mib']:.0f}",
+            ]
+            for setting, g in figures.items()
+        ]
+        out.append(
+            f"**{label}**\n\n"
+            + table(
+                [
+                    "checkpoints",
+                    "run time ratio",
+                    "duration p50 / p99 ms",
+                    "written per checkpoint",
+                    "state per checkpoint",
+                    "peak task RSS MiB",
+                ],
+                rows,
+            )
+        )
+    r = f.get("restore")
+    if r:
+        out.append(
+            f"Restore of {f['keys']:,} keys in one process: a base and "
+            f"{r['chain_files'] - 1} deltas {r['chain_s']:.2f} s, one whole file "
+            f"{r['whole_s']:.2f} s ({r['chain_s'] / r['whole_s']:.2f}x)."
+        )
+    return "\n\n".join(out) + "\n"
+
+
 @dataclass(frozen=True)
 class Section:
     """One benchmark's section: what it measures, how to run it, how to show its file."""
@@ -295,6 +348,17 @@ SECTIONS = (
         "record per stage, against the plain-Python loop.",
         "python benchmarks/hot_path.py",
         hot_path,
+    ),
+    Section(
+        "state_scale",
+        "Keyed state at scale: incremental checkpoints",
+        "A keyed running sum over int keys (not the running count's fast path) whose state "
+        "grows to millions of keys: no checkpoints, whole checkpoints "
+        "(`incremental_checkpoints=False`) and incremental ones (the default), for keys "
+        "touched once and for a hot 1 % after every key was seen; and the restore time of "
+        "a base with 20 deltas against one whole file.",
+        "python benchmarks/state_scale.py",
+        state_scale,
     ),
     Section(
         "inflight",
