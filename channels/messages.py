@@ -161,6 +161,19 @@ def encode_event(channel: int, event: Event) -> bytes:
     raise TypeError(f"not a data-plane event: {event!r}")
 
 
+NO_CHANNEL: Final = -1
+"""The channel `header_of` gives a frame too short for a header (no task reads it)."""
+
+
+def header_of(frame: bytes | memoryview) -> tuple[int, int]:
+    """``(channel id, kind byte)`` of a frame as it arrived from a gate, flags included;
+    ``(NO_CHANNEL, 0)`` for one shorter than the header (garbage: the input side drops it)."""
+    try:
+        return _header_unpack_from(frame)
+    except struct.error:
+        return NO_CHANNEL, 0
+
+
 def decode_header(frame: bytes | memoryview) -> tuple[int, int]:
     """Return ``(channel id, kind)`` of a frame; the kind is without flags."""
     channel, kind = _header_unpack_from(frame)

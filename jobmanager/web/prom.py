@@ -35,6 +35,16 @@ _TASK_COUNTERS = (
         "absflow_task_backpressure_seconds",
         "Time the task was blocked sending to full channels (backpressure).",
     ),
+    (
+        "refused_connections",
+        "absflow_task_refused_connections",
+        "Connections to the task's gates refused for want of the job's keys.",
+    ),
+    (
+        "malformed_frames",
+        "absflow_task_malformed_frames",
+        "Frames dropped at the task's gates that were not the job's wire format.",
+    ),
 )
 _TASK_GAUGES = (
     ("input_queue", "absflow_task_input_queue_frames", "Frames held back in the task's input."),
@@ -109,6 +119,11 @@ class SnapshotCollector(Collector):
             ("absflow_checkpoints_completed", "checkpoints_completed", "Completed checkpoints."),
             ("absflow_checkpoints_failed", "checkpoints_failed", "Failed checkpoints."),
             ("absflow_restarts", "restarts", "Restarts of the job."),
+            (
+                "absflow_refused_connections",
+                "refused_connections",
+                "Connections the driver (job manager, rendezvous) refused for want of the job's keys.",
+            ),
         ):
             c = CounterMetricFamily(name, doc, labels=["job"])
             c.add_metric([job], float(snap.job[key]))

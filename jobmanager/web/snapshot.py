@@ -214,6 +214,7 @@ class SnapshotBuilder:
             "checkpoints_pending": pending,
             "last_checkpoint_id": last,
             "restarts": len(m.restarts),
+            "refused_connections": m.refused(),
             "ui_url": self.ui_url,
         }
         self.board.latest = JobSnapshot(
@@ -336,6 +337,8 @@ class SnapshotBuilder:
                     "rss_bytes": m.rss_bytes,
                     "uptime_seconds": m.uptime_seconds,
                     "watermark": m.watermark,
+                    "refused_connections": m.refused_connections,
+                    "malformed_frames": m.malformed_frames,
                 }
             )
         return rows
