@@ -49,6 +49,7 @@ from zmq.utils.monitor import parse_monitor_message
 log = logging.getLogger("absflow.security")
 
 ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
+UNNAMED: Final = "an unnamed peer (closed before it could be named)"
 DOMAIN: Final = b"absflow"
 _EVENTS: Final = (
     zmq.EVENT_ACCEPTED
@@ -271,12 +272,13 @@ def _reason(kind: int, value: int) -> RefusalReason:
 
 
 def _peer_of(fd: int) -> str:
-    """``host:port`` of an accepted descriptor, or "" once libzmq closed it."""
+    """The peer host (its address) of an accepted descriptor, or "" once libzmq closed
+    it. The host, not its port: a stranger retrying from new ports is one peer."""
     try:
         with pysocket.socket(fileno=os.dup(fd)) as conn:
             peer = conn.getpeername()
     except OSError:
         return ""
     if isinstance(peer, tuple):
-        return f"{peer[0]}:{peer[1]}"
+        return str(peer[0])
     return str(peer) or "a local socket"

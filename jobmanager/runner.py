@@ -138,9 +138,8 @@ class JobManager:
         except BaseException:
             self._remove_owned_dirs()
             raise
-        secure = self.config.secure_channels  # None: on where tasks may run on other hosts
-        on = secure if secure is not None else self.launcher.remote
-        self.keys = ChannelKeys.generate() if on else None
+        secure = self.config.secures_channels(self.launcher.remote)
+        self.keys = ChannelKeys.generate() if secure else None
         self.zctx = zmq.Context()
         try:
             self.guard = Guard(self.zctx, self.keys, "the job manager") if self.keys else None

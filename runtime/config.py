@@ -182,6 +182,11 @@ class JobConfig:
         path that overtakes queued records, and tasks snapshot when the first arrives."""
         return self.records_channel_state and not self.aligned_timeout
 
+    def secures_channels(self, remote: bool) -> bool:
+        """Whether a run uses CURVE: ``secure_channels`` if set, else whether its tasks may
+        run on other hosts (``remote``: a Spark master that is not local)."""
+        return self.secure_channels if self.secure_channels is not None else remote
+
     @property
     def checkpointing(self) -> bool:
         return self.checkpoint_interval is not None
