@@ -322,6 +322,7 @@ class SnapshotBuilder:
                     "sink": index in sinks,
                     "host": t.host,
                     "pid": t.pid,
+                    "endpoint": t.endpoint,  # its input gate (TCP), "" for a source
                     "state": "finished" if t.finished else "running" if t.pid else "starting",
                     "records_in": max(t.records_in, m.records_in),
                     "records_out": max(t.records_out, m.records_out),

@@ -118,12 +118,12 @@ class Stranger:
         self.zctx: zmq.Context[Any] = zmq.Context()
         self.sockets: list[zmq.Socket[Any]] = []
 
-    def send(self, kind: int, port: int, frames: list[bytes]) -> None:
+    def send(self, kind: int, host: str, port: int, frames: list[bytes]) -> None:
         """Connect and queue ``frames`` (libzmq queues them before the handshake: with
         secure_channels the handshake fails and they never leave)."""
         sock = self.zctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://127.0.0.1:{port}")
+        sock.connect(f"tcp://{host}:{port}")
         for frame in frames:
             sock.send(frame, zmq.NOBLOCK)
         self.sockets.append(sock)
@@ -137,7 +137,9 @@ class Stranger:
 class RunningJob:
     """The held job on a thread, its dashboard, its ports and a stranger."""
 
-    def __init__(self, srv: DashboardServer, tmp: Path, secure: bool) -> None:
+    def __init__(
+        self, srv: DashboardServer, tmp: Path, secure: bool, launcher: str = "local"
+    ) -> None:
         self.srv, self.flag = srv, str(tmp / "release")
         self.out: list[int] = []
         flow = held_job(self.flag, self.out)
@@ -149,18 +151,23 @@ class RunningJob:
             ui_port=srv.port,
             timeout=120,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            launcher=launcher,
         )
         self.thread = threading.Thread(target=self._run, args=(flow, options), daemon=True)
         self.thread.start()
         self.job = wait_for("the job on the dashboard", lambda: self._job_id(flow.name))
         self.tasks = wait_for("every task registered", self._registered)
         self.plan = api(srv, "plan", self.job)
+        # The job's own address on this machine (127.0.0.1 on the harness; on local Spark
+        # the driver's, where the job manager binds too): the stranger goes nowhere else.
+        self.host = self.tasks[0]["host"]
         self.pending = wait_for("a checkpoint pending while the sources are held", self._held)
         self.stranger = Stranger()
 
     def _run(self, flow: Dataflow, options: dict[str, Any]) -> None:
         try:
-            self.result = run_local(flow, **options)
+            local = options["launcher"] == "local"
+            self.result = run_local(flow, **options) if local else flow.run(**options)
         except BaseException as err:
             self.error = err
 
@@ -179,11 +186,13 @@ class RunningJob:
 
     # -- the job's ports -------------------------------------------------------------------
     def sink_gate(self) -> tuple[int, int]:
-        """(task index, gate port) of a sink task: the port it listens on."""
+        """(task index, gate port) of a sink task: the port it listens on (as the
+        dashboard shows it; a stranger would find it listening)."""
         sink = next(t for t in self.tasks if t["sink"])
-        ports = [lo for lo, _r, state in tcp_sockets(sink["pid"]) if state == "LISTEN"]
-        assert len(ports) == 1, f"sink task {sink['task_id']} listens on {ports}"
-        return sink["index"], ports[0]
+        port = int(sink["endpoint"].rsplit(":", 1)[1])
+        listening = [lo for lo, _r, state in tcp_sockets(sink["pid"]) if state == "LISTEN"]
+        assert port in listening, f"sink task {sink['task_id']} listens on {listening}"
+        return sink["index"], port
 
     def jm_port(self) -> int:
         """The job manager's port: where a task is connected to, that this process listens on."""
@@ -201,13 +210,13 @@ class RunningJob:
         """(a) a well-formed data frame, (c) garbage: into a sink task's gate."""
         task, port = self.sink_gate()
         frame = encode_data(self.input_channel(task), [INJECTED])
-        self.stranger.send(zmq.PUSH, port, [frame, *GARBAGE])
+        self.stranger.send(zmq.PUSH, self.host, port, [frame, *GARBAGE])
 
     def forge_acks(self) -> None:
         """(b) an ack of the pending checkpoint from every task, (c) garbage: to the job
         manager."""
         acks = [P.encode(P.Ack(t["index"], 0, self.pending, None, {})) for t in self.tasks]
-        self.stranger.send(zmq.DEALER, self.jm_port(), [*acks, *GARBAGE])
+        self.stranger.send(zmq.DEALER, self.host, self.jm_port(), [*acks, *GARBAGE])
 
     def figures(self) -> dict[str, Any]:
         return {
@@ -245,12 +254,33 @@ def running(
     finally:
         Path(job.flag).touch()
         job.thread.join(timeout=120)
-        if job.stranger.sockets or not job.stranger.zctx.closed:
+        if not job.stranger.zctx.closed:
             job.stranger.close()
 
 
 @pytest.mark.parametrize("running", [True], indirect=True)
 def test_a_stranger_gets_nowhere_with_secure_channels(running: RunningJob) -> None:
+    stranger_gets_nowhere(running)
+
+
+@pytest.mark.integration
+def test_on_spark_the_keys_reach_the_tasks_in_the_stage_closure(
+    server: DashboardServer, tmp_path: Path
+) -> None:
+    """The barrier stage's closure carries the keys: CURVE on the rendezvous, the gates and
+    the control plane of a Spark job (forced on: the master is local), and a stranger
+    refused there too."""
+    job = RunningJob(server, tmp_path, secure=True, launcher="spark")
+    try:
+        stranger_gets_nowhere(job)
+    finally:
+        Path(job.flag).touch()
+        job.thread.join(timeout=120)
+        if not job.stranger.zctx.closed:
+            job.stranger.close()
+
+
+def stranger_gets_nowhere(running: RunningJob) -> None:
     running.inject()
     running.forge_acks()
     # Refused at the handshake: once counted, nothing of theirs can still arrive.
@@ -265,7 +295,7 @@ def test_a_stranger_gets_nowhere_with_secure_channels(running: RunningJob) -> No
     assert running.pending not in seen["completed"], "a forged ack completed a checkpoint"
     assert seen["metrics"]["malformed_frames"] == 0  # no frame of theirs reached a task
     result = running.release()
-    assert sorted(running.out) == list(range(N))  # record for record, no injected one
+    assert sorted(result.output("out")) == list(range(N))  # record for record, none injected
     assert not result.restarts
     assert running.pending in [c["checkpoint_id"] for c in result.checkpoints] or any(
         c["checkpoint_id"] > running.pending for c in result.checkpoints
