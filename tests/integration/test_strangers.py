@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import zmq
+from prometheus_client.parser import text_string_to_metric_families
 
 from channels import control as P
 from channels.messages import encode_data
@@ -227,6 +228,15 @@ class RunningJob:
             ],
         }
 
+    def prometheus(self) -> dict[str, float]:
+        """The counters of /metrics, summed over their labels."""
+        with urllib.request.urlopen(f"{self.srv.url}metrics?job={self.job}", timeout=10) as res:
+            families = text_string_to_metric_families(res.read().decode())
+            return {
+                f.name: sum(x.value for x in f.samples if x.name.endswith("_total"))
+                for f in families
+            }
+
     def release(self) -> JobResult:
         Path(self.flag).touch()
         self.thread.join(timeout=120)
@@ -294,6 +304,9 @@ def stranger_gets_nowhere(running: RunningJob) -> None:
     )
     assert running.pending not in seen["completed"], "a forged ack completed a checkpoint"
     assert seen["metrics"]["malformed_frames"] == 0  # no frame of theirs reached a task
+    prom = running.prometheus()
+    assert prom["absflow_refused_connections"] >= 1  # the driver's
+    assert prom["absflow_task_refused_connections"] >= 1  # the sink task's, by heartbeat
     result = running.release()
     assert sorted(result.output("out")) == list(range(N))  # record for record, none injected
     assert not result.restarts
