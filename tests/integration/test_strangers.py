@@ -18,6 +18,7 @@ and counted, never a restart.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -34,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from channels import control as P
 from channels.messages import encode_data
+from channels.security import ChannelKeys
 from jobmanager.result import JobResult
 from jobmanager.web import DashboardServer, close_all, serve
 from runtime import Dataflow
@@ -271,6 +273,39 @@ def running(
 @pytest.mark.parametrize("running", [True], indirect=True)
 def test_a_stranger_gets_nowhere_with_secure_channels(running: RunningJob) -> None:
     stranger_gets_nowhere(running)
+
+
+def test_the_secret_keys_stay_off_command_lines_environments_logs_and_the_dashboard(
+    server: DashboardServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The keys travel only inside what starts a task (here: its stdin)."""
+    made: list[ChannelKeys] = []
+    generate = ChannelKeys.generate
+
+    def recorded() -> ChannelKeys:
+        made.append(generate())
+        return made[-1]
+
+    monkeypatch.setattr(ChannelKeys, "generate", staticmethod(recorded))
+    caplog.set_level(logging.DEBUG)
+    job = RunningJob(server, tmp_path, secure=True)
+    try:
+        (keys,) = made
+        secrets = (keys.server_secret, keys.client_secret)
+        seen = [
+            Path(f"/proc/{t['pid']}/{f}").read_bytes()
+            for t in job.tasks
+            for f in ("cmdline", "environ")
+        ]
+        for path in ("config", "plan", "tasks", "job", "metrics"):
+            seen.append(json.dumps(api(server, path, job.job)).encode())
+        seen.append(caplog.text.encode())
+        assert not [s for s in secrets for text in seen if s in text]
+    finally:
+        job.release()
 
 
 @pytest.mark.integration
