@@ -141,7 +141,12 @@ class RunningJob:
     """The held job on a thread, its dashboard, its ports and a stranger."""
 
     def __init__(
-        self, srv: DashboardServer, tmp: Path, secure: bool, launcher: str = "local"
+        self,
+        srv: DashboardServer,
+        tmp: Path,
+        secure: bool,
+        launcher: str = "local",
+        **config: Any,
     ) -> None:
         self.srv, self.flag = srv, str(tmp / "release")
         self.out: list[int] = []
@@ -155,6 +160,7 @@ class RunningJob:
             timeout=120,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,
             launcher=launcher,
+            **config,
         )
         self.thread = threading.Thread(target=self._run, args=(flow, options), daemon=True)
         self.thread.start()
@@ -214,6 +220,17 @@ class RunningJob:
         task, port = self.sink_gate()
         frame = encode_data(self.input_channel(task), [INJECTED])
         self.stranger.send(zmq.PUSH, self.host, port, [frame, *GARBAGE])
+
+    def inject_everywhere(self) -> int:
+        """``inject`` into every port a sink task listens on (its gate and, with unaligned
+        checkpoints, its priority gate); returns how many ports."""
+        task, _ = self.sink_gate()
+        pid = next(t["pid"] for t in self.tasks if t["index"] == task)
+        ports = [lo for lo, _r, state in tcp_sockets(pid) if state == "LISTEN"]
+        frame = encode_data(self.input_channel(task), [INJECTED])
+        for port in ports:
+            self.stranger.send(zmq.PUSH, self.host, port, [frame, *GARBAGE])
+        return len(ports)
 
     def forge_acks(self) -> None:
         """(b) an ack of the pending checkpoint from every task, (c) garbage: to the job
@@ -375,3 +392,23 @@ def test_without_secure_channels_forged_acks_complete_a_checkpoint_never_taken(
         "the forged acks completing the pending checkpoint while every source is held",
         lambda: running.pending in running.figures()["completed"],
     )
+
+
+def test_without_secure_channels_garbage_on_the_priority_gate_ends_no_task(
+    server: DashboardServer, tmp_path: Path
+) -> None:
+    """Unaligned checkpoints: a sink task also listens on a priority gate (barriers that
+    overtake records), decoded apart from the data path; garbage there is dropped too."""
+    job = RunningJob(server, tmp_path, secure=False, snapshot_mode="unaligned")
+    try:
+        assert job.inject_everywhere() == 2
+        wait_for(
+            "the sink task dropping the garbage of its data gate",
+            lambda: job.figures()["metrics"]["malformed_frames"] >= len(GARBAGE) - 1,
+        )
+    finally:
+        result = job.release()
+    out = result.output("out")
+    assert out.count(INJECTED) == 1  # by the data gate; a data frame never overtakes
+    assert sorted(x for x in out if x != INJECTED) == list(range(N))
+    assert not result.restarts
