@@ -105,6 +105,8 @@ class FakeIO:
         cfg = self.config  # connects to a port nothing listens on: no frame leaves
         return OutputChannel(self.zctx, "tcp://127.0.0.1:9", channel, cfg.batch_size)
 
+    refused_connections = 0  # no socket to refuse anyone
+
     def wait(self, timeout_ms: int) -> tuple[bool, bool]:
         gate = self.gate
         return gate is not None and gate.at < len(gate.frames), bool(self.jm.inbox)

@@ -161,6 +161,19 @@ def encode_event(channel: int, event: Event) -> bytes:
     raise TypeError(f"not a data-plane event: {event!r}")
 
 
+NO_CHANNEL: Final = -1
+"""The channel `header_of` gives a frame too short for a header (no task reads it)."""
+
+
+def header_of(frame: bytes | memoryview) -> tuple[int, int]:
+    """``(channel id, kind byte)`` of a frame as it arrived from a gate, flags included;
+    ``(NO_CHANNEL, 0)`` for one shorter than the header (garbage: the input side drops it)."""
+    try:
+        return _header_unpack_from(frame)
+    except struct.error:
+        return NO_CHANNEL, 0
+
+
 def decode_header(frame: bytes | memoryview) -> tuple[int, int]:
     """Return ``(channel id, kind)`` of a frame; the kind is without flags."""
     channel, kind = _header_unpack_from(frame)
@@ -243,23 +256,45 @@ def decode_event(frame: bytes | memoryview) -> Event:
     """Decode a control frame (barrier, end-of-input, cancel or watermark).
 
     Raises:
-        MalformedFrameError: the frame is a data frame or has an unknown kind.
+        MalformedFrameError: the frame is a data frame, has an unknown kind, or its body
+        does not decode to the event's fields (garbage: events are rare, so checked).
     """
     if len(frame) < _HEADER_SIZE:
         raise MalformedFrameError(f"frame of {len(frame)} bytes is shorter than the header")
     kind = frame[4] & KIND_MASK
     view = memoryview(frame)[_HEADER_SIZE:]
+    try:
+        event = _decode_event_body(kind, view)
+    except (ValueError, TypeError, msgpack.UnpackException) as err:
+        raise MalformedFrameError(f"event frame of kind {kind} does not decode: {err}") from err
+    if event is None:
+        raise MalformedFrameError(f"frame kind {kind} is not a control event")
+    return event
+
+
+def _decode_event_body(kind: int, view: memoryview) -> Event | None:
     if kind == KIND_BARRIER:
         checkpoint_id, timestamp, final = _unpackb(view, use_list=False)
+        _check_types(checkpoint_id, int, timestamp, (int, float), final, bool)
         return Barrier(checkpoint_id, timestamp, final)
     if kind == KIND_END_OF_INPUT:
         return EndOfInput()
     if kind == KIND_CANCEL:
-        return CancelBarrier(_unpackb(view))
+        checkpoint_id = _unpackb(view)
+        _check_types(checkpoint_id, int)
+        return CancelBarrier(checkpoint_id)
     if kind == KIND_WATERMARK:
         timestamp, idle = _unpackb(view, use_list=False)
+        _check_types(timestamp, (int, float), idle, bool)
         return Watermark(timestamp, idle)
-    raise MalformedFrameError(f"frame kind {kind} is not a control event")
+    return None
+
+
+def _check_types(*pairs: Any) -> None:
+    """``value, type, value, type, ...``: TypeError for a value of another type."""
+    for value, kind in zip(pairs[::2], pairs[1::2], strict=True):
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TypeError(f"{value!r} is not {kind}")
 
 
 def encode_superstep(channel: int, superstep: int, contribution: float) -> bytes:

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import zmq
 
+from channels.security import ChannelKeys, Guard
 from channels.zmq_io import is_ipv6, tcp_endpoint
 
 log = logging.getLogger("absflow.rendezvous")
@@ -48,18 +49,26 @@ class Rendezvous:
     """Gathers one message from each of ``count`` tasks and sends every task all of them,
     in task order (the driver's side; see the module docstring)."""
 
-    def __init__(self, host: str, count: int) -> None:
+    def __init__(self, host: str, count: int, keys: ChannelKeys | None = None) -> None:
+        """``keys``: a CURVE server of the job's keys (only the job's tasks get through;
+        ``refused`` counts the others)."""
         if count < 1:
             raise ValueError(f"a rendezvous needs at least one task, got {count}")
         self.count = count
         self._ctx: zmq.Context[Any] = zmq.Context()
+        self._guard: Guard | None = None
         self._socket = self._ctx.socket(zmq.ROUTER)
         try:
+            if keys is not None:
+                self._guard = Guard(self._ctx, keys, "the rendezvous").start()
+                self._guard.serve(self._socket)
             where = tcp_endpoint(host)
             if is_ipv6(where):
                 self._socket.setsockopt(zmq.IPV6, 1)
             port = self._socket.bind_to_random_port(where)
         except BaseException:
+            if self._guard is not None:
+                self._guard.close()
             self._ctx.destroy(linger=0)
             raise
         self.endpoint = tcp_endpoint(host, port)
@@ -112,6 +121,11 @@ class Rendezvous:
             return None
         return index
 
+    @property
+    def refused(self) -> int:
+        """Connections refused for want of the job's keys (0 without keys)."""
+        return 0 if self._guard is None else self._guard.refused
+
     def close(self) -> None:
         """Stop waiting (the stage ended or was cancelled) and release the port."""
         self._stop.set()
@@ -119,16 +133,26 @@ class Rendezvous:
             self._thread.join()
         elif not self._thread.ident:  # never started: the socket is still open here
             self._socket.close(linger=0)
+        if self._guard is not None:
+            self._guard.close()
         self._ctx.term()
 
 
-def gather(endpoint: str, index: int, message: str, timeout: float = GATHER_TIMEOUT) -> list[str]:
+def gather(
+    endpoint: str,
+    index: int,
+    message: str,
+    timeout: float = GATHER_TIMEOUT,
+    keys: ChannelKeys | None = None,
+) -> list[str]:
     """Send task ``index``'s ``message`` to the driver's rendezvous at ``endpoint``; every
     task's message, in task order. Raises RendezvousError when no answer comes within
-    ``timeout`` seconds."""
+    ``timeout`` seconds. ``keys``: connect as the job's CURVE client."""
     ctx: zmq.Context[Any] = zmq.Context()
     try:
         sock = ctx.socket(zmq.DEALER)
+        if keys is not None:
+            keys.connect(sock)
         sock.setsockopt(zmq.LINGER, 0)
         if is_ipv6(endpoint):
             sock.setsockopt(zmq.IPV6, 1)

@@ -35,6 +35,7 @@ import zmq
 
 from channels.debloat import BatchSizer
 from channels.messages import Event, encode_data, encode_event
+from channels.security import ChannelKeys, Guard
 
 BACKPRESSURE_POLL_MS: Final = 50
 """How long a blocked send waits for POLLOUT before calling on_backpressure again."""
@@ -62,10 +63,16 @@ IPC_CONNECT_WAIT_MS: Final = 2000
 
 
 def _push(
-    context: zmq.Context[Any], endpoint: str, sndhwm: int, sndbuf: int = 0
+    context: zmq.Context[Any],
+    endpoint: str,
+    sndhwm: int,
+    sndbuf: int = 0,
+    keys: ChannelKeys | None = None,
 ) -> zmq.Socket[Any]:
     socket: zmq.Socket[Any] = context.socket(zmq.PUSH)
     try:
+        if keys is not None:
+            keys.connect(socket)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, sndhwm)
         if sndbuf > 0:  # the kernel's share of the queue (0: the OS default, autotuned)
@@ -132,11 +139,20 @@ class InputGate:
     __slots__ = ("_endpoint", "_socket")
 
     def __init__(
-        self, context: zmq.Context[Any], host: str, rcvhwm: int = 64, rcvbuf: int = 0
+        self,
+        context: zmq.Context[Any],
+        host: str,
+        rcvhwm: int = 64,
+        rcvbuf: int = 0,
+        guard: Guard | None = None,
     ) -> None:
-        """``rcvbuf``: the kernel's receive buffer per connection, bytes (0: the OS's)."""
+        """``rcvbuf``: the kernel's receive buffer per connection, bytes (0: the OS's);
+        ``guard``: a CURVE server of the job's keys whose refusals the context's guard
+        counts (``channels.security``), on every bind (TCP and Unix)."""
         socket: zmq.Socket[Any] = context.socket(zmq.PULL)
         try:
+            if guard is not None:
+                guard.serve(socket)
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.RCVHWM, rcvhwm)
             if rcvbuf > 0:
@@ -239,19 +255,20 @@ class OutputChannel:
         priority_endpoint: str | None = None,
         sndbuf: int = 0,
         sizer: BatchSizer | None = None,
+        keys: ChannelKeys | None = None,
     ) -> None:
         """``priority_endpoint``: the target's priority gate, for ``send_priority``;
         ``sndbuf``: the kernel's send buffer, bytes (0: the OS's); ``sizer``: batches
         sized from the channel's throughput (bounded in-flight data; ``batch_size`` is
-        then the largest batch)."""
+        then the largest batch); ``keys``: connect as the job's CURVE client."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        socket = _push(context, endpoint, sndhwm, sndbuf)
+        socket = _push(context, endpoint, sndhwm, sndbuf, keys)
         self._socket = socket
         self._priority: zmq.Socket[Any] | None = None
         if priority_endpoint is not None:
             try:
-                self._priority = _push(context, priority_endpoint, sndhwm=1000)
+                self._priority = _push(context, priority_endpoint, sndhwm=1000, keys=keys)
             except BaseException:
                 socket.close(linger=0)
                 raise

@@ -286,10 +286,19 @@ class StageRunner:
     stage's end: None for success or the exception Spark raised."""
 
     def __init__(
-        self, spark: Any, plan: JobPlan, env: TaskEnvironment, group: str, host: str
+        self,
+        spark: Any,
+        plan: JobPlan,
+        env: TaskEnvironment,
+        group: str,
+        host: str,
+        on_refused: Callable[[int], None] = lambda n: None,
     ) -> None:
+        """``on_refused``: told, when the stage ends, how many connections its rendezvous
+        refused for want of the job's keys."""
         self.sc = spark.sparkContext
         self.plan, self.env, self.group, self.host = plan, env, group, host
+        self.on_refused = on_refused
         self.outcome: queue.Queue[BaseException | None] = queue.Queue()
         self.thread = threading.Thread(
             target=self._run, name=f"absflow-stage-{env.attempt}", daemon=True
@@ -302,9 +311,12 @@ class StageRunner:
     def _run(self) -> None:
         plan, env, n = self.plan, self.env, len(self.plan.tasks)
         try:
-            with Rendezvous(self.host, n) as rendezvous:
+            with Rendezvous(self.host, n, env.channel_keys) as rendezvous:
                 endpoint = rendezvous.endpoint
 
+                # The closure carries env and with it the run's CURVE keys (if any):
+                # cloudpickled with the task function, the keys reach the executors only
+                # inside the stage (never on a command line, in a file or a log).
                 def entry(_: Any) -> Any:
                     from runtime.task_entry import run_barrier_task
 
@@ -312,7 +324,10 @@ class StageRunner:
 
                 group = f"absflow '{plan.name}' attempt {env.attempt}"
                 self.sc.setJobGroup(self.group, group, True)
-                self.sc.parallelize(range(n), n).barrier().mapPartitions(entry).collect()
+                try:
+                    self.sc.parallelize(range(n), n).barrier().mapPartitions(entry).collect()
+                finally:
+                    self.on_refused(rendezvous.refused)
             self.outcome.put(None)
         except BaseException as err:  # reported to the job manager thread
             self.outcome.put(err)
@@ -348,6 +363,16 @@ class SparkBarrierLauncher:
         self.spark: Any = None
         self.host = "127.0.0.1"
         self.local_hosts: set[str] = set()
+        self.remote = False
+        self._refused = 0
+
+    @property
+    def refused_connections(self) -> int:
+        """Connections the ended stages' rendezvous refused."""
+        return self._refused
+
+    def _count_refused(self, n: int) -> None:  # from a stage's thread
+        self._refused += n
 
     def prepare(self, tasks: int, config: JobConfig, say: Callable[[str], None]) -> None:
         """The session, then every check that can fail before an attempt is submitted."""
@@ -357,6 +382,7 @@ class SparkBarrierLauncher:
         check_checkpoint_dir(sc.master, config.checkpoint_dir, config.checkpointing)
         check_slots(sc, tasks, wait=config.executor_wait, say=say)
         self.host = driver_host(sc)
+        self.remote = not single_host(sc.master)
         self.local_hosts = {self.host, "127.0.0.1", "localhost", socket.gethostname()}
 
     def before_restart(self, tasks: int, config: JobConfig, say: Callable[[str], None]) -> None:
@@ -366,7 +392,7 @@ class SparkBarrierLauncher:
         check_slots(self.spark.sparkContext, tasks, wait=config.executor_wait, say=say)
 
     def start(self, plan: JobPlan, env: TaskEnvironment, group: str) -> StageRunner:
-        return StageRunner(self.spark, plan, env, group, self.host).start()
+        return StageRunner(self.spark, plan, env, group, self.host, self._count_refused).start()
 
     def close(self) -> None:
         """The session outlives the job (reused by the next one, stopped at exit)."""

@@ -33,6 +33,12 @@ class Launcher(Protocol):
     name: str
     host: str  # the address the job manager binds its control socket on (after prepare)
     local_hosts: set[str]  # task hosts whose processes the job manager can signal
+    remote: bool  # tasks may run on other hosts (secure_channels is on by default then)
+
+    @property
+    def refused_connections(self) -> int:
+        """Connections its own sockets (a rendezvous) refused for want of the job's keys."""
+        ...
 
     def prepare(self, tasks: int, config: JobConfig, say: Callable[[str], None]) -> None:
         """Before the first attempt: raise a clear error for what cannot run."""

@@ -54,7 +54,13 @@ class LocalProcessLauncher:
     def __init__(self) -> None:
         self.host = HOST
         self.local_hosts = {HOST, "localhost"}
+        self.remote = False
         self.stages: list[LocalStage] = []
+
+    @property
+    def refused_connections(self) -> int:
+        """The exchange goes over pipes: no socket of its own to refuse anyone."""
+        return 0
 
     def prepare(self, tasks: int, config: JobConfig, say: Callable[[str], None]) -> None:
         check_config(config)

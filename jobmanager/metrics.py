@@ -14,7 +14,7 @@ consistent cut, and neither is its output: the figures are then approximate.)
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,6 +85,8 @@ class RunMetrics:
         self._at_snapshot: dict[int, dict[int, RecordCounts]] = {}  # running attempt's acks
         self._last_attempt = RecordCounts()  # the last ended attempt's own counts
         self._counted = self._nonfinal = 0  # of ``completed``: see checkpoints_completed
+        # Connections the driver's own sockets refused (secure_channels); the runner sets it.
+        self.refused: Callable[[], int] = lambda: 0
 
     # -- attempts --------------------------------------------------------------------------
     def start_attempt(self, restored: int | None) -> None:

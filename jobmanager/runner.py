@@ -16,13 +16,13 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
-from channels import control as P
+from channels.security import ChannelKeys, Guard
 from jobmanager.attempt import Attempt
 from jobmanager.failures import Failure, FailureHistory, restore_point_words
 from jobmanager.fault_schedule import FaultSchedule
@@ -33,6 +33,7 @@ from jobmanager.metrics import CommittedOutputs, RunMetrics
 from jobmanager.progress import Progress
 from jobmanager.restart import default_strategy
 from jobmanager.result import JobResult, Restart
+from jobmanager.router_link import RouterLink, open_router
 from jobmanager.services import RunServices
 from jobmanager.stop import JobEntry, StopRequest, stop_signals
 from jobmanager.web import Dashboard
@@ -138,20 +139,18 @@ class JobManager:
         except BaseException:
             self._remove_owned_dirs()
             raise
-        host = self.launcher.host
+        secure = self.config.secures_channels(self.launcher.remote)
+        self.keys = ChannelKeys.generate() if secure else None
         self.zctx = zmq.Context()
         try:
-            self.router = self.zctx.socket(zmq.ROUTER)
-            self.router.setsockopt(zmq.LINGER, 0)
-            port = self.router.bind_to_random_port(f"tcp://{host}")
-            # A dying task process drops its connection at once: check PIDs on every
-            # disconnect instead of waiting ~1 s for Spark to report the failed stage.
-            self.monitor = self.router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self.guard = Guard(self.zctx, self.keys, "the job manager") if self.keys else None
+            self.router, self.monitor, port = open_router(self.zctx, self.launcher.host, self.guard)
         except BaseException:
             self.zctx.destroy(linger=0)
             self._remove_owned_dirs()
             raise
-        self.endpoint = f"tcp://{host}:{port}"
+        self.endpoint = f"tcp://{self.launcher.host}:{port}"
+        self.metrics.refused = self._refused_connections
         entry = JobEntry(self.plan.name, self.storage.root if self.storage else None)
         try:
             self.run_id = uuid.uuid4().hex[:8]
@@ -189,6 +188,8 @@ class JobManager:
                 self.router.disable_monitor()
                 self.monitor.close(linger=0)
                 self.router.close(linger=0)
+                if self.guard is not None:
+                    self.guard.close()
                 self.zctx.term()
                 self._remove_owned_dirs()
                 remove_run(self.run_id)  # scratch dirs of tasks killed on this host
@@ -295,6 +296,11 @@ class JobManager:
         )
         return restore, delay
 
+    def _refused_connections(self) -> int:
+        """Connections the driver's sockets refused (job manager and rendezvous)."""
+        own = self.guard.refused if self.guard is not None else 0
+        return own + self.launcher.refused_connections
+
     def _remove_owned_dirs(self) -> None:
         for d in self.owned_dirs:
             shutil.rmtree(d, ignore_errors=True)
@@ -345,6 +351,7 @@ class JobManager:
             restore_metadata=restore.metadata if restore else None,
             run_id=self.run_id,
             faults=tuple(f for f in self.task_faults if f.attempt == attempt),
+            channel_keys=self.keys,
         )
         run = Attempt(
             attempt,
@@ -362,41 +369,6 @@ class JobManager:
         finally:
             self.next_checkpoint_id = max(self.next_checkpoint_id, run.coordinator.next_id)
         return run
-
-
-class RouterLink:
-    """The ROUTER socket as the attempts see it (job-manager thread only)."""
-
-    def __init__(self, router: zmq.Socket[bytes]) -> None:
-        self.router = router
-        self._poller = zmq.Poller()  # one for the run: Socket.poll builds one per call
-        self._poller.register(router, zmq.POLLIN)
-
-    def send(self, task_index: int, attempt: int, msg: P.Message) -> None:
-        try:
-            self.router.send_multipart(
-                [f"{task_index}:{attempt}".encode(), P.encode(msg)], zmq.NOBLOCK
-            )
-        except zmq.ZMQError as err:
-            log.debug("cannot reach task %d: %s", task_index, err)
-
-    def receive(self, timeout_ms: int) -> Iterator[P.Message]:
-        """The messages waiting, after waiting up to ``timeout_ms`` for the first. The
-        loop turns once per message or so at short checkpoint intervals (acks arrive one
-        by one): it asks the socket whether another is there instead of failing a
-        non-blocking receive (an exception per turn)."""
-        if not self._poller.poll(timeout_ms):  # returns at once if one is waiting
-            return
-        while self._waiting():
-            try:
-                _ident, frame = self.router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:  # not expected after POLLIN; harmless
-                return
-            yield P.decode(frame)
-
-    def _waiting(self) -> bool:
-        events = self.router.get(zmq.EVENTS)
-        return isinstance(events, int) and bool(events & zmq.POLLIN)
 
 
 def open_checkpoint_storage(

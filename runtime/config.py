@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from channels.security import ChannelKeys
 from runtime.errors import GraphError
 from runtime.scheduling import TASK_SCHEDULING
 from statebackend.metadata import CheckpointMetadata
@@ -278,6 +279,15 @@ class JobConfig:
             "without Spark (runtime.testing); None: $ABSFLOW_LAUNCHER, else spark."
         },
     )
+    secure_channels: bool | None = field(
+        default=None,
+        metadata={
+            "help": "CURVE (authenticated, encrypted ZeroMQ) on every connection between "
+            "the job manager, the rendezvous and the tasks, with keys made per run, and "
+            "strangers refused and counted; None: on when the Spark master is not local "
+            "(off for local[n], local-cluster and the local launcher), True/False: force it."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.launcher is not None and self.launcher not in LAUNCHERS:
@@ -335,11 +345,7 @@ class JobConfig:
                 f"(e.g. {{'endpoint_url': 'http://host:9000'}}), got {type(options).__name__}."
             )
         _check_counts(self)
-        if not isinstance(self.snapshot_compression, bool):
-            raise GraphError(
-                f"snapshot_compression must be True (lz4 state files) or False, "
-                f"got {self.snapshot_compression!r}."
-            )
+        _check_switches(self)
         if not isinstance(self.ui_port, int) or not 0 <= self.ui_port <= 65535:
             raise GraphError(f"ui_port must be a TCP port 0..65535 (0: any), got {self.ui_port!r}.")
         if not isinstance(self.ui_host, str) or not self.ui_host:
@@ -356,6 +362,11 @@ class JobConfig:
         path that overtakes queued records, and tasks snapshot when the first arrives."""
         return self.records_channel_state and not self.aligned_timeout
 
+    def secures_channels(self, remote: bool) -> bool:
+        """Whether a run uses CURVE: ``secure_channels`` if set, else whether its tasks may
+        run on other hosts (``remote``: a Spark master that is not local)."""
+        return self.secure_channels if self.secure_channels is not None else remote
+
     @property
     def checkpointing(self) -> bool:
         return self.checkpoint_interval is not None
@@ -366,6 +377,20 @@ class JobConfig:
         if unknown:
             raise GraphError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(names)}.")
         return dataclasses.replace(self, **changes)
+
+
+def _check_switches(config: JobConfig) -> None:
+    """The settings that are on/off switches."""
+    if not isinstance(config.snapshot_compression, bool):
+        raise GraphError(
+            f"snapshot_compression must be True (lz4 state files) or False, "
+            f"got {config.snapshot_compression!r}."
+        )
+    if config.secure_channels not in (None, True, False):
+        raise GraphError(
+            f"secure_channels must be True, False or None (on for a cluster master), "
+            f"got {config.secure_channels!r}."
+        )
 
 
 def _check_counts(config: JobConfig) -> None:
@@ -417,6 +442,9 @@ class TaskEnvironment:
     restore_metadata: CheckpointMetadata | None  # that checkpoint's (verified) metadata
     run_id: str = "run"  # names the tasks' temp dirs (stale ones of a run are removed)
     faults: tuple[TaskFault, ...] = ()
+    # The run's CURVE keys (secure_channels), or None: plain ZeroMQ. They reach the tasks
+    # only inside what launches them (the barrier stage's closure, the local task's stdin).
+    channel_keys: ChannelKeys | None = field(default=None, repr=False)
 
     def open_storage(self, root: str) -> CheckpointStorage:
         """The checkpoint storage at ``root`` (one of the roots above), opened with the

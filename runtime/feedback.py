@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from channels.messages import HEADER, KIND_MASK
+from channels.messages import KIND_MASK, header_of
 from runtime.inputs import Dispatch
 from runtime.task_io import Gate
 from statebackend.spill import SpillBuffer
 
-_HEADER_UNPACK = HEADER.unpack_from
+_HEADER_UNPACK = header_of  # garbage too short for a header goes on, to be dropped
 
 
 class FeedbackQueue:

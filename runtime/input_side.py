@@ -14,11 +14,16 @@ into what the task acts on:
   hears of it only when that advances (or when every live input went idle).
 
 Per batch, never per record: one decode, one dict lookup for the side.
+A frame that is not the job's (a channel the task does not read, a payload that does not
+decode: garbage from a stranger's socket, possible without secure_channels) is dropped
+here, counted (``malformed_frames``) and logged (the 1st, 2nd, 4th, 8th, ...): it never
+ends the task, which a restart would not fix while the stranger keeps sending.
 Threading: task-loop thread only.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -37,6 +42,8 @@ from channels.messages import (
 )
 from runtime.plan import JobPlan, TaskSpec
 from runtime.watermarks import WatermarkValve
+
+log = logging.getLogger("absflow.task")
 
 
 class InputElements(Protocol):
@@ -82,6 +89,7 @@ class InputSide:
         self._sides = dict(sides)
         self.valve = WatermarkValve(watermark_channels)
         self._idle_told = False
+        self.malformed_frames = 0
 
     @property
     def watermark(self) -> float:
@@ -94,10 +102,20 @@ class InputSide:
     def dispatch(self, channel: int, kind: int, frame: bytes) -> None:
         """Deliver one frame (``kind`` without flags) of an unblocked channel."""
         target = self._target
-        if kind == KIND_DATA:
-            target.on_batch(channel, self._sides.get(channel, 0), decode_records(frame), frame)
+        side = self._sides.get(channel)
+        try:
+            if side is None:
+                raise MalformedFrameError(f"channel {channel} is not an input of this task")
+            if kind == KIND_DATA:
+                batch = decode_records(frame)
+            else:
+                event = decode_event(frame)
+        except MalformedFrameError as err:
+            self._drop(channel, err)
             return
-        event = decode_event(frame)
+        if kind == KIND_DATA:
+            target.on_batch(channel, side, batch, frame)
+            return
         if kind == KIND_BARRIER:
             assert isinstance(event, Barrier)
             target.on_barrier(channel, event)
@@ -114,6 +132,18 @@ class InputSide:
             self._on_watermark(channel, event)
         else:  # decode_event raised already; kept for a new kind added without a branch
             raise MalformedFrameError(f"frame kind {kind} has no input-side element")
+
+    def _drop(self, channel: int, err: MalformedFrameError) -> None:
+        self.malformed_frames += 1
+        n = self.malformed_frames
+        if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...: a flood does not flood the log
+            log.warning(
+                "dropped a frame that is not the job's (%s); %d dropped so far. Something "
+                "other than the job's tasks sends to this task's gates: turn on "
+                "secure_channels to refuse it.",
+                err,
+                n,
+            )
 
     def _on_watermark(self, channel: int, event: Watermark) -> None:
         valve, target = self.valve, self._target

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from channels.messages import HEADER, KIND_MASK
+from channels.messages import KIND_MASK, header_of
 from statebackend.spill import SpillBuffer
 
 Dispatch = Callable[[int, int, bytes], None]
 """Deliver one frame: ``dispatch(channel, kind, frame)`` (kind without flags)."""
 
-_HEADER_UNPACK = HEADER.unpack_from
+_HEADER_UNPACK = header_of  # garbage too short for a header goes on, to be dropped
 
 
 class BlockedChannels:

@@ -33,15 +33,16 @@ from collections.abc import Callable
 from typing import Final
 
 from channels.messages import (
-    HEADER,
     KIND_BARRIER,
     KIND_CANCEL,
     KIND_DATA,
     KIND_MASK,
     Barrier,
     CancelBarrier,
+    MalformedFrameError,
     count_records,
     decode_event,
+    header_of,
 )
 from runtime.barriers import UnalignedHandler
 from runtime.task_io import Gate
@@ -53,8 +54,6 @@ DRAIN_FRAMES: Final = 4096
 """Frames read per turn while a checkpoint records its channel state."""
 PROCESS_SECONDS: Final = 0.02
 """Processing time per turn before the gates are read again."""
-
-_HEADER_UNPACK = HEADER.unpack_from
 
 
 class OvertakingInput:
@@ -90,8 +89,11 @@ class OvertakingInput:
         """Read what waits on the gates (see the module docstring); returns the number of
         frames read. Never blocks."""
         for frame in self._priority.recv_frames(256):
-            channel, _kind = _HEADER_UNPACK(frame)
-            event = decode_event(frame)
+            channel, _kind = header_of(frame)
+            try:
+                event = decode_event(frame)
+            except MalformedFrameError:  # not the job's: nothing to overtake with
+                continue
             if isinstance(event, Barrier):
                 self._handler.on_priority_barrier(channel, event)
         read = 0
@@ -107,7 +109,13 @@ class OvertakingInput:
                 self._on_frame(frame)
 
     def _on_frame(self, frame: bytes) -> None:
-        channel, kind = _HEADER_UNPACK(frame)
+        try:
+            self._route(frame)
+        except MalformedFrameError:  # not the job's: the input side drops and counts it
+            self._queue.append(frame)
+
+    def _route(self, frame: bytes) -> None:
+        channel, kind = header_of(frame)
         kind &= KIND_MASK
         if kind == KIND_DATA:
             if channel in self._handler.logging_channels:
@@ -133,8 +141,12 @@ class OvertakingInput:
         self._queue.rotate(self._log_if_data)
 
     def _log_if_data(self, frame: bytes) -> None:
-        if _HEADER_UNPACK(frame)[1] & KIND_MASK == KIND_DATA:
-            self._log(frame, count_records(frame))
+        if header_of(frame)[1] & KIND_MASK == KIND_DATA:
+            try:
+                records = count_records(frame)
+            except MalformedFrameError:  # not the job's: the input side drops it
+                return
+            self._log(frame, records)
 
     # -- processing ------------------------------------------------------------------------
     def process(self) -> int:

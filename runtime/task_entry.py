@@ -23,6 +23,7 @@ from typing import Any
 import zmq
 
 from channels.rendezvous import gather
+from channels.security import Guard
 from channels.zmq_io import InputGate, local_namespace
 from runtime.config import TaskEnvironment
 from runtime.errors import TaskCancelled
@@ -42,7 +43,8 @@ def run_barrier_task(plan: JobPlan, env: TaskEnvironment, rendezvous: str) -> li
     """Entry point inside a Spark barrier task (the Python worker process); ``rendezvous``
     is the endpoint of the driver's `channels.rendezvous.Rendezvous` for this attempt."""
     index, host = barrier_task_address()
-    return run_task(plan, env, index, host, functools.partial(gather, rendezvous, index))
+    exchange = functools.partial(gather, rendezvous, index, keys=env.channel_keys)
+    return run_task(plan, env, index, host, exchange)
 
 
 def barrier_task_address() -> tuple[int, str]:
@@ -73,18 +75,25 @@ def _run_task(
 ) -> list[Any]:
     spec = plan.tasks[index]
     zctx = zmq.Context()
+    guard: Guard | None = None
     gate: InputGate | None = None
     feedback: InputGate | None = None
     priority: InputGate | None = None
     task: Task | None = None
     graceful = False
     try:
+        if env.channel_keys is not None:  # before any gate binds: it answers their handshakes
+            guard = Guard(zctx, env.channel_keys, f"task {spec.task_id}").start()
         hwm = env.config.channel_hwm
         rcvbuf = env.config.socket_buffer
-        gate = InputGate(zctx, host, rcvhwm=hwm, rcvbuf=rcvbuf) if spec.regular_inputs else None
-        feedback = InputGate(zctx, host, rcvhwm=hwm) if spec.back_edge_inputs else None
+        gate = (
+            InputGate(zctx, host, rcvhwm=hwm, rcvbuf=rcvbuf, guard=guard)
+            if spec.regular_inputs
+            else None
+        )
+        feedback = InputGate(zctx, host, rcvhwm=hwm, guard=guard) if spec.back_edge_inputs else None
         if spec.regular_inputs and env.config.barriers_overtake:
-            priority = InputGate(zctx, host, rcvhwm=1000)
+            priority = InputGate(zctx, host, rcvhwm=1000, guard=guard)
         here = local_namespace() if env.config.local_channels else None
         local = gate.bind_local() if gate is not None and here is not None else ""
         gathered = exchange(
@@ -111,6 +120,7 @@ def _run_task(
             feedback_endpoints,
             priority,
             priority_endpoints,
+            guard,
         )
         task = Task(plan, spec, env, io, host)
         task.open()
@@ -124,6 +134,8 @@ def _run_task(
         for g in (gate, feedback, priority):
             if g is not None:
                 g.close()
+        if guard is not None:
+            guard.close()
         # Closes whatever a half-built Task left open (term() alone would wait forever),
         # giving a queued Failed message up to a second to leave.
         zctx.destroy(linger=1000)

@@ -17,6 +17,7 @@ import zmq
 
 from channels.debloat import BatchSizer
 from channels.messages import Event
+from channels.security import Guard
 from channels.zmq_io import InputGate, OutputChannel
 from runtime.config import JobConfig
 
@@ -91,10 +92,17 @@ class TaskIO(Protocol):
         """Wait up to ``timeout_ms`` for input; returns (a gate readable, control readable)."""
         ...
 
+    @property
+    def refused_connections(self) -> int:
+        """Connections to this task's gates refused for want of the job's keys (a metric)."""
+        ...
+
 
 class ZmqTaskIO:
     """`TaskIO` over ZeroMQ: PUSH outputs to the gathered endpoints, a DEALER to the
-    job manager (identity ``"<task index>:<attempt>"``), one poller over gate and DEALER."""
+    job manager (identity ``"<task index>:<attempt>"``), one poller over gate and DEALER.
+    With a ``guard`` (secure_channels) every socket it connects is a CURVE client of the
+    guard's keys (the gates were made CURVE servers when they were bound)."""
 
     def __init__(
         self,
@@ -108,8 +116,11 @@ class ZmqTaskIO:
         feedback_endpoints: dict[int, str] | None = None,
         priority_gate: InputGate | None = None,
         priority_endpoints: dict[int, str] | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self._zctx, self._gate, self._endpoints = zctx, gate, endpoints
+        self._guard = guard
+        self._keys = guard.keys if guard is not None else None
         self._feedback_gate = feedback_gate
         self._feedback_endpoints = feedback_endpoints or {}
         self._priority_gate = priority_gate
@@ -130,8 +141,14 @@ class ZmqTaskIO:
     def priority_gate(self) -> InputGate | None:
         return self._priority_gate
 
+    @property
+    def refused_connections(self) -> int:
+        return 0 if self._guard is None else self._guard.refused
+
     def control_socket(self) -> zmq.Socket[Any]:
         control: zmq.Socket[Any] = self._zctx.socket(zmq.DEALER)
+        if self._keys is not None:
+            self._keys.connect(control)
         control.setsockopt(zmq.LINGER, 2000)
         control.setsockopt(zmq.IDENTITY, self._identity.encode())
         control.connect(self._jm_endpoint)
@@ -157,6 +174,7 @@ class ZmqTaskIO:
             on_backpressure=on_backpressure,
             priority_endpoint=None if back_edge else self._priority_endpoints.get(target_task),
             sndbuf=cfg.socket_buffer,
+            keys=self._keys,
             sizer=None
             if cfg.max_inflight_time is None or back_edge
             else BatchSizer(

@@ -39,4 +39,6 @@ def measure_task(task: Task) -> TaskMetrics:
         + sum(q.spilled_bytes for q in queues),
         first_record_at=task.first_record_at,
         watermark=watermark if math.isfinite(watermark := task.chain.watermark) else None,
+        refused_connections=task.io.refused_connections,
+        malformed_frames=task.input_side.malformed_frames,
     )

@@ -170,6 +170,8 @@ def _metrics(board: JobBoard, params: Mapping[str, str]) -> Any:
         "checkpoints_failed": snap.job["checkpoints_failed"],
         "last_checkpoint_id": snap.job["last_checkpoint_id"],
         "restarts": snap.job["restarts"],
+        "refused_connections": snap.job["refused_connections"] + total("refused_connections"),
+        "malformed_frames": total("malformed_frames"),
         "checkpoint_duration_ms": {
             "sum": round(snap.duration_sum_ms, 3),
             "count": sum(snap.duration_buckets),

@@ -103,6 +103,18 @@ TASK_METRICS = (
         _G,
         "Bytes of the task's whole state at the last completed checkpoint.",
     ),
+    _task(
+        "refused_connections",
+        "absflow_task_refused_connections",
+        _C,
+        "Connections to the task's gates refused for want of the job's keys.",
+    ),
+    _task(
+        "malformed_frames",
+        "absflow_task_malformed_frames",
+        _C,
+        "Frames dropped at the task's gates that were not the job's wire format.",
+    ),
 )
 CHECKPOINT_DURATION = MetricSpec(
     "absflow_checkpoint_duration_seconds",
@@ -133,6 +145,13 @@ JOB_COUNTERS = (
         "absflow_checkpoints_failed", _C, "Failed checkpoints.", ("job",), "checkpoints_failed"
     ),
     MetricSpec("absflow_restarts", _C, "Restarts of the job.", ("job",), "restarts"),
+    MetricSpec(
+        "absflow_refused_connections",
+        _C,
+        "Connections the driver (job manager, rendezvous) refused for want of the job's keys.",
+        ("job",),
+        "refused_connections",
+    ),
 )
 METRICS: tuple[MetricSpec, ...] = (
     *TASK_METRICS,

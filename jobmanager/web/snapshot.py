@@ -214,6 +214,7 @@ class SnapshotBuilder:
             "checkpoints_pending": pending,
             "last_checkpoint_id": last,
             "restarts": len(m.restarts),
+            "refused_connections": m.refused(),
             "ui_url": self.ui_url,
         }
         self.board.latest = JobSnapshot(
@@ -327,6 +328,7 @@ class SnapshotBuilder:
                     "sink": index in sinks,
                     "host": t.host,
                     "pid": t.pid,
+                    "endpoint": t.endpoint,  # its input gate (TCP), "" for a source
                     "state": "finished" if t.finished else "running" if t.pid else "starting",
                     "records_in": max(t.records_in, m.records_in),
                     "records_out": max(t.records_out, m.records_out),
@@ -347,6 +349,8 @@ class SnapshotBuilder:
                     "state_bytes": (acked.full_state_bytes or acked.state_bytes)
                     if acked is not None
                     else None,
+                    "refused_connections": m.refused_connections,
+                    "malformed_frames": m.malformed_frames,
                 }
             )
         return rows

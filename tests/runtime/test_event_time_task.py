@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from channels.messages import Barrier, EndOfInput, Watermark
+from channels.messages import Barrier, EndOfInput, Watermark, header_of
 from runtime.config import JobConfig, TaskEnvironment
 from runtime.dataflow import Dataflow
 from runtime.errors import GraphError
@@ -156,6 +156,27 @@ def test_the_input_side_hands_typed_elements_in_channel_order() -> None:
         ("watermark", 20),  # channel 3 ended: channel 4 alone
         ("end", 3),
     ]
+
+
+def test_the_input_side_drops_and_counts_frames_that_are_not_the_jobs() -> None:
+    """Garbage (a stranger's, without secure_channels) never raises through the task loop:
+    a channel the task does not read, a payload that does not decode, a frame too short
+    for a header (``header_of`` gives it NO_CHANNEL)."""
+    target = Recorder()
+    side = InputSide(target, {3: 0}, [3])
+    good = data(3, "x")
+    garbage = [
+        data(9, "y"),  # well-formed, but not an input channel of this task
+        good[:5] + b"\xc1\xc1",  # a data header, then bytes msgpack never writes
+        event(3, Barrier(7, 0.0))[:6],  # a barrier cut short
+        b"\x01",
+    ]
+    for frame in garbage:
+        channel, kind = header_of(frame)
+        side.dispatch(channel, kind & 0x0F, frame)
+    side.dispatch(3, 0, good)
+    assert side.malformed_frames == len(garbage)
+    assert target.got == [("batch", 3, 0, ["x"])]
 
 
 def build(**kw: Any) -> Dataflow:

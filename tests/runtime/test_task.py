@@ -140,6 +140,8 @@ class FakeIO:
         self.outputs[channel_id] = FakeOutput(f"ch{channel_id}", self.log)
         return self.outputs[channel_id]
 
+    refused_connections = 0  # no socket to refuse anyone
+
     def wait(self, timeout_ms: int) -> tuple[bool, bool]:
         side = [g for g in (self.feedback_gate, self.priority_gate) if g is not None]
         return bool(self.gate.frames) or any(g.frames for g in side), bool(self.jm.inbox)

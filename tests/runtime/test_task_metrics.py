@@ -30,6 +30,16 @@ class FakeChain:
 
 
 @dataclass
+class FakeIO:
+    refused_connections: int = 0
+
+
+@dataclass
+class FakeInputSide:
+    malformed_frames: int = 0
+
+
+@dataclass
 class FakeTask:
     channels: list[FakeChannel] = field(default_factory=list)
     inputs: FakeInputs | None = None
@@ -42,6 +52,8 @@ class FakeTask:
     opened_at: float = 0.0
     peak_rss: int = 0
     first_record_at: float = 0.0
+    io: FakeIO = field(default_factory=FakeIO)
+    input_side: FakeInputSide = field(default_factory=FakeInputSide)
 
 
 def test_the_figures_sum_the_channels_and_queues() -> None:
@@ -53,8 +65,11 @@ def test_the_figures_sum_the_channels_and_queues() -> None:
         bytes_in=321,
         idle_seconds=1.0,
         opened_at=time.monotonic() - 4.0,
+        io=FakeIO(refused_connections=2),
+        input_side=FakeInputSide(malformed_frames=5),
     )
     m = measure_task(cast(Any, task))
+    assert (m.refused_connections, m.malformed_frames) == (2, 5)
     assert (m.records_in, m.records_out, m.bytes_in, m.bytes_out) == (9, 7, 321, 150)
     assert (m.backpressure_seconds, m.output_queue, m.input_queue) == (0.75, 3, 4)
     assert m.spilled_bytes == 10 and m.watermark == 12.5
