@@ -295,6 +295,35 @@ def state_scale(doc: Result) -> str:
     return "\n\n".join(out) + "\n"
 
 
+def curve_cost(doc: Result) -> str:
+    f, rounds = doc["figures"], doc["rounds"]
+    rows = []
+    for workload in ("keyed count", "paper topology"):
+        g = f.get(workload)
+        if not g:
+            continue
+        t, s = g["time_ratio"], g["startup_ratio"]
+        rows.append(
+            [
+                workload,
+                f"{t['median']:.2f}x [{t['q1']:.2f}-{t['q3']:.2f}]",
+                f"{rate(g['records_per_second_without']['median'])}",
+                f"{rate(g['records_per_second_with']['median'])}",
+                f"{s['median']:.2f}x [{s['q1']:.2f}-{s['q3']:.2f}]",
+            ]
+        )
+    return (
+        f"Parallelism {f['parallelism']}, runs of about {f['seconds']:g} s, {rounds} "
+        "interleaved rounds; ratios with CURVE against without in the same round, median "
+        "[IQR].\n\n"
+        + table(
+            ["workload", "processing time ratio", "records/s without", "with", "start-up ratio"],
+            rows,
+        )
+        + "\n"
+    )
+
+
 @dataclass(frozen=True)
 class Section:
     """One benchmark's section: what it measures, how to run it, how to show its file."""
@@ -359,6 +388,14 @@ SECTIONS = (
         "a base with 20 deltas against one whole file.",
         "python benchmarks/state_scale.py",
         state_scale,
+    ),
+    Section(
+        "curve_cost",
+        "The cost of authenticated, encrypted channels",
+        "The keyed count and the paper topology with `secure_channels=True` (ZeroMQ CURVE on "
+        "every connection) and without, interleaved.",
+        "python benchmarks/curve_cost.py --repeat 12",
+        curve_cost,
     ),
     Section(
         "inflight",
