@@ -43,9 +43,10 @@ from keyed_count import build
 from channels import control as P
 from channels.messages import Barrier, EndOfInput, Event, encode_data, encode_event
 from channels.zmq_io import OutputChannel
-from runtime.config import JobConfig, TaskEnvironment
+from runtime.config import JobConfig
 from runtime.plan import JobPlan, TaskSpec
 from runtime.task import Task
+from runtime.task_environment import TaskEnvironment
 
 
 class Gate:

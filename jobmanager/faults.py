@@ -19,9 +19,9 @@ import random
 import signal
 from dataclasses import dataclass
 
-from runtime.config import TaskFault
 from runtime.errors import GraphError
 from runtime.plan import JobPlan
+from runtime.task_environment import TaskFault
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from channels.rendezvous import Rendezvous
-from runtime.config import JobConfig, TaskEnvironment
+from runtime.config import JobConfig
 from runtime.errors import (
     CheckpointStorageError,
     InsufficientSlotsError,
@@ -28,6 +28,7 @@ from runtime.errors import (
     WorkerStartError,
 )
 from runtime.plan import JobPlan
+from runtime.task_environment import TaskEnvironment
 
 log = logging.getLogger("absflow.launcher")
 

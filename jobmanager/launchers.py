@@ -18,9 +18,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from jobmanager.services import Stage
-from runtime.config import LAUNCHERS, JobConfig, TaskEnvironment
+from runtime.config import LAUNCHERS, JobConfig
 from runtime.errors import GraphError
 from runtime.plan import JobPlan
+from runtime.task_environment import TaskEnvironment
 
 __all__ = ["ENV_VAR", "Launcher", "launcher_name", "select_launcher"]
 

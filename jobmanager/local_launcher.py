@@ -26,10 +26,11 @@ from typing import IO
 import cloudpickle
 
 from jobmanager.launcher import task_pythonpath
-from runtime.config import JobConfig, TaskEnvironment
+from runtime.config import JobConfig
 from runtime.errors import GraphError
 from runtime.local_entry import HOST, LENGTH
 from runtime.plan import JobPlan
+from runtime.task_environment import TaskEnvironment
 
 log = logging.getLogger("absflow.launcher")
 

@@ -37,7 +37,7 @@ from jobmanager.router_link import RouterLink, open_router
 from jobmanager.services import RunServices
 from jobmanager.stop import JobEntry, StopRequest, stop_signals
 from jobmanager.web import Dashboard
-from runtime.config import JobConfig, TaskEnvironment, TaskFault
+from runtime.config import JobConfig
 from runtime.errors import (
     AbsflowError,
     CheckpointStorageError,
@@ -48,6 +48,7 @@ from runtime.errors import (
 from runtime.graph import StepKind
 from runtime.plan import JobPlan
 from runtime.scratch import remove_run
+from runtime.task_environment import TaskEnvironment, TaskFault
 from statebackend.errors import StateError, StorageAccessError
 from statebackend.metadata import CheckpointMetadata
 from statebackend.restore import check_compatible

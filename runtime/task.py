@@ -13,7 +13,6 @@ watermark); `BlockedChannels` (buffers and replays blocked channels); a barrier 
 blocked); `TaskCheckpointer` (capture, forward, log back-edges, write, ack);
 `FeedbackQueue` (a loop head's back-edge frames); `ControlClient` (the job manager's
 socket, heartbeats); `TaskFaults`, `ScratchDir`; `TaskIO` (sockets, fakes in tests).
-
 Lifecycle: construct (no I/O) -> ``open()`` (temp dir, sockets, operators, restore)
 -> ``run()`` -> ``close(graceful)``. Threading: everything runs on the task-loop
 thread, except the asynchronous part of a snapshot (the checkpointer's writer thread).
@@ -33,7 +32,7 @@ from channels.messages import HEADER, KIND_MASK, Barrier, CancelBarrier, Waterma
 from runtime.barriers import BarrierHandler, BarrierProtocolError
 from runtime.chain import OperatorChain
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
-from runtime.config import SnapshotMode, TaskEnvironment
+from runtime.config import SnapshotMode
 from runtime.control_client import ControlClient, rss_bytes
 from runtime.errors import (
     CheckpointStorageError,
@@ -51,6 +50,7 @@ from runtime.plan import JobPlan, TaskSpec
 from runtime.scratch import ScratchDir
 from runtime.snapshot_modes import handler_for, in_flight_log_for, overtaking_input_for
 from runtime.sources import SourceReader
+from runtime.task_environment import TaskEnvironment
 from runtime.task_faults import TaskFaults
 from runtime.task_io import TaskIO
 from runtime.task_metrics import measure_task

@@ -25,11 +25,11 @@ import zmq
 from channels.rendezvous import gather
 from channels.security import Guard
 from channels.zmq_io import InputGate, local_namespace
-from runtime.config import TaskEnvironment
 from runtime.errors import TaskCancelled
 from runtime.plan import JobPlan
 from runtime.scheduling import task_scheduling
 from runtime.task import Task
+from runtime.task_environment import TaskEnvironment
 from runtime.task_gc import task_gc
 from runtime.task_io import ZmqTaskIO
 

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from runtime.barriers import BarrierHandler
-from runtime.config import TaskFault
 from runtime.errors import AbsflowError
 from runtime.operators import Operator
+from runtime.task_environment import TaskFault
 from statebackend.storage import CheckpointStorage
 
 KILL_DURING_ALIGNMENT = "kill_during_alignment"

@@ -18,7 +18,8 @@ from channels.messages import encode_data
 from channels.rendezvous import Rendezvous, RendezvousError, gather
 from channels.security import UNNAMED, ChannelKeys, Guard, RefusalReason
 from channels.zmq_io import InputGate, OutputChannel
-from runtime.config import JobConfig, TaskEnvironment
+from runtime.config import JobConfig
+from runtime.task_environment import TaskEnvironment
 
 KEYS = ChannelKeys.generate()
 

@@ -6,8 +6,8 @@ import pytest
 
 from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.faults import DriverKill, Kill, RandomKills, relative_to_run, resolve_faults
-from runtime.config import TaskFault
 from runtime.errors import GraphError
+from runtime.task_environment import TaskFault
 from tests.jobmanager.fakes import small_plan
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from channels.messages import Watermark
-from runtime.config import JobConfig, TaskEnvironment
+from runtime.config import JobConfig
 from runtime.dataflow import Dataflow
 from runtime.plan import JobPlan
 from runtime.restored_watermark import restored_watermark
 from runtime.sources import CollectionSource
 from runtime.task import Task
+from runtime.task_environment import TaskEnvironment
 from runtime.window_kinds import Tumbling
 from statebackend.metadata import CheckpointMetadata
 from statebackend.metrics import AckMetrics, CheckpointSummary

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 
 from channels.messages import Barrier, EndOfInput, Watermark, header_of
-from runtime.config import JobConfig, TaskEnvironment
+from runtime.config import JobConfig
 from runtime.dataflow import Dataflow
 from runtime.errors import GraphError
 from runtime.input_side import InputSide, input_sides
 from runtime.plan import JobPlan
 from runtime.sources import CollectionSource
 from runtime.task import Task
+from runtime.task_environment import TaskEnvironment
 from tests.runtime.test_task import FakeIO, data, event
 
 

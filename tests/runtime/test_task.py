@@ -30,13 +30,14 @@ from channels.messages import (
 from runtime.barriers import BarrierAligner, BarrierProtocolError
 from runtime.chain import Capture
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
-from runtime.config import JobConfig, TaskEnvironment
+from runtime.config import JobConfig
 from runtime.dataflow import Dataflow
 from runtime.errors import CheckpointStorageError, RecordSerializationError, TaskCancelled
 from runtime.inputs import BlockedChannels
 from runtime.plan import JobPlan
 from runtime.sources import CollectionSource
 from runtime.task import Task
+from runtime.task_environment import TaskEnvironment
 from runtime.task_faults import TaskFaults
 from statebackend.metadata import OperatorLayout, TaskStateHandle
 from statebackend.metrics import TaskMetrics, decode

@@ -6,8 +6,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from runtime.config import JobConfig, TaskEnvironment
+from runtime.config import JobConfig
 from runtime.errors import GraphError
+from runtime.task_environment import TaskEnvironment
 from statebackend import FLAG_RAW, CheckpointStorage, KeyedStateBackend
 from tests.statebackend.test_inline_state import LAYOUT, snapshots, write
 from tests.statebackend.test_snapshot import PREFIX
