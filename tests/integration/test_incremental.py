@@ -103,14 +103,29 @@ def test_rescaling_from_an_incremental_checkpoint_keeps_every_key(
 ) -> None:
     root = tmp_path / "chk"
     config: dict[str, Any] = {"checkpoint_dir": str(root), "checkpoint_interval": 0.05}
-    first = run_local(sums(N, rate=25_000, debug_drop_deltas=drop, **config, **INCREMENTAL))
+    first = run_local(  # every checkpoint retained: one from the middle of the input is taken
+        sums(
+            N,
+            rate=25_000,
+            debug_drop_deltas=drop,
+            retained_checkpoints=1000,
+            **config,
+            **INCREMENTAL,
+        )
+    )
     assert first.restarts == []
-    candidates = chained(root)
-    assert candidates, "no retained checkpoint with a chain"
+    # a chained checkpoint taken while the source still had records to read
+    midway = {
+        c["checkpoint_id"]
+        for c in first.checkpoints
+        if (c.get("committed_records_in") or N) < N * 0.9
+    }
+    candidates = [n for n in chained(root) if n in midway]
+    assert candidates, "no retained checkpoint with a chain before the end of the input"
     restore_from = str(root / f"chk-{candidates[-1]}")
     want = finals(clean)
     for parallelism in (1, 3):  # 2 -> 1 and 2 -> 3
-        config["checkpoint_dir"] = str(tmp_path / f"chk-p{parallelism}")
+        config = {"checkpoint_dir": str(tmp_path / f"p{parallelism}"), "checkpoint_interval": 0.05}
         resumed = run_local(
             sums(N, parallelism=parallelism, **config, **INCREMENTAL), restore_from=restore_from
         )
