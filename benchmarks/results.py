@@ -27,22 +27,18 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 _LOAD_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
 
 
+def _git(*args: str) -> str:
+    here = Path(__file__).resolve().parent
+    return subprocess.run(
+        ["git", *args], cwd=here, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def _commit() -> str:
+    """The checked-out commit, ``+dirty`` when tracked files differ from it."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        out = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{out}+dirty" if dirty else out

@@ -272,25 +272,18 @@ class KeyedStateBackend:
         self._write_back()
         if self.changed is None:
             raise StateError(f"operator {self.operator!r}: a delta, but changes are not tracked")
-        keys = list(self.changed)
-        self.changed.clear()
+        changed = self.changed
+        self.changed = set()
         if drop:
-            keys = []
+            changed = set()
         entries: list[list[Any]] = []
         deleted: list[list[Any]] = []
         for kind, name, state in self._layout:
-            get = state.get
-            present: dict[Any, Any] = {}
-            gone: list[Any] = []
-            for key in keys:
-                value = get(key, _ABSENT)
-                if value is _ABSENT:
-                    gone.append(key)
-                else:
-                    present[key] = value
-            entries.append([kind, name, present])
-            if gone:
-                deleted.append([name, gone])
+            # set and dict operations in C: no Python step per changed key
+            present = changed & state.keys()
+            entries.append([kind, name, dict(zip(present, map(state.__getitem__, present)))])
+            if len(present) < len(changed):
+                deleted.append([name, list(changed - present)])
         try:
             return pack_delta(entries, deleted)
         except (TypeError, ValueError, OverflowError) as err:
