@@ -281,7 +281,9 @@ class KeyedStateBackend:
         for kind, name, state in self._layout:
             # set and dict operations in C: no Python step per changed key
             present = changed & state.keys()
-            entries.append([kind, name, dict(zip(present, map(state.__getitem__, present)))])
+            entries.append(
+                [kind, name, dict(zip(present, map(state.__getitem__, present), strict=True))]
+            )
             if len(present) < len(changed):
                 deleted.append([name, list(changed - present)])
         try:
