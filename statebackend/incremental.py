@@ -54,8 +54,8 @@ class StateRef:
     absolute path/URL of another root: state inherited from ``restore_from``), its
     ``size`` and whole-file ``crc32``, whether it is a ``base`` (full) or a delta, and the
     key groups ``[start, stop)`` whose keys in it count. ``file_key_groups`` are the
-    key groups of the instance that wrote it: a reader filters keys only where those
-    are not inside ``key_groups``."""
+    key groups of the instance that wrote it: a reader hashes keys only where those
+    are not inside the key groups that count for it."""
 
     path: str
     size: int
@@ -68,11 +68,6 @@ class StateRef:
     def foreign(self) -> bool:
         """Whether the file lives under another checkpoint root (never deleted here)."""
         return self.path.startswith("/") or "://" in self.path
-
-    @property
-    def needs_filter(self) -> bool:
-        start, stop = self.key_groups
-        return not (start <= self.file_key_groups[0] and self.file_key_groups[1] <= stop)
 
     def narrowed(self, key_groups: range, root: str | None) -> StateRef | None:
         """This ref as inherited by an instance owning ``key_groups`` (None if they do
