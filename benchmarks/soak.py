@@ -313,7 +313,7 @@ def main() -> int:
         "--warmup", type=float, default=2.0, help="minutes left out of the verdicts (at most 1/5)"
     )
     ap.add_argument("--launcher", choices=("spark", "local"), default="spark")
-    ap.add_argument("--plot", default=os.path.join(REPO, "benchmarks", "results", "soak.png"))
+    ap.add_argument("--plot", default=os.path.join(REPO, "docs", "soak.png"))
     return soak(ap.parse_args())
 
 
