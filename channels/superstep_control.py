@@ -90,4 +90,4 @@ def decode(frame: bytes) -> P.Message:
     cls = _TYPES.get(code)
     if cls is None:
         return P.decode(frame)
-    return cls(*fields)
+    return P.build(cls, fields)

@@ -27,7 +27,7 @@ import traceback
 from typing import Any
 
 from channels import control as P
-from channels.control import CheckpointFailureReason
+from channels.control import TaskFailureCause
 from channels.messages import HEADER, KIND_MASK, Barrier, CancelBarrier, Watermark, decode_records
 from runtime.barriers import BarrierHandler, BarrierProtocolError
 from runtime.chain import OperatorChain
@@ -207,9 +207,7 @@ class Task:
                 self.checkpointer.aborted(msg.checkpoint_id)
                 self.chain.notify_aborted(msg.checkpoint_id)
                 if self._handler is not None:
-                    self._handler.abort(
-                        msg.checkpoint_id, CheckpointFailureReason.from_wire(msg.reason)
-                    )
+                    self._handler.abort(msg.checkpoint_id, msg.reason)
             elif isinstance(msg, P.LoopProbe):
                 t = self.identity
                 received = 0 if self.chain.reader is not None else self.records_in
@@ -231,15 +229,7 @@ class Task:
     def _heartbeat(self) -> P.Heartbeat:
         m = measure_task(self)
         self.peak_rss, t = m.peak_rss, self.identity
-        return P.Heartbeat(
-            t.index,
-            t.attempt,
-            m.records_in,
-            m.records_out,
-            m.rss_bytes,
-            m.first_record_at,
-            m.encode(),
-        )
+        return P.Heartbeat(t.index, t.attempt, m)
 
     def _housekeeping(self, now: float, timers: bool = True) -> None:
         self.control.heartbeat(now, self._heartbeat)
@@ -311,27 +301,36 @@ class Task:
                 self._input_loop()
             self._flush_all()
             t = self.identity
-            self.control.send(P.Finished(t.index, t.attempt, measure_task(self).encode()))
+            self.control.send(P.Finished(t.index, t.attempt, measure_task(self)))
         except TaskCancelled:
             raise
         except RecordSerializationError as err:  # a restart would meet the same record
             named = err if err.step else err.naming(self.chain.output_step)
-            self._report_failure(named.step or self.spec.task_id, named, fatal=True)
+            if named.step:  # the step that emitted it
+                cause, where = TaskFailureCause.USER_FUNCTION_RAISED, named.step
+            else:
+                cause, where = TaskFailureCause.TASK_ERROR, self.spec.task_id
+            self._report_failure(cause, where, named, fatal=True)
             raise TaskCancelled(f"step '{named.step}' emitted a record that cannot cross") from err
         except OperatorFailure as failure:
-            self._report_failure(failure.operator, failure.cause, failure.fatal)
+            cause = TaskFailureCause.USER_FUNCTION_RAISED
+            self._report_failure(cause, failure.operator, failure.cause, failure.fatal)
             raise TaskCancelled(f"operator '{failure.operator}' failed") from failure
         except Exception as err:  # storage this executor cannot write: restarts cannot help
-            self._report_failure(self.spec.task_id, err, isinstance(err, CheckpointStorageError))
+            fatal = isinstance(err, CheckpointStorageError)
+            self._report_failure(TaskFailureCause.TASK_ERROR, self.spec.task_id, err, fatal)
             raise
 
-    def _report_failure(self, operator: str, err: BaseException, fatal: bool = False) -> None:
+    def _report_failure(
+        self, cause: TaskFailureCause, operator: str, err: BaseException, fatal: bool = False
+    ) -> None:
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
         t = self.identity
         self.control.send_quietly(
             P.Failed(
                 t.index,
                 t.attempt,
+                cause,
                 operator,
                 self.spec.subtask,
                 f"{type(err).__name__}: {err}",

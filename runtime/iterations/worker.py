@@ -103,6 +103,7 @@ def run_worker(
                     P.Failed(
                         wctx.index,
                         wctx.attempt,
+                        P.TaskFailureCause.USER_FUNCTION_RAISED,
                         spec.step.name,
                         wctx.index,
                         str(err),

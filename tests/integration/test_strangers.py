@@ -40,6 +40,7 @@ from jobmanager.result import JobResult
 from jobmanager.web import DashboardServer, close_all, serve
 from runtime import Dataflow
 from runtime.testing import ListSink, TestingSource, run_local
+from statebackend.metrics import AckMetrics
 
 pytestmark = [
     pytest.mark.harness,
@@ -235,7 +236,9 @@ class RunningJob:
     def forge_acks(self) -> None:
         """(b) an ack of the pending checkpoint from every task, (c) garbage: to the job
         manager."""
-        acks = [P.encode(P.Ack(t["index"], 0, self.pending, None, {})) for t in self.tasks]
+        acks = [
+            P.encode(P.Ack(t["index"], 0, self.pending, None, AckMetrics())) for t in self.tasks
+        ]
         self.stranger.send(zmq.DEALER, self.host, self.jm_port(), [*acks, *GARBAGE])
 
     def figures(self) -> dict[str, Any]:

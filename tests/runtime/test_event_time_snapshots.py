@@ -131,7 +131,7 @@ def test_processing_time_timers_do_not_fire_while_the_job_is_halted() -> None:
         task._housekeeping(0.0)  # the wall clock is far past 1001: the window is due
         assert len(op.state) == (1 if synchronous else 0)  # type: ignore[attr-defined]
         if synchronous:
-            io.jm.tell(P.Abort(3, "EXPIRED"))
+            io.jm.tell(P.Abort(3, P.CheckpointFailureReason.EXPIRED))
             task._serve_control()
             task._housekeeping(0.0)
             assert len(op.state) == 0  # type: ignore[attr-defined]

@@ -100,7 +100,7 @@ def test_a_task_forwards_the_min_watermark_on_every_output_channel(tmp_path: Pat
     # the task's watermark at the (final) checkpoint is in its ack: checkpoints --show
     from channels import control as P
 
-    assert io.jm.of_type(P.Ack)[0].metrics["watermark"] == 9
+    assert io.jm.of_type(P.Ack)[0].metrics.watermark == 9
     task.close(graceful=True)
 
 
@@ -213,7 +213,7 @@ def test_an_abort_from_the_job_manager_reaches_the_operators(
     monkeypatch.setattr(Operator, "notify_checkpoint_aborted", lambda self, n: told.append(n))
     task, io = merge_task(tmp_path)
     task.open()
-    io.jm.tell(P.Abort(5, "EXPIRED"))
+    io.jm.tell(P.Abort(5, P.CheckpointFailureReason.EXPIRED))
     task._serve_control()
     assert told == [5] * len(task.chain.operators)
     task.close(graceful=False)
