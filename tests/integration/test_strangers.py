@@ -365,8 +365,8 @@ def stranger_gets_nowhere(running: RunningJob) -> None:
     result = running.release()
     assert sorted(result.output("out")) == list(range(N))  # record for record, none injected
     assert not result.restarts
-    assert running.pending in [c["checkpoint_id"] for c in result.checkpoints] or any(
-        c["checkpoint_id"] > running.pending for c in result.checkpoints
+    assert running.pending in [c.checkpoint_id for c in result.checkpoints] or any(
+        c.checkpoint_id > running.pending for c in result.checkpoints
     )
 
 
