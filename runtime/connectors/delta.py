@@ -19,7 +19,7 @@ import io
 from typing import Any
 
 from runtime.errors import ConnectorError
-from runtime.sinks import SinkContext, TwoPhaseCommitSink
+from runtime.sinks import OtherRunsOutput, SinkContext, TwoPhaseCommitSink
 from runtime.transactions import TxnId
 
 
@@ -129,19 +129,17 @@ class DeltaSink(TwoPhaseCommitSink):
             ),
         )
 
-    def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
-        if checkpoint_id is None:
-            table = self._table()
-            done = None if table is None else table.transaction_version(self.app_id)
-            if done is not None:
-                raise ConnectorError(
-                    f"Delta sink '{self.ctx.step_name}': table {self.uri} already holds "
-                    f"commits of application {self.app_id!r} up to checkpoint {done}, "
-                    f"written by another run of job {self.ctx.job!r}; a fresh start would "
-                    f"skip its checkpoints <= {done}. Restore the job from its checkpoint, "
-                    f"or give the job (or this sink step) another name"
-                )
-        # Nothing outside the table to abort: an uncommitted epoch exists only in the
-        # snapshot (or nowhere). Commit the restored ones, in order (idempotent).
-        for n, handle in pending:
-            self.commit(n, handle)
+    # Nothing outside the table to abort on a restore (the default ``abort_uncovered``):
+    # an uncommitted epoch exists only in the snapshot (or nowhere).
+
+    def other_runs_output(self) -> OtherRunsOutput | None:
+        table = self._table()
+        done = None if table is None else table.transaction_version(self.app_id)
+        if done is None:
+            return None
+        return OtherRunsOutput(
+            f"Delta table {self.uri} already holds commits of application {self.app_id!r} "
+            f"up to checkpoint {done}, written by another run of job {self.ctx.job!r}",
+            f"give the job (or this sink step) another name (a fresh start would skip "
+            f"its checkpoints <= {done})",
+        )
