@@ -36,7 +36,7 @@ import reprlib
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import IO, Any, Generic, TypeVar
 
 import msgpack
 
@@ -67,8 +67,8 @@ class SinkContext:
     send_as: Callable[[int, int, list[Any] | bytes], None] | None = None
 
 
-def _first(item: tuple[int, Any]) -> int:
-    return item[0]
+TxnT = TypeVar("TxnT")  # a connector's open transaction
+HandleT = TypeVar("HandleT")  # a sealed transaction, as the snapshot holds it (msgpack)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,7 +165,7 @@ class Sink:
         """Release resources (not called after a crash)."""
 
 
-class TwoPhaseCommitSink(Sink):
+class TwoPhaseCommitSink(Sink, Generic[TxnT, HandleT]):
     """Exactly-once sink skeleton (Flink's TwoPhaseCommitSinkFunction; docs/connectors.md):
     subclasses implement the hooks.
 
@@ -192,12 +192,12 @@ class TwoPhaseCommitSink(Sink):
         # opens a copy of it as an old subtask to recover that subtask's transactions.
         self._unopened = copy.copy(self)
         super().open(ctx)
-        self.pending: dict[int, Any] = {}
+        self.pending: dict[int, HandleT] = {}
         self._lock = threading.Lock()  # guards ``pending`` against the committer thread
         self.next_id = 1  # the checkpoint expected to seal the next transaction
-        self.current: Any = None
+        self.current: TxnT | None = None
         self._finished = False
-        self.committer: Committer | None = None
+        self.committer: Committer[HandleT] | None = None
         if self.commit_off_loop:
             self.committer = Committer(self.commit, self._mark_committed, ctx.step_name)
 
@@ -205,9 +205,9 @@ class TwoPhaseCommitSink(Sink):
         ctx = self.ctx
         return TxnId(ctx.job, ctx.step_name, ctx.subtask, checkpoint_id)
 
-    def _begin(self) -> Any:
-        self.current = self.begin_transaction(self.txn_id(self.next_id))
-        return self.current
+    def _begin(self) -> TxnT:
+        txn = self.current = self.begin_transaction(self.txn_id(self.next_id))
+        return txn
 
     def write_batch(self, records: list[Any]) -> None:
         if self.committer is not None and self.committer.failure is not None:
@@ -215,7 +215,7 @@ class TwoPhaseCommitSink(Sink):
         txn = self.current if self.current is not None else self._begin()
         self.write_to_transaction(txn, records)
 
-    def snapshot_state(self, checkpoint_id: int) -> Any:
+    def snapshot_state(self, checkpoint_id: int) -> dict[str, object]:
         txn = self.current if self.current is not None else self._begin()
         sealed = self.pre_commit(txn, checkpoint_id)
         self.next_id = checkpoint_id + 1
@@ -227,9 +227,7 @@ class TwoPhaseCommitSink(Sink):
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         with self._lock:
-            due = sorted(
-                ((n, h) for n, h in self.pending.items() if n <= checkpoint_id), key=_first
-            )
+            due = sorted((n, h) for n, h in self.pending.items() if n <= checkpoint_id)
         committer = self.committer
         if committer is None:
             for n, handle in due:
@@ -324,7 +322,7 @@ class TwoPhaseCommitSink(Sink):
             )
         return own
 
-    def _as_subtask(self, j: int) -> TwoPhaseCommitSink:
+    def _as_subtask(self, j: int) -> TwoPhaseCommitSink[TxnT, HandleT]:
         """A copy of this sink as constructed, opened as subtask ``j``."""
         ctx = self.ctx
         send = ctx.send_to_driver if ctx.send_as is None else functools.partial(ctx.send_as, j)
@@ -340,17 +338,17 @@ class TwoPhaseCommitSink(Sink):
                 self.committer.stop()
 
     # -- hooks -------------------------------------------------------------------------
-    def begin_transaction(self, txn_id: TxnId) -> Any:
+    def begin_transaction(self, txn_id: TxnId) -> TxnT:
         raise NotImplementedError
 
-    def write_to_transaction(self, txn: Any, records: list[Any]) -> None:
+    def write_to_transaction(self, txn: TxnT, records: list[Any]) -> None:
         raise NotImplementedError
 
-    def pre_commit(self, txn: Any, checkpoint_id: int) -> Any:
+    def pre_commit(self, txn: TxnT, checkpoint_id: int) -> HandleT:
         """Seal ``txn``; return its msgpack-serializable handle stored in the snapshot."""
         raise NotImplementedError
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: HandleT) -> None:
         """Make a sealed transaction visible. Must be idempotent."""
         raise NotImplementedError
 
@@ -366,7 +364,7 @@ class TwoPhaseCommitSink(Sink):
         return None
 
 
-class CollectSink(TwoPhaseCommitSink):
+class CollectSink(TwoPhaseCommitSink["_PackedTxn", "bytes | list[Any]"]):
     """Returns the records from ``run()`` (``result.output(name)``), exactly once.
 
     Committed batches go to the driver tagged (step, subtask, checkpoint id); the
@@ -395,7 +393,7 @@ class CollectSink(TwoPhaseCommitSink):
         header: bytes = _ARRAY_HEADER.pack_array_header(txn.count)
         return b"".join([header, *txn.parts])  # one copy of the epoch's records
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: bytes | list[Any]) -> None:
         # A handle is the packed transaction, sent on as is: neither this task nor the
         # driver's loop unpacks it (or, from older checkpoints, the records).
         self.ctx.send_to_driver(
@@ -414,7 +412,15 @@ class _PackedTxn:
     count: int = 0
 
 
-class FileSink(TwoPhaseCommitSink):
+@dataclasses.dataclass(slots=True)
+class _StagingFile:
+    """An open `FileSink` transaction: its staging file."""
+
+    path: str
+    fh: IO[str]
+
+
+class FileSink(TwoPhaseCommitSink[_StagingFile, str]):
     """Writes one part file per subtask, ``<dir>/part-<subtask>``, one JSON record per line.
 
     Exactly-once: each epoch's records go to a staging file, fsynced at pre-commit;
@@ -474,27 +480,27 @@ class FileSink(TwoPhaseCommitSink):
             os.fsync(fh.fileno())
         os.replace(tmp, self.marker)
 
-    def begin_transaction(self, txn_id: TxnId) -> Any:
+    def begin_transaction(self, txn_id: TxnId) -> _StagingFile:
         path = self._staging("open")
-        return {"path": path, "fh": open(path, "w", encoding="utf-8")}
+        return _StagingFile(path, open(path, "w", encoding="utf-8"))
 
-    def write_to_transaction(self, txn: Any, records: list[Any]) -> None:
+    def write_to_transaction(self, txn: _StagingFile, records: list[Any]) -> None:
         fmt = self.format
         if fmt is None:
-            txn["fh"].write("".join(json.dumps(r) + "\n" for r in records))
+            txn.fh.write("".join(json.dumps(r) + "\n" for r in records))
         else:
-            txn["fh"].write("".join(fmt(r) + "\n" for r in records))
+            txn.fh.write("".join(fmt(r) + "\n" for r in records))
 
-    def pre_commit(self, txn: Any, checkpoint_id: int) -> Any:
-        fh = txn["fh"]
+    def pre_commit(self, txn: _StagingFile, checkpoint_id: int) -> str:
+        fh = txn.fh
         fh.flush()
         os.fsync(fh.fileno())
         fh.close()
         sealed = self._staging(checkpoint_id)
-        os.replace(txn["path"], sealed)
+        os.replace(txn.path, sealed)
         return sealed
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: str) -> None:
         done, length, history = self._read_marker()
         if checkpoint_id <= done:
             return  # already committed (idempotent)
@@ -548,16 +554,16 @@ class FileSink(TwoPhaseCommitSink):
             if (
                 name.startswith(prefix)
                 and name.endswith(".staging")
-                and (self.current is None or path != self.current["path"])
+                and (self.current is None or path != self.current.path)
             ):
                 os.remove(path)
 
     def close(self) -> None:
         super().close()
         current = getattr(self, "current", None)
-        if current is not None and not current["fh"].closed:
-            current["fh"].close()
-            os.remove(current["path"])
+        if current is not None and not current.fh.closed:
+            current.fh.close()
+            os.remove(current.path)
 
 
 class PrintSink(Sink):

@@ -23,7 +23,7 @@ from runtime.sinks import OtherRunsOutput, SinkContext, TwoPhaseCommitSink
 from runtime.transactions import TxnId
 
 
-class DeltaSink(TwoPhaseCommitSink):
+class DeltaSink(TwoPhaseCommitSink[list[Any], bytes | None]):
     """Records (dicts) appended to the Delta table at ``uri`` (created on first commit).
 
     ``schema`` (a ``pyarrow.Schema``) fixes the column types; without it they are
@@ -87,7 +87,7 @@ class DeltaSink(TwoPhaseCommitSink):
     def write_to_transaction(self, txn: list[Any], records: list[Any]) -> None:
         txn.extend(records)
 
-    def pre_commit(self, txn: list[Any], checkpoint_id: int) -> Any:
+    def pre_commit(self, txn: list[Any], checkpoint_id: int) -> bytes | None:
         if not txn:
             return None
         import pyarrow as pa
@@ -105,7 +105,7 @@ class DeltaSink(TwoPhaseCommitSink):
             writer.write_table(batch)
         return out.getvalue()
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: bytes | None) -> None:
         if handle is None:
             return
         import pyarrow as pa

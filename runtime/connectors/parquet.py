@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import posixpath
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,10 @@ class _Epoch:
     opened_at: float = 0.0
 
 
-class ParquetSink(TwoPhaseCommitSink):
+Renames = Sequence[Sequence[str]]  # [in-progress path, final path] of each file
+
+
+class ParquetSink(TwoPhaseCommitSink[_Epoch, Renames | None]):
     """Records (dicts) into Parquet part files under ``directory`` (a path or fsspec URL).
 
     ``schema`` (a ``pyarrow.Schema``) fixes the column types (else inferred from the
@@ -141,7 +145,7 @@ class ParquetSink(TwoPhaseCommitSink):
         txn.closed.append(txn.path)
         txn.writer = txn.stream = None
 
-    def pre_commit(self, txn: _Epoch, checkpoint_id: int) -> Any:
+    def pre_commit(self, txn: _Epoch, checkpoint_id: int) -> Renames | None:
         self._roll(txn)
         if not txn.closed:
             return None
@@ -154,7 +158,7 @@ class ParquetSink(TwoPhaseCommitSink):
         return final
 
     # -- committing ------------------------------------------------------------------------
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: Renames | None) -> None:
         for src, dst in handle or ():
             if self.fs.exists(src):
                 self.fs.mv(src, dst)

@@ -53,7 +53,12 @@ class _Txn:
     rows: int = 0
 
 
-class PostgresSink(TwoPhaseCommitSink):
+# A prepared transaction's gid (None: nothing to commit); from older checkpoints, the
+# upsert epoch's rows themselves ({"rows": [...]}).
+Handle = str | dict[str, Any] | None
+
+
+class PostgresSink(TwoPhaseCommitSink[_Txn, Handle]):
     """Rows into ``table`` (``"name"`` or ``"schema.name"``), exactly once.
 
     Records are dicts (values taken by column name) or tuples in ``columns`` order.
@@ -257,7 +262,7 @@ class PostgresSink(TwoPhaseCommitSink):
                 f"(a map before the sink) or the table's column types"
             ) from err
 
-    def pre_commit(self, txn: _Txn, checkpoint_id: int) -> Any:
+    def pre_commit(self, txn: _Txn, checkpoint_id: int) -> Handle:
         from psycopg import sql
 
         if not self.exactly_once or txn.rows == 0:
@@ -265,7 +270,7 @@ class PostgresSink(TwoPhaseCommitSink):
         self._conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(txn.gid)))
         return txn.gid
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: Handle) -> None:
         if handle is None:
             return
         if self._commit_conn is None or self._commit_conn.closed:
