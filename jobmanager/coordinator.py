@@ -53,11 +53,14 @@ class CompletedCheckpoint:
     savepoint: bool = False
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class FailedCheckpoint:
+    """A checkpoint aborted in attempt ``attempt``, for ``reason`` (``detail``: the specifics)."""
+
     checkpoint_id: int
     reason: CheckpointFailureReason
     detail: str
+    attempt: int = 0
 
 
 _COUNTED = frozenset(
@@ -365,7 +368,7 @@ class CheckpointCoordinator:
         cp = self.pending.pop(checkpoint_id, None) or pending
         if cp is None:
             return
-        self.failed.append(FailedCheckpoint(checkpoint_id, reason, detail))
+        self.failed.append(FailedCheckpoint(checkpoint_id, reason, detail, self.attempt))
         log.info(
             "checkpoint %d aborted (%s): %s %s", checkpoint_id, reason.name, reason.value, detail
         )

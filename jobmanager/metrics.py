@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from jobmanager.coordinator import CompletedCheckpoint
+from jobmanager.coordinator import CompletedCheckpoint, FailedCheckpoint
 from jobmanager.result import CheckpointStats, JobResult, Restart
 from runtime.graph import StepKind
 from runtime.plan import JobPlan
@@ -76,7 +76,7 @@ class RunMetrics:
         self.sink_tasks = sink_task_indexes(plan)
         self.completed: list[CompletedCheckpoint] = []  # every attempt's, in order
         self.committed_at: dict[int, RecordCounts] = {}  # checkpoint id -> committed counts
-        self.failed_checkpoints: list[dict[str, Any]] = []
+        self.failed_checkpoints: list[FailedCheckpoint] = []
         self.restarts: list[Restart] = []
         self.startup_seconds: float | None = None
         self.task_metrics: dict[str, TaskMetrics] = {}
@@ -126,17 +126,17 @@ class RunMetrics:
         return self.base + self._own(tasks)
 
     def end_attempt(
-        self, tasks: Mapping[int, TaskFigures], finished: bool, failed_checkpoints: Iterable[Any]
+        self,
+        tasks: Mapping[int, TaskFigures],
+        finished: bool,
+        failed_checkpoints: Iterable[FailedCheckpoint],
     ) -> None:
         """The attempt ended (``finished``: every task finished). Its tasks' last counts
         (from Finished, else the last heartbeat or ack) count as processed work."""
         own = self._own(tasks)
         self._last_attempt = own
         self.processed = self.processed + own
-        self.failed_checkpoints.extend(
-            {"checkpoint_id": f.checkpoint_id, "reason": f.reason.name, "detail": f.detail}
-            for f in failed_checkpoints
-        )
+        self.failed_checkpoints.extend(failed_checkpoints)
         if finished:
             for t in tasks.values():
                 figures = t.metrics

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobmanager.coordinator import FailedCheckpoint
 from jobmanager.failures import FailureCause
 from statebackend.metrics import AckMetrics, CheckpointSummary, TaskMetrics
 
@@ -80,7 +81,7 @@ class JobResult:
     startup_seconds: float | None  # submit -> first record processed
     restarts: list[Restart] = field(default_factory=list)
     checkpoints: list[CheckpointStats] = field(default_factory=list)  # completed, in order
-    failed_checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    failed_checkpoints: list[FailedCheckpoint] = field(default_factory=list)
     peak_rss: dict[str, int] = field(default_factory=dict)
     checkpoint_dir: str | None = None
     task_metrics: dict[str, TaskMetrics] = field(default_factory=dict)  # at the end, by task

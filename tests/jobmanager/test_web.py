@@ -79,7 +79,7 @@ def published(srv: DashboardServer) -> tuple[JobBoard, SnapshotBuilder, FakeAtte
         )
     attempt = FakeAttempt(1, tasks, FakeCoordinator({5: object()}))
     attempt.coordinator.failed.append(
-        FailedCheckpoint(3, CheckpointFailureReason.EXPIRED, "2 task(s) did not ack")
+        FailedCheckpoint(3, CheckpointFailureReason.EXPIRED, "2 task(s) did not ack", attempt=1)
     )
     acks = {"src[0]": AckMetrics(alignment_ms=1.5, start_delay_ms=0.5, state_bytes=40)}
     summary = CheckpointSummary(tasks=1, mode="exactly_once", state_bytes=40)
