@@ -37,11 +37,10 @@ M = TypeVar("M", bound="Message")
 def from_wire(kind: type[E], name: object) -> E:
     """The member of ``kind`` named ``name``; ValueError naming the known ones if there is
     none (a peer of another version, or a corrupt frame: never guessed)."""
-    try:
-        return kind[name]  # type: ignore[misc]
-    except (KeyError, TypeError):
+    if not isinstance(name, str) or name not in kind.__members__:
         known = ", ".join(kind.__members__)
-        raise ValueError(f"{name!r} is no {kind.__name__} (known: {known})") from None
+        raise ValueError(f"{name!r} is no {kind.__name__} (known: {known})")
+    return kind[name]
 
 
 class CheckpointFailureReason(enum.Enum):
