@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from channels import control as P
 from channels.control import CheckpointFailureReason
+from jobmanager.result import FailedCheckpoint
 from jobmanager.termination import LoopTermination
 from runtime.config import JobConfig, SnapshotMode
 from runtime.operators import acts_on_completion
@@ -51,16 +52,6 @@ class CompletedCheckpoint:
     trigger_time: float = 0.0  # wall clock
     task_metrics: Mapping[str, AckMetrics] = field(default_factory=dict)
     savepoint: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class FailedCheckpoint:
-    """A checkpoint aborted in attempt ``attempt``, for ``reason`` (``detail``: the specifics)."""
-
-    checkpoint_id: int
-    reason: CheckpointFailureReason
-    detail: str
-    attempt: int = 0
 
 
 _COUNTED = frozenset(

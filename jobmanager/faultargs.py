@@ -17,9 +17,9 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from jobmanager.faults import Kill, RandomKills
+from jobmanager.result import JobResult
 from runtime.errors import JobCancelledError
 from runtime.plan import JobPlan
 from runtime.task_environment import FaultKind
@@ -98,7 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=None, help="seed of --chaos")
 
 
-def faults_from(parser: argparse.ArgumentParser, args: Any, plan: JobPlan) -> list[object]:
+def faults_from(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, plan: JobPlan
+) -> list[object]:
     """The faults the parsed ``args`` ask for, checked against ``plan``; a bad task
     reference or a kill that cannot fire there exits through ``parser.error``."""
     faults: list[object] = []
@@ -155,7 +157,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, interval: float = 
     )
 
 
-def report_stop(result: Any) -> bool:
+def report_stop(result: JobResult) -> bool:
     """Print how a job stopped with a savepoint (SIGTERM, Ctrl-C, `python -m jobmanager
     stop`) can resume; True when it stopped (its output is then only a part)."""
     if not result.stopped:
@@ -168,7 +170,7 @@ def report_stop(result: Any) -> bool:
     return True
 
 
-def checkpoint_config(args: Any) -> dict[str, object]:
+def checkpoint_config(args: argparse.Namespace) -> dict[str, object]:
     """``Dataflow`` settings from ``add_checkpoint_arguments``' flags."""
     if args.checkpoint_interval <= 0:
         return {}

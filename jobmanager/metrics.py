@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import msgpack
 
-from jobmanager.coordinator import CompletedCheckpoint, FailedCheckpoint
-from jobmanager.result import CheckpointStats, JobResult, Restart
+from jobmanager.coordinator import CompletedCheckpoint
+from jobmanager.result import CheckpointStats, FailedCheckpoint, JobResult, Restart
 from runtime.graph import StepKind
 from runtime.plan import JobPlan
 from runtime.sinks import CollectSink

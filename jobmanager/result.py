@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobmanager.coordinator import FailedCheckpoint
+from channels.control import CheckpointFailureReason
 from jobmanager.failures import FailureCause
 from statebackend.metrics import AckMetrics, CheckpointSummary, TaskMetrics
 
@@ -26,6 +26,16 @@ class Restart:
     @property
     def recovery_seconds(self) -> float | None:
         return None if self.resumed_at is None else self.resumed_at - self.failed_at
+
+
+@dataclass(frozen=True, slots=True)
+class FailedCheckpoint:
+    """A checkpoint aborted in attempt ``attempt``, for ``reason`` (``detail``: the specifics)."""
+
+    checkpoint_id: int
+    reason: CheckpointFailureReason
+    detail: str
+    attempt: int = 0
 
 
 @dataclass(frozen=True, slots=True)

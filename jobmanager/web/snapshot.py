@@ -27,7 +27,8 @@ from runtime.plan import JobPlan
 from statebackend.metrics import TaskMetrics
 
 if TYPE_CHECKING:
-    from jobmanager.coordinator import CompletedCheckpoint, FailedCheckpoint
+    from jobmanager.coordinator import CompletedCheckpoint
+    from jobmanager.result import FailedCheckpoint, Restart
     from jobmanager.services import TaskInfo
 
 HISTORY = 200  # completed (and failed) checkpoints kept for the API and the dashboard
@@ -283,7 +284,7 @@ class SnapshotBuilder:
         }
 
     @staticmethod
-    def _restart_row(r: Any) -> dict[str, Any]:
+    def _restart_row(r: Restart) -> dict[str, Any]:
         return {
             "attempt": r.attempt,
             "cause": r.cause.name,

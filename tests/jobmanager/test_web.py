@@ -15,10 +15,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from channels.control import CheckpointFailureReason
-from jobmanager.coordinator import CompletedCheckpoint, FailedCheckpoint
+from jobmanager.coordinator import CompletedCheckpoint
 from jobmanager.failures import FailureCause
 from jobmanager.metrics import RunMetrics
-from jobmanager.result import Restart
+from jobmanager.result import FailedCheckpoint, Restart
 from jobmanager.services import TaskInfo
 from jobmanager.web import Dashboard, close_all, serve
 from jobmanager.web.server import DashboardServer, UiError
