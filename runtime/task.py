@@ -179,7 +179,7 @@ class Task:
                 if head is not None and not self.config.debug_drop_in_flight_log:
                     self._replay = head.read_log(plan, storage)
             except Exception as err:  # the checkpoint does not fit: restarting cannot help
-                self._report_failure(spec.task_id, err, fatal=True)
+                self._report_failure(TaskFailureCause.TASK_ERROR, spec.task_id, err, fatal=True)
                 where = f"checkpoint {env.restore_metadata.checkpoint_id} in {env.restore_root}"
                 raise TaskCancelled(f"restoring {where} failed: {err}") from err
         self.chain.apply_operator_states(states)
