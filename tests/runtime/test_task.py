@@ -7,6 +7,7 @@ checkpoint it is acked, and says Alive to heartbeats).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import zlib
 from collections import deque
@@ -39,8 +40,9 @@ from runtime.sources import CollectionSource
 from runtime.task import Task
 from runtime.task_environment import TaskEnvironment
 from runtime.task_faults import TaskFaults
-from statebackend.metadata import OperatorLayout, TaskStateHandle
-from statebackend.metrics import AckMetrics
+from statebackend.errors import IncompatibleCheckpointError
+from statebackend.metadata import CheckpointMetadata, OperatorLayout, TaskStateHandle
+from statebackend.metrics import AckMetrics, CheckpointSummary
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
 
@@ -343,6 +345,7 @@ def test_an_unserializable_record_is_a_fatal_failure_naming_its_step(tmp_path: P
         task.run()
     (failed,) = io.jm.of_type(P.Failed)
     assert failed.fatal and failed.operator == "double"
+    assert failed.cause is P.TaskFailureCause.USER_FUNCTION_RAISED
     assert "step 'double' emitted a record that cannot cross tasks" in failed.error
     assert "convert the set to a list/tuple" in failed.error
     task.close(graceful=False)
@@ -663,3 +666,36 @@ def test_the_task_process_never_imports_the_job_manager() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_checkpoint_that_does_not_fit_is_a_fatal_task_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restoring fails before the first record: the task reports its own error (not a
+    user function's), fatal, and ends."""
+    task, io = merge_task(tmp_path)
+    metadata = CheckpointMetadata(
+        checkpoint_id=3,
+        job="merge",
+        attempt=0,
+        final=False,
+        trigger_time=0.0,
+        completed_time=1.0,
+        duration_ms=1.0,
+        max_parallelism=128,
+        tasks={},
+        task_metrics={},
+        metrics=CheckpointSummary(),
+    )
+    task.env = dataclasses.replace(task.env, restore_metadata=metadata, restore_root=str(tmp_path))
+
+    def refuse(*args: Any) -> None:
+        raise IncompatibleCheckpointError("step 'double' changed its parallelism")
+
+    monkeypatch.setattr("runtime.task.plan_restore", refuse)
+    with pytest.raises(TaskCancelled, match=r"restoring checkpoint 3 .* failed"):
+        task.open()
+    (failed,) = io.jm.of_type(P.Failed)
+    assert failed.cause is P.TaskFailureCause.TASK_ERROR and failed.operator == "merge[0]"
+    assert failed.fatal and "changed its parallelism" in failed.error
+    task.close(graceful=False)
