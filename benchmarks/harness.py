@@ -1,4 +1,4 @@
-"""How long a small pipeline's test takes on the test harness (``runtime.testing``: local
+"""How long a small pipeline's test takes on the test harness (``runtime.api.testing``: local
 task processes, no Spark) and on local Spark.
 
     python benchmarks/harness.py              # 5 runs each of a 2-step keyed count

@@ -4,7 +4,7 @@
   one Spark barrier stage; the product's way to run a job, locally or on a cluster;
 * ``local`` (`jobmanager.local_launcher.LocalProcessLauncher`): every task is a local
   Python process started by the job manager, without Spark or a JVM; the test harness
-  (``runtime.testing``) for unit tests of a pipeline.
+  (``runtime.api.testing``) for unit tests of a pipeline.
 
 Both run the same task entry (``runtime.task_entry.run_task``), the same operators,
 ZeroMQ channels, checkpoints and restarts; the job manager sees only this protocol and

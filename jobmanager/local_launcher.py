@@ -1,6 +1,6 @@
 """The local launcher: every task of an attempt is a local Python process, started by
 the job manager without Spark or a JVM (``runtime.local_entry``). The test harness
-(``runtime.testing``) runs on it; the job manager sees it only as a `Launcher`.
+(``runtime.api.testing``) runs on it; the job manager sees it only as a `Launcher`.
 
 The endpoint exchange Spark does with ``allGather`` is done over pipes: each task
 writes its endpoints to its own pipe, the stage's thread gathers them and writes the

@@ -1,7 +1,7 @@
 """absflow's user API: build a Dataflow, run it on Spark with exactly-once checkpoints."""
 
+from runtime.api.dataflow import Dataflow, KeyedStream, Stream
 from runtime.config import JobConfig, SnapshotMode
-from runtime.dataflow import Dataflow, KeyedStream, Stream
 from runtime.errors import (
     AbsflowError,
     CheckpointStorageError,

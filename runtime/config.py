@@ -33,7 +33,7 @@ class JobConfig:
     ``storage_options`` (endpoint, credentials, ...: passed to fsspec as keywords, on the
     driver and in every task; kept out of ``repr``, since they may hold secrets).
     ``launcher``: ``"spark"`` (the default) runs every attempt as a Spark barrier stage;
-    ``"local"`` runs the tasks as local processes without Spark (``runtime.testing``).
+    ``"local"`` runs the tasks as local processes without Spark (``runtime.api.testing``).
     ``allow_non_restored_state``: ``run(restore_from=...)`` drops (with a warning) the
     state of checkpointed steps the job no longer has, instead of refusing the checkpoint.
     """
@@ -273,7 +273,7 @@ class JobConfig:
         default=None,
         metadata={
             "help": "spark: each attempt is a Spark barrier stage; local: local task processes "
-            "without Spark (runtime.testing); None: $ABSFLOW_LAUNCHER, else spark."
+            "without Spark (runtime.api.testing); None: $ABSFLOW_LAUNCHER, else spark."
         },
     )
     secure_channels: bool | None = field(

@@ -215,7 +215,7 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT, HandleT]):
         txn = self.current if self.current is not None else self._begin()
         self.write_to_transaction(txn, records)
 
-    def snapshot_state(self, checkpoint_id: int) -> dict[str, object]:
+    def snapshot_state(self, checkpoint_id: int) -> dict[str, Any]:
         txn = self.current if self.current is not None else self._begin()
         sealed = self.pre_commit(txn, checkpoint_id)
         self.next_id = checkpoint_id + 1

@@ -33,7 +33,7 @@ from runtime.barriers import BarrierHandler, BarrierProtocolError
 from runtime.chain import OperatorChain
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import SnapshotMode
-from runtime.control_client import ControlClient, rss_bytes
+from runtime.control_client import ControlClient
 from runtime.errors import (
     CheckpointStorageError,
     GraphError,
@@ -53,9 +53,10 @@ from runtime.sources import SourceReader
 from runtime.task_environment import TaskEnvironment
 from runtime.task_faults import TaskFaults
 from runtime.task_io import TaskIO
-from runtime.task_metrics import measure_task
+from runtime.task_metrics import TaskCounters
 from runtime.task_outputs import TaskOutputs
 from runtime.watermarks import END_OF_TIME
+from statebackend.metrics import TaskMetrics
 from statebackend.restore import plan_restore
 
 log = logging.getLogger("absflow.task")
@@ -128,7 +129,7 @@ class Task:
             self.control.send,
             self.inputs,
             self.faults,
-            counts=lambda: (self.records_in, self.chain.records_out),
+            counts=lambda: (self.counters.records_in, self.chain.records_out),
             in_flight=self.in_flight,
             synchronous=cfg.snapshot_mode is SnapshotMode.SYNCHRONOUS,
             overtake=cfg.barriers_overtake,
@@ -141,15 +142,13 @@ class Task:
             )
         self._replay: list[bytes] = []  # restored in-flight records, replayed before new input
 
-        # Metrics (and the counters of loop termination detection).
-        self.records_in, self.first_record_at, self.peak_rss = 0, 0.0, 0
-        self.bytes_in, self.idle_seconds, self.opened_at = 0, 0.0, 0.0  # runtime.task_metrics
+        self.counters = TaskCounters()  # metrics, and the counts of loop termination
 
     # -- set-up ------------------------------------------------------------------------
     def open(self) -> None:
         """Create the temp dir, connect the sockets, open the operators, register with the
         job manager and restore. A checkpoint that does not fit is reported as fatal."""
-        self.peak_rss, self.opened_at = rss_bytes(), time.monotonic()
+        self.counters.open()
         self.scratch.open()
         self.control.open()
         self.out.open(self.io, self.plan, self.spec, self._on_backpressure)
@@ -210,7 +209,7 @@ class Task:
                     self._handler.abort(msg.checkpoint_id, msg.reason)
             elif isinstance(msg, P.LoopProbe):
                 t = self.identity
-                received = 0 if self.chain.reader is not None else self.records_in
+                received = 0 if self.chain.reader is not None else self.counters.records_in
                 self.control.send(
                     P.LoopStatus(
                         t.index, t.attempt, msg.round, self.out.records_sent, received, msg.tag
@@ -227,9 +226,18 @@ class Task:
         self._housekeeping(time.monotonic(), timers=False)  # no records in a blocked send
 
     def _heartbeat(self) -> P.Heartbeat:
-        m = measure_task(self)
-        self.peak_rss, t = m.peak_rss, self.identity
+        m, t = self._measure(), self.identity
         return P.Heartbeat(t.index, t.attempt, m)
+
+    def _measure(self) -> TaskMetrics:
+        return self.counters.measure(
+            self.chain,
+            self.channels,
+            (self.feedback, self.overtaking),
+            self.inputs,
+            self.io,
+            self.input_side,
+        )
 
     def _housekeeping(self, now: float, timers: bool = True) -> None:
         self.control.heartbeat(now, self._heartbeat)
@@ -239,7 +247,7 @@ class Task:
             self.checkpointer.collect_writes()
 
     def _first_record(self) -> None:
-        self.first_record_at = time.time()
+        self.counters.first_record_at = time.time()
         self.control.heartbeat_soon()  # report it at once (start-up and recovery times)
 
     # -- data path -----------------------------------------------------------------------
@@ -258,11 +266,11 @@ class Task:
 
     # -- the input side's elements (runtime.input_side.InputElements) ---------------------
     def on_batch(self, channel: int, side: int, batch: list[Any], frame: bytes) -> None:
-        handler = self._handler
-        if not self.records_in:
+        handler, counters = self._handler, self.counters
+        if not counters.records_in:
             self._first_record()
-        self.records_in += len(batch)
-        self.bytes_in += len(frame)
+        counters.records_in += len(batch)
+        counters.bytes_in += len(frame)
         if self.overtaking is None and handler and channel in handler.logging_channels:
             self.faults.while_logging(handler.logging_checkpoint or 0)
             self.checkpointer.log(frame, len(batch))
@@ -301,7 +309,7 @@ class Task:
                 self._input_loop()
             self._flush_all()
             t = self.identity
-            self.control.send(P.Finished(t.index, t.attempt, measure_task(self)))
+            self.control.send(P.Finished(t.index, t.attempt, self._measure()))
         except TaskCancelled:
             raise
         except RecordSerializationError as err:  # a restart would meet the same record
@@ -363,9 +371,9 @@ class Task:
                     self._flush_all()
                     self.control.send(P.SourceEnded(self.identity.index, self.identity.attempt))
                 elif batch:
-                    if not self.records_in:
+                    if not self.counters.records_in:
                         self._first_record()
-                    self.records_in += len(batch)
+                    self.counters.records_in += len(batch)
                     self.push(batch)
                 mark = self.chain.poll_watermark() if not source_ended else None
                 if mark is not None:
@@ -414,7 +422,7 @@ class Task:
         busy = replaying or looping or bool(overtaking)
         waited = time.monotonic()
         gate_ready, control_ready = self.io.wait(0 if busy else max(1, int(timeout * 1000)))
-        self.idle_seconds += 0.0 if busy else time.monotonic() - waited
+        self.counters.idle_seconds += 0.0 if busy else time.monotonic() - waited
         if control_ready or self.control.has_messages():
             self._serve_control()
         if self._handler is not None:

@@ -157,7 +157,7 @@ def child_processes(parent: int | None = None) -> set[int]:
 
 @pytest.fixture
 def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Jobs of the test run on the local launcher (``runtime.testing``: task processes
+    """Jobs of the test run on the local launcher (``runtime.api.testing``: task processes
     without Spark, ``ABSFLOW_LAUNCHER=local``). After the test: no task process, port or
     absflow temp dir is left."""
     from jobmanager.launchers import ENV_VAR

@@ -185,6 +185,7 @@ def test_restore_from_falls_back_past_a_corrupt_latest_checkpoint(
     ).run()
     final_id = first.checkpoints[-1].checkpoint_id
     total_out = first.checkpoints[-1].committed_records_out
+    assert total_out is not None
     # The checkpoint the fallback must reach: the latest one after which the sink still got
     # output (a periodic checkpoint can land after the last record, just before the final
     # one; restoring it would replay nothing and prove nothing). Every newer one is corrupt.
@@ -273,6 +274,7 @@ def test_committed_counts_after_a_kill_are_the_exact_figures() -> None:
     assert len(result.output("out")) == n
     assert (result.records_in, result.records_out) == (n, n), result.summary()
     at_restore = next(c for c in result.checkpoints if c.checkpoint_id == restored)
+    assert at_restore.committed_records_in is not None
     assert 0 < at_restore.committed_records_in < n
     assert result.records_per_second == pytest.approx(n / result.duration)
     # every completed checkpoint of both attempts is counted, and the summary says so

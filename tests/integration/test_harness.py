@@ -1,4 +1,4 @@
-"""The test harness (``runtime.testing``): real pipelines as local task processes,
+"""The test harness (``runtime.api.testing``): real pipelines as local task processes,
 without Spark: testing sources and sinks, faults, restarts, refusals, and nothing left
 behind (the ``harness`` fixture checks processes, ports and temp dirs after each test)."""
 
@@ -20,9 +20,9 @@ from jobmanager.failures import FailureCause
 from jobmanager.faults import Kill, RaiseAt
 from jobmanager.result import JobResult
 from runtime import Dataflow, GraphError, TaskFailedError
+from runtime.api.testing import ABORT, EOF, ListSink, TestingSource, TestingSourceAbort, run_local
 from runtime.errors import AbsflowError
 from runtime.sources import GeneratorSource, Source, SourceReader
-from runtime.testing import ABORT, EOF, ListSink, TestingSource, TestingSourceAbort, run_local
 from statebackend import CheckpointStorage
 from tests.conftest import child_processes
 
@@ -245,7 +245,7 @@ DRIVER = """
 import sys, time
 from runtime import Dataflow
 from runtime.sources import GeneratorSource, Source, SourceReader
-from runtime.testing import run_local
+from runtime.api.testing import run_local
 flow = Dataflow("forever", parallelism=2)
 flow.source(GeneratorSource(lambda i: i, None, rate=1000), name="n").collect("o")
 run_local(flow)

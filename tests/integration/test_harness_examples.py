@@ -1,5 +1,5 @@
 """The examples' pipelines (their ``build`` functions) give the same output on the test
-harness (``runtime.testing.run_local``: local task processes, no Spark) as on local
+harness (``runtime.api.testing.run_local``: local task processes, no Spark) as on local
 Spark: one small Spark run each."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime.testing import run_local
+from runtime.api.testing import run_local
 from tests.integration.test_examples import load_example
 
 # ``spark`` first: the session (and its JVM) exists before the harness counts processes.

@@ -13,8 +13,8 @@ import pytest
 
 from jobmanager.faults import Kill
 from runtime import Dataflow
+from runtime.api.testing import run_local
 from runtime.sources import GeneratorSource
-from runtime.testing import run_local
 from statebackend import CheckpointStorage
 
 pytestmark = [pytest.mark.harness]

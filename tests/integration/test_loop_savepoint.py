@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from jobmanager.stop import request_stop, running_jobs
-from runtime.testing import run_local
+from runtime.api.testing import run_local
 from statebackend.storage import CheckpointStorage
 from tests.integration.loops import collatz, collatz_expected
 

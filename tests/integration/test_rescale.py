@@ -20,10 +20,10 @@ from deltalake import DeltaTable
 
 from jobmanager.stop import request_stop, running_jobs
 from runtime import Dataflow
+from runtime.api.testing import run_local
 from runtime.connectors.delta import DeltaSink
 from runtime.connectors.files import FileStreamSource
 from runtime.connectors.parquet import ParquetSink
-from runtime.testing import run_local
 from statebackend.storage import CheckpointStorage
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]

@@ -39,7 +39,7 @@ from channels.security import ChannelKeys
 from jobmanager.result import JobResult
 from jobmanager.web import DashboardServer, close_all, serve
 from runtime import Dataflow
-from runtime.testing import ListSink, TestingSource, run_local
+from runtime.api.testing import ListSink, TestingSource, run_local
 from statebackend.metrics import AckMetrics
 
 pytestmark = [

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from channels import control as P
-from runtime.dataflow import Dataflow
+from runtime.api.dataflow import Dataflow
 from runtime.plan import JobPlan
 from runtime.sources import GeneratorSource
 

@@ -16,8 +16,8 @@ from jobmanager.coordinator import (
     CheckpointCoordinator,
     CompletedCheckpoint,
 )
+from runtime.api.dataflow import Dataflow
 from runtime.config import JobConfig
-from runtime.dataflow import Dataflow
 from runtime.plan import JobPlan
 from runtime.sources import GeneratorSource
 from statebackend.errors import StorageAccessError

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from channels.messages import Watermark
+from runtime.api.dataflow import Dataflow
 from runtime.config import JobConfig
-from runtime.dataflow import Dataflow
 from runtime.plan import JobPlan
 from runtime.restored_watermark import restored_watermark
 from runtime.sources import CollectionSource

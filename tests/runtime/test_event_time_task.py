@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from channels.messages import Barrier, EndOfInput, Watermark, header_of
+from runtime.api.dataflow import Dataflow
 from runtime.config import JobConfig
-from runtime.dataflow import Dataflow
 from runtime.errors import GraphError
 from runtime.input_side import InputSide, input_sides
 from runtime.plan import JobPlan

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from runtime.dataflow import Dataflow
+from runtime.api.dataflow import Dataflow
 from runtime.errors import GraphError, UnpicklableFunctionError
 from runtime.graph import LogicalGraph, Partitioning, StepKind
 from runtime.sinks import CollectSink

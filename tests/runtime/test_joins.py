@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dataflow import Dataflow, KeyedStream
+from runtime.api.dataflow import Dataflow, KeyedStream
 from runtime.errors import GraphError
 from runtime.graph import StepKind
 from runtime.operators import Operator, build_operator

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from runtime import Dataflow
-from runtime.dataflow import Loop, Stream
+from runtime.api.dataflow import Loop, Stream
 from runtime.errors import GraphError
 from runtime.graph import EdgeKind, StepKind
 from runtime.plan import JobPlan

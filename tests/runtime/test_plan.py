@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.dataflow import Dataflow
+from runtime.api.dataflow import Dataflow
 from runtime.graph import Partitioning
 from runtime.plan import JobPlan
 from runtime.sources import GeneratorSource

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from runtime import Dataflow, GraphError
+from runtime.api.testing import run_local
 from runtime.config import JobConfig
 from runtime.scheduling import task_scheduling
 from runtime.sources import GeneratorSource
-from runtime.testing import run_local
 
 
 def _in_thread(fn: Any) -> Any:

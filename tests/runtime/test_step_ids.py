@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dataflow import Dataflow, Stream
+from runtime.api.dataflow import Dataflow, Stream
 from runtime.plan import JobPlan
 from runtime.sources import GeneratorSource
 from statebackend import (

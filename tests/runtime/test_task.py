@@ -28,11 +28,11 @@ from channels.messages import (
     encode_data,
     encode_event,
 )
+from runtime.api.dataflow import Dataflow
 from runtime.barriers import BarrierAligner, BarrierProtocolError
 from runtime.chain import Capture
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import JobConfig
-from runtime.dataflow import Dataflow
 from runtime.errors import CheckpointStorageError, RecordSerializationError, TaskCancelled
 from runtime.inputs import BlockedChannels
 from runtime.plan import JobPlan

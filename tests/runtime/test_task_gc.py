@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from runtime import Dataflow, GraphError
+from runtime.api.testing import run_local
 from runtime.config import JobConfig
 from runtime.sources import GeneratorSource
 from runtime.task_gc import task_gc
-from runtime.testing import run_local
 
 
 @pytest.fixture(autouse=True)

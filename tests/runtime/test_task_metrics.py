@@ -1,4 +1,4 @@
-"""A task's TaskMetrics from its counters (what heartbeats and Finished carry)."""
+"""A task's TaskMetrics from its TaskCounters and parts (what heartbeats and Finished carry)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from runtime.task_metrics import measure_task
+from runtime.task_metrics import TaskCounters
 
 
 @dataclass
@@ -43,17 +43,16 @@ class FakeInputSide:
 class FakeTask:
     channels: list[FakeChannel] = field(default_factory=list)
     inputs: FakeInputs | None = None
-    feedback: Any = None
-    overtaking: Any = None
+    queues: tuple[Any, ...] = (None, None)
     chain: FakeChain = field(default_factory=FakeChain)
-    records_in: int = 0
-    bytes_in: int = 0
-    idle_seconds: float = 0.0
-    opened_at: float = 0.0
-    peak_rss: int = 0
-    first_record_at: float = 0.0
+    counters: TaskCounters = field(default_factory=TaskCounters)
     io: FakeIO = field(default_factory=FakeIO)
     input_side: FakeInputSide = field(default_factory=FakeInputSide)
+
+
+def measure_task(task: FakeTask) -> Any:
+    parts = (task.chain, task.channels, task.queues, task.inputs, task.io, task.input_side)
+    return task.counters.measure(*cast(Any, parts))
 
 
 def test_the_figures_sum_the_channels_and_queues() -> None:
@@ -61,14 +60,13 @@ def test_the_figures_sum_the_channels_and_queues() -> None:
         channels=[FakeChannel(100, 0.5, 3), FakeChannel(50, 0.25, 0)],
         inputs=FakeInputs(buffered_total=4, spilled_total=10),
         chain=FakeChain(records_out=7, watermark=12.5),
-        records_in=9,
-        bytes_in=321,
-        idle_seconds=1.0,
-        opened_at=time.monotonic() - 4.0,
+        counters=TaskCounters(
+            records_in=9, bytes_in=321, idle_seconds=1.0, opened_at=time.monotonic() - 4.0
+        ),
         io=FakeIO(refused_connections=2),
         input_side=FakeInputSide(malformed_frames=5),
     )
-    m = measure_task(cast(Any, task))
+    m = measure_task(task)
     assert (m.refused_connections, m.malformed_frames) == (2, 5)
     assert (m.records_in, m.records_out, m.bytes_in, m.bytes_out) == (9, 7, 321, 150)
     assert (m.backpressure_seconds, m.output_queue, m.input_queue) == (0.75, 3, 4)
@@ -79,5 +77,10 @@ def test_the_figures_sum_the_channels_and_queues() -> None:
 
 def test_no_watermark_yet_and_the_end_of_time_are_not_reported() -> None:
     for wm in (-math.inf, math.inf):
-        assert measure_task(cast(Any, FakeTask(chain=FakeChain(watermark=wm)))).watermark is None
-    assert measure_task(cast(Any, FakeTask())).uptime_seconds == 0.0  # not opened yet
+        assert measure_task(FakeTask(chain=FakeChain(watermark=wm))).watermark is None
+    assert measure_task(FakeTask()).uptime_seconds == 0.0  # not opened yet
+
+
+def test_the_peak_rss_is_kept_across_measurements() -> None:
+    task = FakeTask(counters=TaskCounters(peak_rss=1 << 50))
+    assert measure_task(task).peak_rss == 1 << 50 == task.counters.peak_rss

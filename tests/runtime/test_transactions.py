@@ -31,7 +31,7 @@ class Ledger:
         self.commit_threads: set[str] = set()
 
 
-class LedgerSink(TwoPhaseCommitSink):
+class LedgerSink(TwoPhaseCommitSink[list[Any], list[Any]]):
     def __init__(self, ledger: Ledger, off_loop: bool = True) -> None:
         self.ledger = ledger
         self.commit_off_loop = off_loop

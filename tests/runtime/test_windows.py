@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dataflow import Dataflow
+from runtime.api.dataflow import Dataflow
 from runtime.errors import GraphError
 from runtime.graph import StepKind
 from runtime.operators import Operator, build_operator

@@ -10,10 +10,10 @@ import pytest
 
 from jobmanager.faults import Kill
 from runtime import Dataflow
+from runtime.api.testing import run_local
 from runtime.connectors import pg_sql
 from runtime.connectors.postgres import PostgresSink
 from runtime.sources import GeneratorSource
-from runtime.testing import run_local
 from tests.conftest import Postgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]

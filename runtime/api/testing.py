@@ -1,7 +1,7 @@
 """Unit-test a pipeline without Spark: ``run_local``, ``TestingSource``, ``ListSink``.
 
     from runtime import Dataflow
-    from runtime.testing import ABORT, EOF, ListSink, TestingSource, run_local
+    from runtime.api.testing import ABORT, EOF, ListSink, TestingSource, run_local
 
     out: list[int] = []
     flow = Dataflow("double", parallelism=1)
@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from jobmanager.result import JobResult
-from runtime.dataflow import Dataflow
+from runtime.api.dataflow import Dataflow
 from runtime.errors import AbsflowError, OperatorFailure
 from runtime.graph import StepKind
 from runtime.sinks import CollectSink
@@ -47,7 +47,7 @@ class _Marker:
         self.name = name
 
     def __repr__(self) -> str:
-        return f"runtime.testing.{self.name}"
+        return f"runtime.api.testing.{self.name}"
 
     def __reduce__(self) -> str:  # one object per process, also after pickling
         return self.name

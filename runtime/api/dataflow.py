@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from channels.partitioners import DEFAULT_MAX_PARALLELISM
 from runtime.config import JobConfig
-from runtime.connected import ConnectedStreams
 from runtime.errors import GraphError
 from runtime.graph import (
     EdgeKind,
@@ -39,7 +38,7 @@ from runtime.sinks import CollectSink, PrintSink, Sink
 from runtime.sources import Source
 from runtime.timestamps import check_assigner_args, check_assigner_position, check_event_time
 from runtime.window_kinds import WindowKind
-from runtime.windowed_stream import WindowedStream
+from runtime.windows import LATE, MAIN
 
 if TYPE_CHECKING:
     from jobmanager.result import JobResult
@@ -325,7 +324,7 @@ class KeyedStream:
         )
 
     def connect(self, other: KeyedStream) -> ConnectedStreams:
-        """Two keyed streams into one step (runtime.connected): process, joins."""
+        """Two keyed streams into one step (runtime.api.dataflow): process, joins."""
         return ConnectedStreams(self, other)
 
     def reduce(
@@ -448,3 +447,266 @@ class Dataflow:
 
         config = self.config.replace(**overrides) if overrides else self.config
         return run_job(self.plan(config), config, restore_from=restore_from, faults=list(faults))
+
+
+# ----------------------------------------------------------------------------
+# Connected streams
+#
+# The user API of two keyed streams in one step: ``left.connect(right)``.
+#
+#     orders.key_by(oid).connect(payments.key_by(oid)).interval_join(0, 600_000, name="paid")
+#
+# Both inputs must be keyed (``key_by``) and distinct steps; each keeps its own key
+# function (equal key values meet in one subtask) and its own timestamp function
+# (derived from its ``assign_timestamps``, or ``left_timestamp``/``right_timestamp``).
+# ----------------------------------------------------------------------------
+
+TimestampFn = Callable[[Any], Any] | None
+
+
+class ConnectedStreams:
+    """A left and a right keyed stream; finish with process, interval_join or window_join."""
+
+    def __init__(self, left: KeyedStream, right: Any) -> None:
+        if not isinstance(right, KeyedStream):
+            raise GraphError(
+                f"connect after '{left.step.name}': a join of unkeyed streams; call "
+                f".key_by(...) on both streams before connect (got {type(right).__name__})."
+            )
+        if right.flow is not left.flow:
+            raise GraphError(f"connect: stream '{right.step.name}' belongs to another Dataflow.")
+        if right.step is left.step:
+            raise GraphError(
+                f"connect: both sides come from step '{left.step.name}'; the step could not "
+                "tell its sides apart. Put a map on one side first."
+            )
+        self.left, self.right = left, right
+
+    def _build(
+        self,
+        kind: StepKind,
+        fn: Any,
+        name: str | None,
+        parallelism: int | None,
+        args: dict[str, Any],
+        stamps: tuple[TimestampFn, TimestampFn] = (None, None),
+    ) -> Stream:
+        left, right, graph = self.left, self.right, self.left.flow.graph
+        step_name = graph.unique_name(name, kind.value)
+        par = (
+            check_parallelism(parallelism, step_name)
+            if parallelism is not None
+            else left.step.parallelism
+        )
+        for stamp in stamps:
+            if stamp is not None:
+                check_callable(stamp, step_name, "timestamp function")
+        if fn is not None:
+            check_picklable(fn, step_name, "function")
+        args = {**args, "key_fns": [left.key_fn, right.key_fn], "timestamp_fns": list(stamps)}
+        step = graph.add_step(step_name, kind, par, fn=fn, args=args, key_fn=left.key_fn)
+        graph.connect(left.step, step, Partitioning.HASH, left.key_fn)
+        graph.connect(right.step, step, Partitioning.HASH, right.key_fn)
+        return Stream(left.flow, step)
+
+    def process(
+        self,
+        fn: Callable[..., Iterable[Any] | None],
+        name: str | None = None,
+        on_timer: Callable[..., Iterable[Any] | None] | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """``fn(key, record, side, state, ctx)`` (side 0 = left, 1 = right), timers and
+        ``on_timer(key, ts, state, ctx)`` as in keyed ``process``; state is shared."""
+        label = name or "co_process"
+        check_callable(fn, label)
+        args = process_args(lambda k, r, s, c: None, label, on_timer, None)
+        args["with_ctx"] = True
+        return self._build(StepKind.CO_PROCESS, fn, name, parallelism, args)
+
+    def interval_join(
+        self,
+        lower: float,
+        upper: float,
+        name: str | None = None,
+        left_timestamp: TimestampFn = None,
+        right_timestamp: TimestampFn = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """``(key, left, right)`` for each pair with ``left.ts + lower <= right.ts <=
+        left.ts + upper``; state is freed as the watermark passes."""
+        label = name or "interval_join"
+        for what, v in (("lower", lower), ("upper", upper)):
+            if not isinstance(v, int | float) or isinstance(v, bool) or math_bad(v):
+                raise GraphError(
+                    f"step '{label}': {what} bound must be a finite number, got {v!r}."
+                )
+        if lower > upper:
+            raise GraphError(
+                f"step '{label}': lower bound {lower} is above upper bound {upper}; no pair "
+                "could ever match."
+            )
+        args = {"lower": lower, "upper": upper, "event_time": True}
+        stamps = (left_timestamp, right_timestamp)
+        return self._build(StepKind.INTERVAL_JOIN, None, name, parallelism, args, stamps)
+
+    def window_join(
+        self,
+        kind: WindowKind,
+        name: str | None = None,
+        left_timestamp: TimestampFn = None,
+        right_timestamp: TimestampFn = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """``(key, start, end, left, right)`` for each pair in the same event-time window."""
+        label = name or "window_join"
+        if not isinstance(kind, WindowKind) or kind.merging or not kind.event_time:
+            raise GraphError(
+                f"step '{label}': window_join needs a Tumbling or Sliding window, got {kind!r}."
+            )
+        kind.check(label)
+        args = {"kind": kind, "event_time": True}
+        stamps = (left_timestamp, right_timestamp)
+        return self._build(StepKind.WINDOW_JOIN, None, name, parallelism, args, stamps)
+
+
+def math_bad(v: float) -> bool:
+    return v != v or v in (float("inf"), float("-inf"))
+
+
+# ----------------------------------------------------------------------------
+# Windowed streams
+#
+# The user API of windows: ``keyed.window(kind, ...)`` then an aggregation.
+#
+#     w = clicks.key_by(user).window(Session(gap=30_000), allowed_lateness=10_000,
+#                                    late_output="late_clicks", name="sessions")
+#     per_session = w.aggregate(0, lambda n, _c: n + 1, merge=lambda a, b: a + b)
+#     per_session.sink(...)          # (user, start, end, count)
+#     w.late.sink(...)               # the records later than the allowed lateness
+#
+# A window step with a late output emits tagged records; two chained flat-map steps
+# split them into the main stream and the named late stream.
+# ----------------------------------------------------------------------------
+
+
+def _main(record: Any) -> Iterable[Any]:
+    return (record[1],) if record[0] == MAIN else ()
+
+
+def _late(record: Any) -> Iterable[Any]:
+    return (record[1],) if record[0] == LATE else ()
+
+
+def _window_end(record: Any) -> Any:
+    return record[2]
+
+
+class WindowedStream:
+    """A keyed stream cut into windows; finish it with ``aggregate``, ``reduce``,
+    ``count`` or ``process`` (each returns a stream of ``(key, start, end, value)``)."""
+
+    def __init__(
+        self,
+        keyed: KeyedStream,
+        kind: WindowKind,
+        name: str | None,
+        allowed_lateness: float,
+        late_output: str | None,
+        timestamp: Callable[[Any], Any] | None,
+        parallelism: int | None,
+    ) -> None:
+        label = name or "window"
+        if not isinstance(kind, WindowKind):
+            raise GraphError(
+                f"step '{label}': window(...) needs a window kind (Tumbling, Sliding, Session, "
+                f"TumblingProcessingTime from runtime.window_kinds), got {kind!r}."
+            )
+        kind.check(label)
+        if (
+            not isinstance(allowed_lateness, int | float)
+            or isinstance(allowed_lateness, bool)
+            or not 0 <= allowed_lateness < float("inf")
+        ):
+            raise GraphError(
+                f"step '{label}': allowed_lateness must be a number >= 0, got {allowed_lateness!r}."
+            )
+        if not kind.event_time and (allowed_lateness or timestamp is not None):
+            raise GraphError(
+                f"step '{label}': a processing-time window has no allowed lateness and no "
+                "timestamps; use an event-time window kind (Tumbling, Sliding, Session)."
+            )
+        if timestamp is not None:
+            check_callable(timestamp, label, "timestamp function")
+        self.keyed, self.kind, self.name = keyed, kind, name
+        self.lateness, self.late_output, self.timestamp = allowed_lateness, late_output, timestamp
+        self.parallelism = parallelism
+        self._late: Stream | None = None
+
+    @property
+    def late(self) -> Stream:
+        """The records later than the allowed lateness (needs ``late_output=`` and an
+        aggregation first)."""
+        if self._late is None:
+            raise GraphError(
+                f"window '{self.name or 'window'}': no late stream; pass late_output='name' to "
+                "window(...) and call aggregate/reduce/count/process before using .late."
+            )
+        return self._late
+
+    def _build(self, mode: str, fn: Any, args: dict[str, Any]) -> Stream:
+        label = self.name or "window"
+        check_callable(fn, label, f"{mode} function")
+        if self.kind.merging and mode == "aggregate" and args.get("merge") is None:
+            raise GraphError(
+                f"step '{label}': session windows merge, so aggregate(...) needs "
+                "merge=fn(acc_a, acc_b) combining two accumulators (or use reduce/count)."
+            )
+        args = {
+            **args,
+            "kind": self.kind,
+            "mode": mode,
+            "allowed_lateness": self.lateness,
+            "late_output": self.late_output,
+            "timestamp_fn": self.timestamp,
+            "event_time": self.kind.event_time or None,
+            "output_timestamp_fn": _window_end,
+        }
+        stream = self.keyed._keyed(StepKind.WINDOW, fn, self.name, self.parallelism, args)
+        if self.late_output is None:
+            return stream
+        main = stream.flat_map(_main, name=f"{stream.step.name}.main")
+        main.step.args["output_timestamp_fn"] = _window_end
+        self._late = stream.flat_map(_late, name=f"{self.late_output}.split")
+        return Stream(main.flow, main.step)
+
+    def aggregate(
+        self,
+        initial: Any,
+        add: Callable[[Any, Any], Any],
+        merge: Callable[[Any, Any], Any] | None = None,
+    ) -> Stream:
+        """Incremental: ``acc = add(acc, record)`` from ``initial`` (a value, or a factory
+        for mutable accumulators); session windows also need ``merge(acc_a, acc_b)``."""
+        return self._build("aggregate", add, {"initial": initial, "merge": merge})
+
+    def reduce(self, fn: Callable[[Any, Any], Any]) -> Stream:
+        """Incremental: ``fn(a, b)`` over the window's records (merging sessions too)."""
+        return self._build("reduce", fn, {"merge": fn})
+
+    def count(self) -> Stream:
+        """The number of records per window."""
+        return self._build("aggregate", _add_one, {"initial": 0, "merge": _plus})
+
+    def process(self, fn: Callable[[Any, Any, Any, list[Any]], Any]) -> Stream:
+        """Full window: ``fn(key, start, end, records)`` once the window fires (the
+        window's records are kept until then)."""
+        return self._build("process", fn, {})
+
+
+def _add_one(n: int, _record: Any) -> int:
+    return n + 1
+
+
+def _plus(a: Any, b: Any) -> Any:
+    return a + b
