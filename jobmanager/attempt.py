@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import signal
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
 from jobmanager.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from jobmanager.failures import (
     Failure,
@@ -28,7 +26,9 @@ from jobmanager.liveness import ctrl_c_deferred
 from jobmanager.services import RunServices, Stage, TaskInfo
 from jobmanager.stop import begin_stop
 from jobmanager.termination import LoopTermination
+from runtime import control as P
 from runtime.config import JobConfig
+from runtime.control import CheckpointFailureReason
 from runtime.plan import JobPlan
 from statebackend.storage import CheckpointStorage
 

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
 from jobmanager.result import FailedCheckpoint
 from jobmanager.termination import LoopTermination
+from runtime import control as P
 from runtime.config import JobConfig, SnapshotMode
+from runtime.control import CheckpointFailureReason
 from runtime.operators import acts_on_completion
 from runtime.plan import JobPlan, step_state
 from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle

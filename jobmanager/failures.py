@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from channels import control as P
+from runtime import control as P
 
 
 class FailureCause(enum.Enum):

@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from channels.control import CheckpointFailureReason
 from jobmanager.failures import FailureCause
+from runtime.control import CheckpointFailureReason
 from statebackend.metrics import AckMetrics, CheckpointSummary, TaskMetrics
 
 

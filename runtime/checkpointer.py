@@ -38,13 +38,13 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier, EndOfInput, Event
+from runtime import control as P
 from runtime.barriers import (
     BarrierProtocolError,
 )
 from runtime.chain import Capture, pack
+from runtime.control import CheckpointFailureReason
 from runtime.errors import CheckpointStorageError
 from runtime.inputs import BlockedChannels
 from runtime.snapshot_modes import InFlightKind, InFlightLog

@@ -26,13 +26,13 @@ import time
 import traceback
 from typing import Any
 
-from channels import control as P
-from channels.control import TaskFailureCause
 from channels.messages import HEADER, KIND_MASK, Barrier, CancelBarrier, Watermark, decode_records
+from runtime import control as P
 from runtime.barriers import BarrierHandler, BarrierProtocolError
 from runtime.chain import OperatorChain
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import SnapshotMode
+from runtime.control import TaskFailureCause
 from runtime.control_client import ControlClient
 from runtime.errors import (
     CheckpointStorageError,

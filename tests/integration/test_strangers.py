@@ -33,12 +33,12 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from channels import control as P
 from channels.messages import encode_data
 from channels.security import ChannelKeys
 from jobmanager.result import JobResult
 from jobmanager.web import DashboardServer, close_all, serve
 from runtime import Dataflow
+from runtime import control as P
 from runtime.api.testing import ListSink, TestingSource, run_local
 from statebackend.metrics import AckMetrics
 

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from channels import control as P
-from channels.control import TaskFailureCause
 from jobmanager.attempt import Attempt
 from jobmanager.failures import FailureCause
 from jobmanager.fault_schedule import FaultSchedule
@@ -17,7 +15,9 @@ from jobmanager.faults import DriverKill
 from jobmanager.liveness import Liveness
 from jobmanager.metrics import CommittedOutputs, RecordCounts, RunMetrics
 from jobmanager.services import RunServices
+from runtime import control as P
 from runtime.config import JobConfig
+from runtime.control import TaskFailureCause
 from statebackend.metrics import AckMetrics, TaskMetrics
 from tests.jobmanager.fakes import (
     Clock,

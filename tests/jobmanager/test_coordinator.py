@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
-from channels.control import CheckpointFailureReason as R
 from jobmanager.coordinator import (
     CheckpointCoordinator,
     CompletedCheckpoint,
 )
+from runtime import control as P
 from runtime.api.dataflow import Dataflow
 from runtime.config import JobConfig
+from runtime.control import CheckpointFailureReason
+from runtime.control import CheckpointFailureReason as R
 from runtime.plan import JobPlan
 from runtime.sources import GeneratorSource
 from statebackend.errors import StorageAccessError

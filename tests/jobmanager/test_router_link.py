@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import zmq
 
-from channels import control as P
 from jobmanager.router_link import RouterLink, open_router
+from runtime import control as P
 from statebackend.metrics import TaskMetrics
 
 

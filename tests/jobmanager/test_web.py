@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from channels.control import CheckpointFailureReason
 from jobmanager.coordinator import CompletedCheckpoint
 from jobmanager.failures import FailureCause
 from jobmanager.metrics import RunMetrics
@@ -24,6 +23,7 @@ from jobmanager.web import Dashboard, close_all, serve
 from jobmanager.web.server import DashboardServer, UiError
 from jobmanager.web.snapshot import JobBoard, SnapshotBuilder
 from runtime.config import JobConfig
+from runtime.control import CheckpointFailureReason
 from runtime.errors import GraphError
 from statebackend.metrics import AckMetrics, CheckpointSummary, TaskMetrics
 from tests.jobmanager.fakes import small_plan

@@ -8,7 +8,7 @@ from collections import deque
 
 import pytest
 
-from channels import control as P
+from runtime import control as P
 from runtime.control_client import ControlClient
 from runtime.errors import TaskCancelled
 from statebackend.metrics import TaskMetrics

@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
 from channels.messages import (
     Barrier,
     CancelBarrier,
@@ -28,11 +26,13 @@ from channels.messages import (
     encode_data,
     encode_event,
 )
+from runtime import control as P
 from runtime.api.dataflow import Dataflow
 from runtime.barriers import BarrierAligner, BarrierProtocolError
 from runtime.chain import Capture
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import JobConfig
+from runtime.control import CheckpointFailureReason
 from runtime.errors import CheckpointStorageError, RecordSerializationError, TaskCancelled
 from runtime.inputs import BlockedChannels
 from runtime.plan import JobPlan

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from channels import control as P
+from runtime import control as P
 from statebackend import (
     CheckpointMetadata,
     CorruptCheckpointError,

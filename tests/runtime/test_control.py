@@ -8,7 +8,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from channels import control as P
+from runtime import control as P
 from statebackend.incremental import StateRef
 from statebackend.metadata import OperatorLayout, TaskStateHandle
 from statebackend.metrics import AckMetrics, TaskMetrics

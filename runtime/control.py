@@ -2,8 +2,11 @@
 
 Every message is a frozen, slotted dataclass; ``encode`` packs it as a msgpack
 array ``[code, *fields]`` and ``decode`` rebuilds it. Tasks and the job manager
-both import this module; it imports nothing of ``runtime`` or ``jobmanager``.
-The data plane (batches, barriers, end of input, cancel) is ``channels.messages``.
+both import this module. It sits on the task side, not in ``channels``: its messages
+carry ``statebackend`` records (a task's state handle, its metrics), so it is above
+``statebackend``, which ``channels`` is below; it imports nothing else of ``runtime``
+and nothing of ``jobmanager``. The data plane (batches, barriers, end of input,
+cancel) is ``channels.messages``.
 
 ``CheckpointFailureReason`` is the one vocabulary of why a checkpoint failed: the
 barrier handlers abort with it, tasks decline with it, the coordinator records and
