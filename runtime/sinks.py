@@ -83,12 +83,10 @@ class SinkSnapshot:
     pending: tuple[tuple[int, Any], ...] = ()
 
     def encode(self) -> dict[str, Any]:
-        # "next": the checkpoint expected to seal the next transaction (readers before
-        # this record took it; the restored checkpoint + 1 says the same).
+        # (Checkpoints of older versions also hold "next", the restored checkpoint + 1.)
         return {
             "pending": [[n, handle] for n, handle in self.pending],
             "checkpoint": self.checkpoint,
-            "next": None if self.checkpoint is None else self.checkpoint + 1,
         }
 
     @classmethod
