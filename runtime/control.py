@@ -333,7 +333,7 @@ _TYPES: dict[int, type[Message]] = {
 _WIRES: dict[type[Message], _Wire] = {}
 
 
-def wire_of(cls: type[Message]) -> _Wire:
+def _wire_of(cls: type[Message]) -> _Wire:
     """The wire layout of ``cls`` (computed once per class)."""
     wire = _WIRES.get(cls)
     if wire is None:
@@ -342,7 +342,7 @@ def wire_of(cls: type[Message]) -> _Wire:
 
 
 def encode(msg: Message) -> bytes:
-    wire = wire_of(type(msg))
+    wire = _wire_of(type(msg))
     fields = [getattr(msg, name) for name in wire.names]
     if not wire.plain:
         fields = [v if c is None else c[0](v) for v, c in zip(fields, wire.codecs, strict=True)]
@@ -363,7 +363,7 @@ def decode(frame: bytes) -> Message:
 
 def build(cls: type[M], fields: list[Any]) -> M:
     """A ``cls`` from its decoded wire ``fields`` (see `decode`)."""
-    wire = wire_of(cls)
+    wire = _wire_of(cls)
     if not wire.plain:
         if len(fields) > len(wire.codecs):
             raise ValueError(f"{cls.__name__}: {len(fields)} fields, expected {len(wire.names)}")
