@@ -17,16 +17,16 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from jobmanager.faults import Kill, RandomKills
+from jobmanager.result import JobResult
 from runtime.errors import JobCancelledError
 from runtime.plan import JobPlan
+from runtime.task_environment import FaultKind
 
 _SECONDS = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?")
 _CHECKPOINT = re.compile(r"chk(\d+)")
 _SUPERSTEP = re.compile(r"superstep:(\d+)")
-_DURING = ("alignment", "snapshot", "backedge_log")
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class When:
 def parse_when(text: str) -> When:
     """``2s``, ``1.5``, ``500ms``, ``chk3``, ``alignment`` or ``snapshot`` (an argparse type)."""
     spec = text.strip().lower()
-    if spec in _DURING:
+    if FaultKind.kill_during(spec) is not None:
         return When(during=spec)
     if m := _CHECKPOINT.fullmatch(spec):
         if int(m.group(1)) < 1:
@@ -57,7 +57,7 @@ def parse_when(text: str) -> When:
         return When(seconds=value / 1000 if m.group(2) == "ms" else value)
     raise argparse.ArgumentTypeError(
         f"{text!r} is not a moment: use seconds (2s, 0.5s, 500ms), a checkpoint (chk3), "
-        f"'alignment', 'snapshot', 'backedge_log' or (iterations) superstep:K"
+        f"{', '.join(repr(m) for m in FaultKind.moments())} or (iterations) superstep:K"
     )
 
 
@@ -98,7 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=None, help="seed of --chaos")
 
 
-def faults_from(parser: argparse.ArgumentParser, args: Any, plan: JobPlan) -> list[object]:
+def faults_from(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, plan: JobPlan
+) -> list[object]:
     """The faults the parsed ``args`` ask for, checked against ``plan``; a bad task
     reference or a kill that cannot fire there exits through ``parser.error``."""
     faults: list[object] = []
@@ -113,13 +115,14 @@ def faults_from(parser: argparse.ArgumentParser, args: Any, plan: JobPlan) -> li
         when: When = args.after or When(seconds=1.0)
         if when.superstep is not None:
             parser.error("--after superstep:K applies to iterations (examples/pagerank.py)")
-        if when.during == "backedge_log" and not task.back_edge_inputs:
+        during = None if when.during is None else FaultKind.kill_during(when.during)
+        if during is FaultKind.KILL_DURING_BACKEDGE_LOG and not task.back_edge_inputs:
             heads = ", ".join(t.task_id for t in plan.tasks if t.back_edge_inputs) or "none"
             parser.error(
                 f"--kill-task {args.kill_task} --after backedge_log: not a loop head "
                 f"(loop heads: {heads})"
             )
-        if when.during == "alignment" and len(task.inputs) < 2:
+        if during is FaultKind.KILL_DURING_ALIGNMENT and len(task.inputs) < 2:
             parser.error(
                 f"--kill-task {args.kill_task} --after alignment: the task has "
                 f"{len(task.inputs)} input channel(s); alignment needs at least 2"
@@ -154,7 +157,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, interval: float = 
     )
 
 
-def report_stop(result: Any) -> bool:
+def report_stop(result: JobResult) -> bool:
     """Print how a job stopped with a savepoint (SIGTERM, Ctrl-C, `python -m jobmanager
     stop`) can resume; True when it stopped (its output is then only a part)."""
     if not result.stopped:
@@ -167,7 +170,7 @@ def report_stop(result: Any) -> bool:
     return True
 
 
-def checkpoint_config(args: Any) -> dict[str, object]:
+def checkpoint_config(args: argparse.Namespace) -> dict[str, object]:
     """``Dataflow`` settings from ``add_checkpoint_arguments``' flags."""
     if args.checkpoint_interval <= 0:
         return {}

@@ -101,7 +101,7 @@ def test_rest_api_and_metrics_agree_with_the_jobs_result(server: DashboardServer
     assert (final["records_in"], final["records_out"]) == (result.records_in, result.records_out)
     assert final["records_in"] == n
     assert final["checkpoints_completed"] == result.checkpoints_completed
-    ids = [c["checkpoint_id"] for c in result.checkpoints]
+    ids = [c.checkpoint_id for c in result.checkpoints]
     cps = api(server, "checkpoints?limit=1000")
     assert [c["checkpoint_id"] for c in cps["completed"]] == ids
     assert live_cp[0]["checkpoint_id"] in ids

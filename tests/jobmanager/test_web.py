@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from channels.control import CheckpointFailureReason
-from jobmanager.coordinator import CompletedCheckpoint, FailedCheckpoint
+from jobmanager.coordinator import CompletedCheckpoint
 from jobmanager.failures import FailureCause
 from jobmanager.metrics import RunMetrics
-from jobmanager.result import Restart
+from jobmanager.result import FailedCheckpoint, Restart
 from jobmanager.services import TaskInfo
 from jobmanager.web import Dashboard, close_all, serve
 from jobmanager.web.server import DashboardServer, UiError
 from jobmanager.web.snapshot import JobBoard, SnapshotBuilder
 from runtime.config import JobConfig
+from runtime.control import CheckpointFailureReason
 from runtime.errors import GraphError
 from statebackend.metrics import AckMetrics, CheckpointSummary, TaskMetrics
 from tests.jobmanager.fakes import small_plan
@@ -79,7 +79,7 @@ def published(srv: DashboardServer) -> tuple[JobBoard, SnapshotBuilder, FakeAtte
         )
     attempt = FakeAttempt(1, tasks, FakeCoordinator({5: object()}))
     attempt.coordinator.failed.append(
-        FailedCheckpoint(3, CheckpointFailureReason.EXPIRED, "2 task(s) did not ack")
+        FailedCheckpoint(3, CheckpointFailureReason.EXPIRED, "2 task(s) did not ack", attempt=1)
     )
     acks = {"src[0]": AckMetrics(alignment_ms=1.5, start_delay_ms=0.5, state_bytes=40)}
     summary = CheckpointSummary(tasks=1, mode="exactly_once", state_bytes=40)
