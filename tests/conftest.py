@@ -49,6 +49,23 @@ if _OWN_TMP:  # at exit, after every handler registered later (pgserver's lock f
     atexit.register(shutil.rmtree, SESSION_TMP, ignore_errors=True)
 
 
+# Fixtures that start a heavy server once per session (per xdist worker): their tests
+# run on one worker (``--dist loadgroup``), so a run starts one Spark JVM (and one
+# standalone cluster) and one PostgreSQL server, not one per worker. Tests marked
+# ``integration`` run on local Spark even where they do not ask for the fixture.
+SPARK_FIXTURES = frozenset({"spark", "standalone"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SPARK_FIXTURES or item.get_closest_marker("integration") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif "postgres" in names:
+            item.add_marker(pytest.mark.xdist_group("postgres"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_tmp() -> Iterator[str]:
     yield SESSION_TMP
