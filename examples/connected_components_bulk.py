@@ -20,17 +20,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager import faultargs
-from jobmanager.iteration_faults import add_recovery_arguments, iteration_kills, recovery_from
+from examples import scaffold
 from runtime.iterations import DeltaIteration
 from runtime.iterations.graphs import adjacency, components_graph, union_find_labels
 from runtime.iterations.library import ConnectedComponentsStep, cc_compensation
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = scaffold.parser(__doc__)
     ap.add_argument("--vertices", type=int, default=50_000)
     ap.add_argument("--components", type=int, default=2_000)
     ap.add_argument(
@@ -41,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--threads", action="store_true", help="run the tasks as driver threads (no Spark)"
     )
-    add_recovery_arguments(ap)
-    return faultargs.run_example(ap, run, argv)
+    scaffold.add_recovery_arguments(ap)
+    return scaffold.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -64,9 +61,9 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         clean = it.run(launcher=launcher)
         expected = clean.supersteps
         print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
-    kills = iteration_kills(ap, args, "connected_components", args.parallelism, expected)
+    kills = scaffold.iteration_kills(ap, args, "connected_components", args.parallelism, expected)
     result = it.run(
-        recovery=recovery_from(args, cc_compensation, expected),
+        recovery=scaffold.recovery_from(args, cc_compensation, expected),
         kills=kills,
         launcher=launcher,
         say=print,

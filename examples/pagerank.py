@@ -21,17 +21,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager import faultargs
-from jobmanager.iteration_faults import add_recovery_arguments, iteration_kills, recovery_from
+from examples import scaffold
 from runtime.iterations import BulkIteration, l1_below
 from runtime.iterations.graphs import adjacency, power_law_digraph, rank_order_agreement
 from runtime.iterations.library import PageRankStep, pagerank_compensation
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = scaffold.parser(__doc__)
     ap.add_argument("--vertices", type=int, default=20_000)
     ap.add_argument("--edges", type=int, default=100_000)
     ap.add_argument("--parallelism", type=int, default=3)
@@ -40,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--threads", action="store_true", help="run the tasks as driver threads (no Spark)"
     )
-    add_recovery_arguments(ap)
-    return faultargs.run_example(ap, run, argv)
+    scaffold.add_recovery_arguments(ap)
+    return scaffold.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -70,9 +67,9 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         clean = it.run(launcher=launcher)
         expected = clean.supersteps
         print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
-    kills = iteration_kills(ap, args, "pagerank", args.parallelism, expected)
+    kills = scaffold.iteration_kills(ap, args, "pagerank", args.parallelism, expected)
     result = it.run(
-        recovery=recovery_from(args, pagerank_compensation, expected),
+        recovery=scaffold.recovery_from(args, pagerank_compensation, expected),
         kills=kills,
         launcher=launcher,
         say=print,

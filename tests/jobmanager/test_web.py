@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -226,12 +227,16 @@ def test_a_stuck_client_does_not_block_publishing_or_other_clients(
     _, builder, attempt = published(server)
     with socket.create_connection(("127.0.0.1", server.port)) as stuck:
         stuck.sendall(b"GET /api/jobs HTTP/1.1\r\n")  # never finishes its request
-        started = time.monotonic()
         attempt.tasks[0].metrics = TaskMetrics(records_in=99, uptime_seconds=2.0)
-        builder.publish(attempt)  # a reference swap: no wait on any client
-        assert time.monotonic() - started < 1.0
+        publishing = threading.Thread(target=builder.publish, args=(attempt,))
+        publishing.start()  # a reference swap: no wait on any client
+        publishing.join(30)  # (a guard against a hang, not a measure)
+        assert not publishing.is_alive(), "publish waited for the stuck client"
         tasks = json.loads(get(server.url + "api/tasks")[2])["tasks"]
         assert tasks[0]["records_in"] == 99
+        stuck.setblocking(False)  # ... and the stuck client is still waiting: no answer yet
+        with pytest.raises(BlockingIOError):
+            stuck.recv(1)
 
 
 def test_a_long_lived_driver_keeps_the_newest_jobs_only(server: DashboardServer) -> None:

@@ -1,5 +1,9 @@
-"""The examples' shared command line: checkpoint flags, fault injection checked the way
-argparse checks, and a clean Ctrl-C.
+"""What every example shares besides its pipeline and its reference computation: the
+command line (checkpoint flags, fault injection checked the way argparse checks, the
+iteration examples' recovery flags), the run (the fault flags checked against the
+job's plan, a failure-free reference run first under ``--chaos``) and the verdict
+(the check against the reference computation, the chaos comparison, the exit code),
+and a clean Ctrl-C.
 
 
     --kill-task count[1] --after 3s     (or 500ms, chk2, alignment, snapshot)
@@ -7,20 +11,27 @@ argparse checks, and a clean Ctrl-C.
     --chaos K [--seed S]                K random kills; the example compares with a clean run
 
 A malformed value or a task the job does not have ends the program with a usage
-error naming the value and what is accepted, not a traceback.
+error naming the value and what is accepted, not a traceback. Examples import this
+module as ``examples.scaffold`` (they put the repository's root on ``sys.path``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import random
 import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from jobmanager.faults import Kill, RandomKills
 from jobmanager.result import JobResult
+from runtime import Dataflow
 from runtime.errors import JobCancelledError
+from runtime.iterations.api import RECOVERY_MODES, Compensation, Recovery
 from runtime.plan import JobPlan
 from runtime.task_environment import FaultKind
 
@@ -177,6 +188,13 @@ def checkpoint_config(args: argparse.Namespace) -> dict[str, object]:
     return {"checkpoint_interval": args.checkpoint_interval, "checkpoint_dir": args.checkpoint_dir}
 
 
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """An example's parser, its module docstring (the commands to try) as description."""
+    return argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def run_example(
     parser: argparse.ArgumentParser,
     run: Callable[[argparse.ArgumentParser, argparse.Namespace], int],
@@ -191,3 +209,151 @@ def run_example(
     except (KeyboardInterrupt, JobCancelledError):
         print("\ncancelled (Ctrl-C): the tasks were stopped", file=sys.stderr)
         return 130
+
+
+# -- a streaming example's run and verdict ---------------------------------------------------
+@dataclass(frozen=True)
+class ExampleRun:
+    """A run with the flags' faults; ``reference`` is the failure-free run of ``--chaos``."""
+
+    result: JobResult
+    elapsed: float  # seconds, with Spark start-up
+    reference: JobResult | None
+
+
+def run_job(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    build: Callable[..., Dataflow],
+    *,
+    reference_run: bool = True,
+    restore_from: str | None = None,
+) -> ExampleRun:
+    """Build the job (``build(**settings)``, the checkpoint flags' settings), check the
+    fault flags against its plan, print its plan, run it with the faults.
+
+    Under ``--chaos`` a failure-free run of the same job comes first (``reference_run``;
+    an example whose reference computation gives the exact output record for record
+    compares with that instead, ``reference_run=False``)."""
+    config = checkpoint_config(args)
+    flow = build(**config)
+    faults = faults_from(parser, args, flow.plan())
+    flow.explain()
+    reference = None
+    if args.chaos and reference_run:
+        print("failure-free reference run ...")
+        reference = build(**config).run(progress=False)
+    started = time.perf_counter()
+    result = flow.run(faults=faults, restore_from=restore_from)
+    return ExampleRun(result, time.perf_counter() - started, reference)
+
+
+def verdict(
+    run: ExampleRun,
+    args: argparse.Namespace,
+    ok: bool,
+    output: Callable[[JobResult], object] | None = None,
+) -> int:
+    """The exit code (0: ``ok`` and, under ``--chaos``, the same output as the
+    failure-free run, compared as ``output(result)``), printing what decided it."""
+    if run.result.unfired_faults:
+        print("note: the job finished before a fault fired; try an earlier --after")
+    if run.reference is not None:
+        assert output is not None, "a reference run needs the output to compare"
+        same = output(run.result) == output(run.reference)
+        print(
+            f"chaos: {len(run.result.restarts)} restart(s); output equals the failure-free run "
+            f"record for record: {'YES' if same else 'NO'}"
+        )
+        ok = ok and same
+    elif args.chaos:  # the reference computation is the failure-free output
+        print(
+            f"chaos: {len(run.result.restarts)} restart(s); output equals the failure-free "
+            f"result record for record: {'YES' if ok else 'NO'}"
+        )
+    return 0 if ok else 1
+
+
+# -- the iteration examples' recovery flags and kills ----------------------------------------
+_TASK = re.compile(r"(?:([A-Za-z_][\w.-]*)\[)?(\d+)\]?")
+
+
+def add_recovery_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--recovery`` / ``--interval`` / ``--checkpoint-dir`` / ``--storage-options`` of
+    an iteration; the kill flags are ``add_arguments``' (``--after superstep:K``)."""
+    parser.add_argument(
+        "--recovery",
+        choices=RECOVERY_MODES,
+        default="optimistic",
+        help="optimistic: rescue + compensation (no checkpoints); blocking/tail/head: "
+        "superstep checkpoints every --interval supersteps; none: restart from the start",
+    )
+    parser.add_argument(
+        "--interval",
+        type=int,
+        default=None,
+        help="checkpoint every K supersteps (default: sqrt of the expected count)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="superstep checkpoints here: a path or a storage URL such as s3://bucket/prefix "
+        "(default: a temp dir)",
+    )
+    parser.add_argument(
+        "--storage-options",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help='fsspec options of --checkpoint-dir, e.g. \'{"endpoint_url": "http://..."}\'',
+    )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--storage-options is not JSON: {err}") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--storage-options must be a JSON object")
+    return value
+
+
+def recovery_from(args: Any, compensation: Compensation, expected_supersteps: int) -> Recovery:
+    interval = args.interval or max(1, round(expected_supersteps**0.5))  # seed 004: k ~ sqrt(n)
+    return Recovery(
+        args.recovery,
+        interval=interval,
+        compensation=compensation if args.recovery == "optimistic" else None,
+        checkpoint_dir=args.checkpoint_dir,
+        storage_options=args.storage_options,
+        max_restarts=max(3, (args.chaos or 0) + 1),
+    )
+
+
+def iteration_kills(
+    parser: argparse.ArgumentParser,
+    args: Any,
+    step: str,
+    parallelism: int,
+    expected_supersteps: int,
+) -> list[tuple[int, int]]:
+    """(task index, superstep) pairs; bad flags end through ``parser.error``."""
+    kills: list[tuple[int, int]] = []
+    if args.after is not None and not args.kill_task:
+        parser.error("--after needs --kill-task")
+    if args.kill_task:
+        m = _TASK.fullmatch(args.kill_task.strip())
+        if m is None or (m.group(1) not in (None, step)) or int(m.group(2)) >= parallelism:
+            parser.error(
+                f"--kill-task {args.kill_task}: the iteration's tasks are {step}[0] .. {step}[{parallelism - 1}]"
+            )
+        if args.after is None or args.after.superstep is None:
+            parser.error("--kill-task in an iteration needs --after superstep:K")
+        kills.append((int(m.group(2)), args.after.superstep))
+    if args.chaos:
+        rng = random.Random(args.seed)
+        last = max(2, expected_supersteps - 1)  # the superstep before the last one
+        steps = sorted(rng.sample(range(2, last + 1), min(args.chaos, last - 1)))
+        kills.extend((rng.randrange(parallelism), k) for k in steps)
+    return kills
