@@ -116,6 +116,22 @@ def _socket_inodes(pids: set[int]) -> set[str]:
     return inodes
 
 
+def session_socket_inodes() -> set[str]:
+    """Inodes of the sockets that this session's processes hold: this process's tree, and
+    any process started with this session's temp-dir variable (a task that outlived its
+    parent still counts): not another xdist worker's, nor another test session's."""
+    mark = f"{SESSION_TMP_VAR}={WORKER}={SESSION_TMP}".encode()
+    pids = _our_processes()
+    for environ in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            with open(environ, "rb") as fh:
+                if mark in fh.read().split(b"\0"):
+                    pids.add(int(environ.split("/")[2]))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return _socket_inodes(pids)
+
+
 def _listening_ports() -> set[int]:
     """Ports that this process or one of its descendants listens on (not another test
     session's on the same machine)."""
