@@ -51,7 +51,9 @@ if _OWN_TMP:  # at exit, after every handler registered later (pgserver's lock f
 
 # Fixtures that start a heavy server once per session (per xdist worker): their tests
 # run on one worker (``--dist loadgroup``), so a run starts one Spark JVM (and one
-# standalone cluster) and one PostgreSQL server, not one per worker. Tests marked
+# standalone cluster) and one PostgreSQL server for the PostgreSQL tests off Spark, not one
+# per worker (a Spark test that also writes to PostgreSQL, tests/integration/
+# test_connectors.py, starts a second one on the Spark worker). Tests marked
 # ``integration`` run on local Spark even where they do not ask for the fixture.
 SPARK_FIXTURES = frozenset({"spark", "standalone"})
 
