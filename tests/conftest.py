@@ -51,7 +51,9 @@ if _OWN_TMP:  # at exit, after every handler registered later (pgserver's lock f
 
 # Fixtures that start a heavy server once per session (per xdist worker): their tests
 # run on one worker (``--dist loadgroup``), so a run starts one Spark JVM (and one
-# standalone cluster) and one PostgreSQL server, not one per worker. Tests marked
+# standalone cluster) and one PostgreSQL server for the PostgreSQL tests off Spark, not one
+# per worker (a Spark test that also writes to PostgreSQL, tests/integration/
+# test_connectors.py, starts a second one on the Spark worker). Tests marked
 # ``integration`` run on local Spark even where they do not ask for the fixture.
 SPARK_FIXTURES = frozenset({"spark", "standalone"})
 
@@ -114,6 +116,22 @@ def _socket_inodes(pids: set[int]) -> set[str]:
         except OSError:
             continue  # gone meanwhile
     return inodes
+
+
+def session_socket_inodes() -> set[str]:
+    """Inodes of the sockets that this session's processes hold: this process's tree, and
+    any process started with this session's temp-dir variable (a task that outlived its
+    parent still counts): not another xdist worker's, nor another test session's."""
+    mark = f"{SESSION_TMP_VAR}={WORKER}={SESSION_TMP}".encode()
+    pids = _our_processes()
+    for environ in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            with open(environ, "rb") as fh:
+                if mark in fh.read().split(b"\0"):
+                    pids.add(int(environ.split("/")[2]))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return _socket_inodes(pids)
 
 
 def _listening_ports() -> set[int]:
