@@ -155,6 +155,10 @@ class KeyedStateBackend:
     previous delta, not to the whole state.
     """
 
+    in_memory = True
+    """Whether the state is Python dicts held whole in memory (``statebackend.rocksdb``:
+    not)."""
+
     def __init__(
         self,
         operator: str,
@@ -294,6 +298,9 @@ class KeyedStateBackend:
                 f"keyed state keys and values must be msgpack types (None, bool, int, "
                 f"float, str, bytes, list/tuple, dict)"
             ) from err
+
+    def close(self) -> None:
+        """Release what the backend holds outside Python objects (nothing, in memory)."""
 
     def key_count(self) -> int:
         """Keys of the largest state (O(states); a lower bound of :meth:`num_keys`)."""
