@@ -463,13 +463,13 @@ def _keyed_state_factory(
     keyed_steps = max(1, sum(1 for s in plan.chain_steps(spec) if s.key_fn is not None))
     mb = cfg.state_memory_budget_mb
     budget = None if mb is None else int(mb * (1 << 20)) // keyed_steps
-    directory = state_dir
+    directory, drop = state_dir, cfg.debug_drop_deltas
 
     def factory(
         operator: str, max_parallelism: int, key_groups: range, key_group_of: Callable[[Any], int]
     ) -> KeyedStateBackend:
         return RocksDBStateBackend(
-            operator, max_parallelism, key_groups, key_group_of, directory, budget
+            operator, max_parallelism, key_groups, key_group_of, directory, budget, drop
         )
 
     return factory

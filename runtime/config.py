@@ -109,7 +109,10 @@ class JobConfig:
     )
     debug_drop_deltas: bool = field(
         default=False,
-        metadata={"help": "Tests only: incremental checkpoints write empty deltas."},
+        metadata={
+            "help": "Tests only: incremental checkpoints write empty deltas (rocksdb: a "
+            "checkpoint lists only the files it uploaded)."
+        },
     )
     state_backend: str = field(
         default="memory",

@@ -321,7 +321,10 @@ class RocksDBStateBackend(KeyedStateBackend):
         key_group_of: Callable[[Any], int],
         directory: Callable[[], str],
         memory_budget: int | None = None,
+        drop_shared: bool = False,
     ) -> None:
+        """``drop_shared`` (tests only: the companion of incremental restore): a checkpoint
+        lists only the files it uploaded, not those uploaded before."""
         super().__init__(operator, max_parallelism, key_groups, key_group_of)
         if max_parallelism > 0xFFFF:
             raise StateError(
@@ -335,6 +338,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._path: str | None = None
         self._uploaded = _Uploaded()
         self._db_id = uuid.uuid4().hex[:8]
+        self.drop_shared = drop_shared
 
     # -- the database ------------------------------------------------------------------------
     def _options(self) -> Any:
@@ -366,7 +370,11 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._path = os.path.join(parent, f"rocksdb-{safe}-{self._db_id}")
         if from_dir is not None:
             os.replace(from_dir, self._path)
-        self._db = _rocksdict().Rdict(self._path, self._options())
+        r = _rocksdict()
+        self._db = r.Rdict(self._path, self._options())
+        no_log = r.WriteOptions()
+        no_log.disable_wal = True  # a restore starts from a checkpoint, never from the log
+        self._db.set_write_options(no_log)
         self._size_caches()
 
     def _size_caches(self) -> None:
@@ -499,10 +507,13 @@ class RocksDBStateBackend(KeyedStateBackend):
         """The synchronous part of a checkpoint: dirty keys written back, then RocksDB's
         checkpoint (write buffer flushed, SST files hard-linked) into a local directory."""
         self.flush()
+        self.db.flush()  # the write buffer into an SST file (no write-ahead log to copy)
         assert self._path is not None
         target = f"{self._path}.chk-{checkpoint_id}-{uuid.uuid4().hex[:6]}"
         _rocksdict().Checkpoint(self.db).create_checkpoint(target)
-        return StoreWrite(self.operator, target, self.key_groups, self._db_id, self._uploaded)
+        return StoreWrite(
+            self.operator, target, self.key_groups, self._db_id, self._uploaded, self.drop_shared
+        )
 
     # -- restore -----------------------------------------------------------------------------
     def restore(
@@ -623,6 +634,7 @@ class StoreWrite:
     key_groups: range
     db_id: str
     uploaded: _Uploaded
+    drop_shared: bool = False
 
     def write(self, storage: CheckpointStorage, task_id: str, checkpoint_id: int) -> tuple[StoreCheckpoint, int]:
         """Upload the SST files not uploaded before and this checkpoint's metadata files;
@@ -636,6 +648,8 @@ class StoreWrite:
             for name in sorted(os.listdir(self.local_dir)):
                 local = os.path.join(self.local_dir, name)
                 ref = known.get(name) if name.endswith(".sst") else None
+                if ref is not None and self.drop_shared:
+                    continue
                 if ref is None:
                     tag = self.db_id if name.endswith(".sst") else f"{checkpoint_id}-{uuid.uuid4().hex[:6]}"
                     path = f"{SHARED_DIR}/{task_id}/{safe}-{tag}-{name}"

@@ -72,3 +72,213 @@ def test_a_failure_free_run_on_rocksdb_is_exact(tmp_path: Path, clean: list[Any]
     written = sum(c["state_bytes"] for c in steady)
     full = sum(c["full_state_bytes"] for c in steady)
     assert 0 < written < full  # only new SST files are uploaded
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [Kill("sum[1]", after_checkpoint=5), Kill("sum[0]", during="snapshot", after_checkpoint=4)],
+    ids=["kill-after-checkpoints", "kill-uploading-a-checkpoint"],
+)
+def test_a_kill_restores_the_rocksdb_checkpoint_exactly(
+    tmp_path: Path, clean: list[Any], fault: Kill
+) -> None:
+    root = tmp_path / "chk"
+    killed = run_local(
+        sums(
+            N,
+            rate=10_000,
+            checkpoint_dir=str(root),
+            checkpoint_interval=0.05,
+            retained_checkpoints=2,
+            **ROCKSDB,
+        ),
+        faults=[fault],
+    )
+    assert killed.unfired_faults == []
+    [restart] = killed.restarts
+    assert restart.restored_checkpoint is not None
+    assert collections.Counter(killed.output("sums")) == collections.Counter(clean)
+    storage = CheckpointStorage(str(root))
+    assert stored(root)
+    for n in storage.completed_checkpoints():  # retention kept every file they refer to
+        storage.check(n)
+
+
+def finals(records: list[Any]) -> dict[Any, Any]:
+    return dict(records)  # the last running sum of each key
+
+
+def exact(want: dict[Any, Any], run: Any) -> bool:
+    """Whether ``run()`` gives each key's last sum as in ``want`` (a failed run: no)."""
+    try:
+        got = finals(run())
+    except Exception:
+        return False
+    return bool(got) and all(want[k] == v for k, v in got.items())
+
+
+def shared_with_earlier(root: Path) -> tuple[int, set[str]]:
+    """The newest RocksDB checkpoint taken midway that refers to SST files an earlier
+    checkpoint uploaded (an incremental one), and those files."""
+    storage = CheckpointStorage(str(root))
+    seen: set[str] = set()
+    found: tuple[int, set[str]] = (-1, set())
+    for n in stored(root):
+        files = {
+            f.ref.path
+            for h in storage.check(n).tasks.values()
+            for store in h.stores.values()
+            for f in store.files
+            if f.name.endswith(".sst")
+        }
+        if files & seen:
+            found = (n, files & seen)
+        seen |= files
+    return found
+
+
+@pytest.fixture(scope="module")
+def midway(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, set[str]]:
+    """A run on rocksdb retaining every checkpoint: the root, a checkpoint taken before
+    the end of the input that shares SST files with earlier ones, and those files."""
+    root = tmp_path_factory.mktemp("midway") / "chk"
+    first = run_local(
+        sums(
+            N,
+            rate=20_000,
+            retained_checkpoints=1000,
+            checkpoint_dir=str(root),
+            checkpoint_interval=0.05,
+            **ROCKSDB,
+        )
+    )
+    early = {
+        c["checkpoint_id"]
+        for c in first.checkpoints
+        if (c.get("committed_records_in") or N) < N * 0.9
+    }
+    storage = CheckpointStorage(str(root))
+    for n in sorted(storage.completed_checkpoints(), reverse=True):
+        if n not in early:  # keep only the checkpoints up to one taken midway
+            storage.discard(n)
+    n, shared = shared_with_earlier(root)
+    assert n > 0 and shared, "no checkpoint refers to SST files an earlier one uploaded"
+    return root, n, shared
+
+
+@pytest.mark.parametrize("parallelism", [1, 3], ids=["2-to-1", "2-to-3"])
+def test_rescaling_from_a_rocksdb_checkpoint_keeps_every_key(
+    tmp_path: Path, clean: list[Any], midway: tuple[Path, int, set[str]], parallelism: int
+) -> None:
+    """The resumed run's last sum of each key equals the failure-free run's."""
+    root, n, _ = midway
+    flow = sums(
+        N,
+        parallelism=parallelism,
+        checkpoint_dir=str(tmp_path / "chk"),
+        checkpoint_interval=0.05,
+        **ROCKSDB,
+    )
+    assert exact(finals(clean), lambda: run_local(flow, restore_from=str(root / f"chk-{n}")).output("sums"))
+
+
+def test_companion_a_shared_file_deleted_too_early_is_detected(
+    tmp_path: Path, clean: list[Any], midway: tuple[Path, int, set[str]]
+) -> None:
+    """What the shared state registry prevents: the SST files a checkpoint shares with
+    earlier ones deleted. Verification names the missing file, and a restore of that
+    checkpoint (same parallelism, 2 -> 3) is not exact."""
+    root, n, shared = midway
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(root, copy)
+    for path in shared:
+        os.remove(copy / path)
+    with pytest.raises(Exception, match="missing"):
+        CheckpointStorage(str(copy)).check(n)
+    for parallelism in (2, 3):
+        flow = sums(N, parallelism=parallelism, checkpoint_dir=str(tmp_path / f"p{parallelism}"), **ROCKSDB)
+        restore = str(copy / f"chk-{n}")
+        assert not exact(finals(clean), lambda f=flow, r=restore: run_local(f, restore_from=r).output("sums"))
+
+
+def stop_with_savepoint(flow: Dataflow, root: Path) -> tuple[list[Any], str]:
+    """Run ``flow`` until a checkpoint completed, stop it with a savepoint: its committed
+    output and the savepoint."""
+    import threading
+    import time
+
+    from jobmanager.stop import request_stop, running_jobs
+
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["run"] = run_local(flow, progress=False)
+        except BaseException as err:  # raised in the test thread below
+            result["error"] = err
+
+    def wait_for(condition: Any, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    storage = CheckpointStorage(str(root))
+    try:
+        wait_for(lambda: "error" in result or bool(storage.completed_checkpoints()), "a checkpoint")
+        wait_for(lambda: [j for j in running_jobs() if j.job == flow.name], "the job's entry")
+        (job,) = [j for j in running_jobs() if j.job == flow.name]
+        request_stop(job)
+    finally:
+        thread.join(timeout=120)
+    assert "error" not in result, result.get("error")
+    stopped = result["run"]
+    assert stopped.stopped and stopped.savepoint
+    return stopped.output("sums"), str(stopped.savepoint)
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [("rocksdb", "memory"), ("memory", "rocksdb")],
+    ids=["rocksdb-to-memory", "memory-to-rocksdb"],
+)
+def test_a_savepoint_resumes_on_the_other_backend_exactly(
+    tmp_path: Path, clean: list[Any], first: str, then: str
+) -> None:
+    """Stop with a savepoint on one backend, resume on the other (at parallelism 3):
+    the committed output of both runs is the failure-free run's, record for record."""
+    root = tmp_path / "chk"
+    flow = sums(
+        N,
+        rate=8_000,
+        checkpoint_dir=str(root),
+        checkpoint_interval=0.05,
+        state_backend=first,
+    )
+    before, savepoint = stop_with_savepoint(flow, root)
+    assert 0 < len(before) < N
+    resumed = run_local(
+        sums(N, parallelism=3, checkpoint_dir=str(tmp_path / "chk2"), state_backend=then),
+        restore_from=savepoint,
+    )
+    got = collections.Counter(before + resumed.output("sums"))
+    assert got == collections.Counter(clean)
+
+
+def test_companion_a_rocksdb_checkpoint_is_not_canonical(tmp_path: Path) -> None:
+    """What the canonical savepoint is for: the memory backend cannot read a RocksDB
+    checkpoint (not a savepoint) and says how to switch."""
+    root = tmp_path / "chk"
+    run_local(
+        sums(2_000, rate=2_000, checkpoint_dir=str(root), checkpoint_interval=0.05, **ROCKSDB)
+    )
+    n = stored(root)[0]
+    with pytest.raises(Exception, match="savepoint"):
+        run_local(
+            sums(2_000, checkpoint_dir=str(tmp_path / "chk2"), state_backend="memory"),
+            restore_from=str(root / f"chk-{n}"),
+        )
