@@ -282,3 +282,59 @@ def test_companion_a_rocksdb_checkpoint_is_not_canonical(tmp_path: Path) -> None
             sums(2_000, checkpoint_dir=str(tmp_path / "chk2"), state_backend="memory"),
             restore_from=str(root / f"chk-{n}"),
         )
+
+
+# -- timers, windows and joins on rocksdb (the event-time suite's kills, on the harness) ---
+def test_timers_fire_exactly_once_on_rocksdb_across_a_kill() -> None:
+    from tests.integration.test_event_time import CHK, bucket_counts, expected
+
+    result = run_local(
+        bucket_counts(**CHK, **ROCKSDB), faults=[Kill("buckets[1]", after_checkpoint=2)]
+    )
+    assert len(result.restarts) == 1, result.summary()
+    assert result.restarts[0].restored_checkpoint is not None
+    assert collections.Counter(result.output("out")) == expected()
+
+
+def test_companion_timers_on_rocksdb_restored_without_event_time_lose_reports() -> None:
+    from tests.integration.test_event_time import CHK, bucket_counts, expected
+
+    result = run_local(
+        bucket_counts(debug_drop_event_time=True, **CHK, **ROCKSDB),
+        faults=[Kill("buckets[1]", after_checkpoint=2)],
+    )
+    assert len(result.restarts) == 1, result.summary()
+    assert sum(collections.Counter(result.output("out")).values()) < sum(expected().values())
+
+
+def test_session_windows_on_rocksdb_survive_a_kill() -> None:
+    from tests.integration.test_event_time import CHK
+    from tests.integration.test_examples import load_example
+
+    sessions = load_example("sessions")
+    clicks = 24_000
+    reference = run_local(sessions.build(clicks, 2, 8_000, **CHK))
+    killed = run_local(
+        sessions.build(clicks, 2, 8_000, **CHK, **ROCKSDB),
+        faults=[Kill("sessions[1]", after_checkpoint=2)],
+    )
+    assert len(killed.restarts) == 1, killed.summary()
+    for name in ("per_session", "late"):
+        assert collections.Counter(killed.output(name)) == collections.Counter(
+            reference.output(name)
+        ), name
+    assert sessions.check(clicks, killed.output("per_session"), killed.output("late")) == []
+
+
+def test_interval_join_on_rocksdb_survives_a_kill() -> None:
+    from tests.integration.test_event_time import CHK
+    from tests.integration.test_examples import load_example
+
+    example = load_example("orders_payments")
+    orders = 12_000
+    killed = run_local(
+        example.build(orders, 2, 4_000, **CHK, **ROCKSDB),
+        faults=[Kill("paid[0]", after_checkpoint=2)],
+    )
+    assert len(killed.restarts) == 1, killed.summary()
+    assert collections.Counter(killed.output("joined")) == example.expected(orders)
