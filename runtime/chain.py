@@ -21,7 +21,12 @@ import msgpack
 
 from runtime.changelog import ChainWrite, KeyedChangelog, restore_chains
 from runtime.config import JobConfig
-from runtime.errors import OperatorFailure, RecordSerializationError, TaskCancelled
+from runtime.errors import (
+    OperatorFailure,
+    RecordSerializationError,
+    StateMemoryBudgetError,
+    TaskCancelled,
+)
 from runtime.event_time import TimestampAssigner
 from runtime.graph import Step, StepKind
 from runtime.operators import KeyedStateFactory, Operator, OperatorContext, build_operator
@@ -40,6 +45,9 @@ from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.task")
+
+BUDGET_EVERY = 16
+"""Batches between two estimates of the in-memory keyed state against its budget."""
 
 Emit = Callable[[list[Any]], None]
 """Write records that leave the chain outside ``process`` (timers, watermarks, finish)."""
@@ -87,6 +95,12 @@ class OperatorChain:
         self.plan, self.spec, self.attempt = plan, spec, attempt
         cfg = config if config is not None else JobConfig()
         self._keyed_state_factory = _keyed_state_factory(plan, spec, cfg, state_dir)
+        mb = cfg.state_memory_budget_mb
+        self._budget_mb = mb
+        self._budget = None if mb is None or cfg.state_backend != "memory" else int(mb * (1 << 20))
+        """Bytes the in-memory keyed state of the task may take (checked every
+        ``BUDGET_EVERY`` batches and at each checkpoint), or None."""
+        self._budget_countdown = BUDGET_EVERY
         self._drop_event_time = cfg.debug_drop_event_time
         self.changelog = KeyedChangelog(
             spec.task_id,
@@ -191,6 +205,10 @@ class OperatorChain:
         """
         i = 0
         sink_at = self._sink_position
+        if self._budget is not None:
+            self._budget_countdown -= 1
+            if self._budget_countdown <= 0:
+                self.check_memory_budget()
         try:
             for process in self._processes:
                 if i == sink_at:
@@ -248,6 +266,37 @@ class OperatorChain:
         for i in range(start, len(self.operators)):
             self._call(i, call)
 
+    def check_memory_budget(self) -> None:
+        """Raise OperatorFailure (fatal: StateMemoryBudgetError) naming the step whose
+        keyed state is largest when the task's in-memory keyed state is estimated past
+        ``state_memory_budget_mb``: it says the fix, instead of the machine running out."""
+        self._budget_countdown = BUDGET_EVERY
+        budget = self._budget
+        if budget is None:
+            return
+        sizes = [
+            (op.keyed_state.estimated_bytes(), op)
+            for op in self.operators
+            if op.keyed_state is not None and op.keyed_state.in_memory
+        ]
+        total = sum(size for size, _ in sizes)
+        if total <= budget:
+            return
+        size, op = max(sizes, key=lambda pair: pair[0])
+        assert op.keyed_state is not None
+        mib = 1 << 20
+        raise OperatorFailure(
+            op.name,
+            StateMemoryBudgetError(
+                f"step '{op.name}' (task {self.spec.task_id}): keyed state in memory is about "
+                f"{size / mib:,.1f} MiB ({op.keyed_state.key_count():,} keys; the task's keyed "
+                f"state {total / mib:,.1f} MiB), past state_memory_budget_mb="
+                f"{self._budget_mb}. Set state_backend='rocksdb' (keyed state on local disk, "
+                "memory bounded by the budget), raise state_memory_budget_mb, or raise the "
+                "parallelism of the step"
+            ),
+        )
+
     # -- event time ----------------------------------------------------------------------
     def advance_watermark(self, watermark: float, start: int = 0) -> bool:
         """Event time reached ``watermark`` (from the input side, or the assigner at
@@ -283,6 +332,7 @@ class OperatorChain:
         ``storage``, the state of those that hold any, serialized: keyed state of operators
         that track their changes incrementally (`runtime.changelog`), except in a
         ``final`` checkpoint (a savepoint: self-contained)."""
+        self.check_memory_budget()
         with_state = storage is not None
         changelog = self.changelog
         snapshots: dict[str, OperatorSnapshot] = {}
@@ -331,6 +381,7 @@ class OperatorChain:
         leaves through ``emit``. Event time stops here: a stop with a savepoint ends the
         input after its final barrier, and windows firing then would emit output no
         checkpoint commits (they stay open in the savepoint and fire after a resume)."""
+        self.check_memory_budget()
         self._each(0, lambda op: op.finish())
         self.finished = True
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
@@ -65,11 +64,13 @@ from statebackend.errors import CorruptCheckpointError, StateError
 from statebackend.incremental import SHARED_DIR, StateRef, StoreCheckpoint, StoreFile
 from statebackend.keyed import (
     _THAW,
+    ENTRY_OVERHEAD,
     FORMAT_VERSION,
     KeyedStateBackend,
     StateKind,
     _freeze,
     _pairs_to_dict,
+    sizeof,
     unpack_blob,
 )
 from statebackend.storage import CheckpointStorage
@@ -114,25 +115,9 @@ def _name_prefix(name: str) -> bytes:
     return bytes([len(encoded)]) + encoded
 
 
-def _sizeof(obj: Any, depth: int = 2) -> int:
-    """A cheap size of ``obj``: ``sys.getsizeof`` with its first elements, two levels
-    deep (a cost estimate from samples, not an exact measure)."""
-    size = sys.getsizeof(obj)
-    if depth and obj.__class__ in (list, tuple, set, frozenset):
-        items = list(obj)[:8]
-        if items:
-            size += sum(_sizeof(x, depth - 1) for x in items) * len(obj) // len(items)
-    elif depth and obj.__class__ is dict:
-        items = list(obj.items())[:8]
-        if items:
-            per = sum(_sizeof(k, depth - 1) + _sizeof(v, depth - 1) for k, v in items)
-            size += per * len(obj) // len(items)
-    return size
-
-
 class EntryCost:
     """The memory one cached entry costs, sampled: every ``every``-th entry is measured
-    (`_sizeof` of key and value plus the dict slot), the mean is kept."""
+    (``statebackend.keyed.sizeof`` of key and value plus the dict slot), the mean is kept."""
 
     __slots__ = ("_count", "_n", "_total", "every")
 
@@ -146,7 +131,7 @@ class EntryCost:
         self._count += 1
         if self._n < 32 or self._count % self.every == 0:
             self._n += 1
-            self._total += _sizeof(key) + _sizeof(value) + 100
+            self._total += sizeof(key) + sizeof(value) + ENTRY_OVERHEAD
 
     @property
     def per_entry(self) -> int:

@@ -338,3 +338,22 @@ def test_interval_join_on_rocksdb_survives_a_kill() -> None:
     )
     assert len(killed.restarts) == 1, killed.summary()
     assert collections.Counter(killed.output("joined")) == example.expected(orders)
+
+
+# -- the memory budget -----------------------------------------------------------------
+def test_the_memory_backend_fails_past_its_budget_naming_the_step_and_the_fix() -> None:
+    with pytest.raises(Exception) as failed:
+        run_local(sums(60_000, checkpoint_interval=None, state_memory_budget_mb=0.1))
+    text = str(failed.value)
+    assert "'sum'" in text and "state_memory_budget_mb=0.1" in text
+    assert "state_backend='rocksdb'" in text
+
+
+def test_companion_within_the_budget_or_on_rocksdb_the_same_job_completes(
+    clean: list[Any],
+) -> None:
+    """The same state under a budget it fits, and on rocksdb under the tiny budget."""
+    roomy = run_local(sums(N, state_memory_budget_mb=64))
+    assert collections.Counter(roomy.output("sums")) == collections.Counter(clean)
+    rocks = run_local(sums(N, state_backend="rocksdb", state_memory_budget_mb=0.1))
+    assert collections.Counter(rocks.output("sums")) == collections.Counter(clean)
