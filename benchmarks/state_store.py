@@ -38,7 +38,7 @@ import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.results import write_result  # noqa: E402
+from benchmarks.results import write_result
 
 GROUPS = 128
 BATCH = 10_000
@@ -110,14 +110,18 @@ def bench_rocksdb(root: str, keys: int) -> dict[str, float]:
     figures["scan_s"] = _timed(scan)
     figures["scan_keys"] = scan()
     cp1 = os.path.join(root, "cp1")
-    figures["checkpoint_s"] = _timed(lambda: (db.flush(), rocksdict.Checkpoint(db).create_checkpoint(cp1)))
+    figures["checkpoint_s"] = _timed(
+        lambda: (db.flush(), rocksdict.Checkpoint(db).create_checkpoint(cp1))
+    )
     figures["checkpoint_bytes"] = sum(s for _, s in _files(cp1).values())
     wb = rocksdict.WriteBatch(raw_mode=True)
     for k in rng.sample(ks, keys // 100):
         wb.put(k, msgpack.packb(7))
     db.write(wb)
     cp2 = os.path.join(root, "cp2")
-    figures["checkpoint_1pct_s"] = _timed(lambda: (db.flush(), rocksdict.Checkpoint(db).create_checkpoint(cp2)))
+    figures["checkpoint_1pct_s"] = _timed(
+        lambda: (db.flush(), rocksdict.Checkpoint(db).create_checkpoint(cp2))
+    )
     figures["checkpoint_1pct_new_bytes"] = _new_bytes(_files(cp1), _files(cp2))
     db.close()
     return figures

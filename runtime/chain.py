@@ -36,9 +36,9 @@ from runtime.sinks import SinkContext
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
 from runtime.watermarks import NO_WATERMARK
-from statebackend.metadata import CheckpointMetadata, OperatorLayout, TaskStateHandle
 from statebackend.errors import IncompatibleCheckpointError, StateError
 from statebackend.keyed import KeyedStateBackend
+from statebackend.metadata import CheckpointMetadata, OperatorLayout, TaskStateHandle
 from statebackend.restore import RescaledState, RestorePlan, RestoreTarget
 from statebackend.rocksdb import RocksDBStateBackend, StoreWrite
 from statebackend.snapshot import OperatorSnapshot
@@ -165,9 +165,14 @@ class OperatorChain:
             )
             op.open(OperatorContext(spec.subtask, self.plan.max_parallelism, ctx))
             keyed = op.keyed_state
-            if self.changelog.enabled and op.tracks_changes and keyed is not None:
-                if keyed.in_memory:  # a store checkpoints its own files incrementally
-                    keyed.track_changes()
+            # (a store checkpoints its own files incrementally: no changed keys tracked)
+            if (
+                self.changelog.enabled
+                and op.tracks_changes
+                and keyed is not None
+                and keyed.in_memory
+            ):
+                keyed.track_changes()
             self.operators.append(self._faults.wrap(op))
         self._processes = [op.process for op in self.operators]
         for i, op in enumerate(self.operators):

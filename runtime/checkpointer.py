@@ -318,7 +318,13 @@ class TaskCheckpointer:
         """Ack a small state at once, inline (if no older write waits for its ack: acks go
         in order); else start writing the state file: `collect_writes` acks it when done."""
         die = self._faults.kill_during_snapshot(checkpoint_id)
-        if not die and not self._pending and self.storage is not None and not captured.chains and not captured.stores:
+        if (
+            not die
+            and not self._pending
+            and self.storage is not None
+            and not captured.chains
+            and not captured.stores
+        ):
             started = time.perf_counter()
             handle = self.storage.inline_handle(captured.snapshots, captured.layout)
             if handle is not None:  # not after the writer thread and this task's next turn
@@ -346,7 +352,9 @@ class TaskCheckpointer:
         refs, written = chains.write(storage) if chains is not None else ({}, 0)
         stores = {}
         for store in captured.stores:  # RocksDB: the SST files not uploaded before
-            stores[store.operator], uploaded = store.write(storage, self.task.task_id, checkpoint_id)
+            stores[store.operator], uploaded = store.write(
+                storage, self.task.task_id, checkpoint_id
+            )
             written += uploaded
         handle = storage.write_task_state(
             checkpoint_id, self.task.task_id, captured.snapshots, captured.layout

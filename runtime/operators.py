@@ -311,7 +311,7 @@ class AggregateOperator(KeyedOperator):
         # acc + c on ints: in C (in memory only: the totals hold every key of an epoch)
         if type(self.addend) is int and type(initial) is int and keyed.in_memory:
             self.totals = _RunningTotals(keyed.value_state(), initial, self.addend, keyed)
-            self.keyed_state.add_write_back(self.totals.flush)
+            keyed.add_write_back(self.totals.flush)
 
     def after_keyed_restore(self) -> None:
         if self.totals is not None:

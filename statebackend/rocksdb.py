@@ -97,9 +97,8 @@ def _rocksdict() -> Any:
     return rocksdict
 
 
-def _pack(obj: Any) -> bytes:
-    packed: bytes = msgpack.packb(obj, use_bin_type=True)
-    return packed
+_pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
+"""msgpack bytes of a key or value (one packer: ``packb`` builds one per call)."""
 
 
 def _unpack(raw: bytes) -> Any:
@@ -116,26 +115,25 @@ def _name_prefix(name: str) -> bytes:
 
 
 class EntryCost:
-    """The memory one cached entry costs, sampled: every ``every``-th entry is measured
+    """The memory one cached entry costs, sampled: the first 32 entries and every
+    ``every``-th after them are measured
     (``statebackend.keyed.sizeof`` of key and value plus the dict slot), the mean is kept."""
 
-    __slots__ = ("_count", "_n", "_total", "every")
+    __slots__ = ("_total", "count", "every_mask", "samples")
 
     def __init__(self, every: int = 256) -> None:
-        self.every = every
-        self._count = 0
-        self._n = 0
+        self.every_mask = every - 1  # a power of two
+        self.count = 0  # entries cached (the caller counts, and samples every 256th)
+        self.samples = 0
         self._total = 0
 
     def sample(self, key: Any, value: Any) -> None:
-        self._count += 1
-        if self._n < 32 or self._count % self.every == 0:
-            self._n += 1
-            self._total += sizeof(key) + sizeof(value) + ENTRY_OVERHEAD
+        self.samples += 1
+        self._total += sizeof(key) + sizeof(value) + ENTRY_OVERHEAD
 
     @property
     def per_entry(self) -> int:
-        return self._total // self._n if self._n else 200
+        return self._total // self.samples if self.samples else 200
 
 
 class StoreState(MutableMapping[Any, Any]):
@@ -146,6 +144,8 @@ class StoreState(MutableMapping[Any, Any]):
         self._backend = backend
         self.name, self.kind = name, kind
         self._prefix = _name_prefix(name)
+        # the store key's head per key group: key group (2 bytes) | len(name) | name
+        self._heads = [kg.to_bytes(2, "big") + self._prefix for kg in range(backend.max_parallelism)]
         self._thaw = _THAW[kind]
         self._always_mutable = kind is not StateKind.VALUE
         self._cache: dict[Any, Any] = {}
@@ -154,8 +154,7 @@ class StoreState(MutableMapping[Any, Any]):
 
     # -- encoding --------------------------------------------------------------------------
     def _store_key(self, key: Any) -> bytes:
-        kg = self._backend.key_group_of(key)
-        return kg.to_bytes(2, "big") + self._prefix + _pack(key)
+        return self._heads[self._backend.key_group_of(key)] + _pack(key)
 
     def _load(self, key: Any) -> Any:
         raw = self._backend.db.get(self._store_key(key))
@@ -172,7 +171,10 @@ class StoreState(MutableMapping[Any, Any]):
         if len(cache) >= self.capacity:
             self._evict(keep=key)
         cache[key] = value
-        self._backend.cost.sample(key, value)
+        cost = self._backend.cost
+        cost.count += 1
+        if cost.count & cost.every_mask == 0 or cost.samples < 32:
+            cost.sample(key, value)
 
     def _evict(self, keep: Any) -> None:
         """Drop the older half of the cache, writing its dirty keys back."""
@@ -432,7 +434,10 @@ class RocksDBStateBackend(KeyedStateBackend):
                 k = it.key()
                 if not k.startswith(start):
                     break
-                yield _freeze(msgpack.unpackb(k[2 + n :], use_list=True, strict_map_key=False)), it.value()
+                yield (
+                    _freeze(msgpack.unpackb(k[2 + n :], use_list=True, strict_map_key=False)),
+                    it.value(),
+                )
                 it.next()
 
     # -- snapshots ---------------------------------------------------------------------------
@@ -621,7 +626,9 @@ class StoreWrite:
     uploaded: _Uploaded
     drop_shared: bool = False
 
-    def write(self, storage: CheckpointStorage, task_id: str, checkpoint_id: int) -> tuple[StoreCheckpoint, int]:
+    def write(
+        self, storage: CheckpointStorage, task_id: str, checkpoint_id: int
+    ) -> tuple[StoreCheckpoint, int]:
         """Upload the SST files not uploaded before and this checkpoint's metadata files;
         ``(checkpoint, bytes uploaded)``. The local links are removed either way."""
         safe = "".join(c if c.isalnum() else "_" for c in self.operator)
@@ -636,7 +643,11 @@ class StoreWrite:
                 if ref is not None and self.drop_shared:
                     continue
                 if ref is None:
-                    tag = self.db_id if name.endswith(".sst") else f"{checkpoint_id}-{uuid.uuid4().hex[:6]}"
+                    tag = (
+                        self.db_id
+                        if name.endswith(".sst")
+                        else f"{checkpoint_id}-{uuid.uuid4().hex[:6]}"
+                    )
                     path = f"{SHARED_DIR}/{task_id}/{safe}-{tag}-{name}"
                     size, crc = _upload(storage, local, path)
                     ref = StateRef(path, size, crc, True, groups, groups)
@@ -654,9 +665,10 @@ class StoreWrite:
 
 def _upload(storage: CheckpointStorage, local: str, path: str) -> tuple[int, int]:
     crc = size = 0
-    with open(local, "rb") as src, storage.fs.open_write_part(
-        storage.fs.join(storage.root, *path.split("/"))
-    ) as out:
+    with (
+        open(local, "rb") as src,
+        storage.fs.open_write_part(storage.fs.join(storage.root, *path.split("/"))) as out,
+    ):
         while chunk := src.read(_COPY_CHUNK):
             out.write(chunk)
             crc = zlib.crc32(chunk, crc)

@@ -179,7 +179,9 @@ def test_rescaling_from_a_rocksdb_checkpoint_keeps_every_key(
         checkpoint_interval=0.05,
         **ROCKSDB,
     )
-    assert exact(finals(clean), lambda: run_local(flow, restore_from=str(root / f"chk-{n}")).output("sums"))
+    assert exact(
+        finals(clean), lambda: run_local(flow, restore_from=str(root / f"chk-{n}")).output("sums")
+    )
 
 
 def test_companion_a_shared_file_deleted_too_early_is_detected(
@@ -198,9 +200,13 @@ def test_companion_a_shared_file_deleted_too_early_is_detected(
     with pytest.raises(Exception, match="missing"):
         CheckpointStorage(str(copy)).check(n)
     for parallelism in (2, 3):
-        flow = sums(N, parallelism=parallelism, checkpoint_dir=str(tmp_path / f"p{parallelism}"), **ROCKSDB)
+        flow = sums(
+            N, parallelism=parallelism, checkpoint_dir=str(tmp_path / f"p{parallelism}"), **ROCKSDB
+        )
         restore = str(copy / f"chk-{n}")
-        assert not exact(finals(clean), lambda f=flow, r=restore: run_local(f, restore_from=r).output("sums"))
+        assert not exact(
+            finals(clean), lambda f=flow, r=restore: run_local(f, restore_from=r).output("sums")
+        )
 
 
 def stop_with_savepoint(flow: Dataflow, root: Path) -> tuple[list[Any], str]:

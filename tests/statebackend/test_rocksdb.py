@@ -15,7 +15,7 @@ from statebackend.storage import CheckpointStorage
 
 pytest.importorskip("rocksdict")
 
-from statebackend.rocksdb import RocksDBStateBackend  # noqa: E402
+from statebackend.rocksdb import RocksDBStateBackend
 
 MAXP = 128
 
@@ -24,9 +24,11 @@ def kg(key: Any) -> int:
     return (key if isinstance(key, int) else len(str(key))) % MAXP
 
 
-def rocks(tmp_path: Path, groups: range = range(MAXP), capacity: int | None = 4) -> RocksDBStateBackend:
+def rocks(
+    tmp_path: Path, groups: range = range(MAXP), capacity: int | None = 4
+) -> RocksDBStateBackend:
     backend = RocksDBStateBackend("op", MAXP, groups, kg, lambda: str(tmp_path), 1 << 20)
-    backend.db  # opened: caches sized
+    assert backend.db is not None  # opened: caches sized
     if capacity is not None:
         for state in backend._states.values():
             state.capacity = capacity  # type: ignore[attr-defined]
@@ -41,7 +43,7 @@ def fill(backend: KeyedStateBackend, n: int = 500) -> None:
     )
     for state in (values, lists, maps):
         if hasattr(state, "capacity"):
-            state.capacity = 4
+            state.capacity = 4  # type: ignore[union-attr]
     for i in range(n):
         values[i] = i * 10
         lst = lists.get(i)
