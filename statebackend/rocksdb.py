@@ -145,7 +145,9 @@ class StoreState(MutableMapping[Any, Any]):
         self.name, self.kind = name, kind
         self._prefix = _name_prefix(name)
         # the store key's head per key group: key group (2 bytes) | len(name) | name
-        self._heads = [kg.to_bytes(2, "big") + self._prefix for kg in range(backend.max_parallelism)]
+        self._heads = [
+            kg.to_bytes(2, "big") + self._prefix for kg in range(backend.max_parallelism)
+        ]
         self._thaw = _THAW[kind]
         self._always_mutable = kind is not StateKind.VALUE
         self._cache: dict[Any, Any] = {}
@@ -336,6 +338,12 @@ class RocksDBStateBackend(KeyedStateBackend):
         opts.set_write_buffer_size(max(1 << 20, budget // 8))
         opts.set_max_write_buffer_number(2)
         opts.set_max_background_jobs(2)
+        # Never stall the task's writes behind compaction (a stalled task loop stops
+        # heart-beating): reads get slower while compaction catches up instead.
+        opts.set_level_zero_slowdown_writes_trigger(1 << 10)
+        opts.set_level_zero_stop_writes_trigger(1 << 11)
+        opts.set_soft_pending_compaction_bytes_limit(0)
+        opts.set_hard_pending_compaction_bytes_limit(0)
         opts.set_max_open_files(256)
         table = r.BlockBasedOptions()
         table.set_block_cache(r.Cache(max(1 << 20, budget // 8)))

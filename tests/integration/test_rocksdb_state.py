@@ -18,6 +18,7 @@ from runtime import Dataflow
 from runtime.sources import GeneratorSource
 from runtime.testing import run_local
 from statebackend import CheckpointStorage
+from tests.conftest import FakeS3
 
 pytest.importorskip("rocksdict")
 pytestmark = [pytest.mark.harness]
@@ -363,3 +364,28 @@ def test_companion_within_the_budget_or_on_rocksdb_the_same_job_completes(
     assert collections.Counter(roomy.output("sums")) == collections.Counter(clean)
     rocks = run_local(sums(N, state_backend="rocksdb", state_memory_budget_mb=0.1))
     assert collections.Counter(rocks.output("sums")) == collections.Counter(clean)
+
+
+def test_a_kill_restores_rocksdb_files_uploaded_to_s3(
+    s3: FakeS3, s3_root: str, clean: list[Any]
+) -> None:
+    """The same on S3 (moto's server on loopback): SST files uploaded once through fsspec,
+    downloaded by the restore."""
+    killed = run_local(
+        sums(
+            N,
+            rate=2_500,  # ~16 s: a task's first checkpoint also builds its S3 client
+            checkpoint_dir=s3_root,
+            checkpoint_interval=0.1,
+            storage_options=s3.options,
+            retained_checkpoints=100,
+            **ROCKSDB,
+        ),
+        faults=[Kill("sum[1]", after_checkpoint=2)],
+    )
+    [restart] = killed.restarts
+    assert restart.restored_checkpoint is not None
+    assert collections.Counter(killed.output("sums")) == collections.Counter(clean)
+    storage = CheckpointStorage(s3_root, storage_options=s3.options)
+    held = [n for n in storage.completed_checkpoints() if storage.check(n).tasks["sum[1]"].stores]
+    assert restart.restored_checkpoint in held  # the restore read RocksDB files from S3
