@@ -284,7 +284,7 @@ def test_companion_a_rocksdb_checkpoint_is_not_canonical(tmp_path: Path) -> None
         sums(2_000, rate=2_000, checkpoint_dir=str(root), checkpoint_interval=0.05, **ROCKSDB)
     )
     n = stored(root)[0]
-    with pytest.raises(Exception, match="restore it with state_backend=.rocksdb., or take a"):
+    with pytest.raises(Exception, match=r"restore it with state_backend=.rocksdb., or take a"):
         run_local(
             sums(2_000, checkpoint_dir=str(tmp_path / "chk2"), state_backend="memory"),
             restore_from=str(root / f"chk-{n}"),
