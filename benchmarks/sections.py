@@ -292,7 +292,85 @@ def state_scale(doc: Result) -> str:
             f"{r['chain_files'] - 1} deltas {r['chain_s']:.2f} s, one whole file "
             f"{r['whole_s']:.2f} s ({r['chain_s'] / r['whole_s']:.2f}x)."
         )
+    d = f.get("disk")
+    if d:
+        fits, st = d["fits"], d["stamp"]
+        m = st.get("machine", {})
+        out.append(
+            f'**State larger than memory: `state_backend="rocksdb"`** ({d["keys"]:,} keys, '
+            f"each once; a budget of {d['budget_mib']:g} MiB per task; in memory the same state "
+            f"would take about {d['state_in_memory_mib_per_task']:,.0f} MiB per task, "
+            f"{d['state_over_budget']:.1f}x the budget)\n\n"
+            + table(
+                [
+                    "output",
+                    "records/s",
+                    "checkpoints",
+                    "duration p50 / p99 ms",
+                    "written per checkpoint",
+                    "state per checkpoint",
+                    "peak task RSS MiB",
+                ],
+                [
+                    [
+                        "exact" if d["exact"] else "DIFFERS",
+                        f"{d['records_per_s']:,.0f}",
+                        str(d["checkpoints"]),
+                        f"{d['duration_p50_ms']:.0f} / {d['duration_p99_ms']:.0f}",
+                        f"{d['written_median_bytes'] / 1e6:.1f} MB",
+                        f"{d['full_median_bytes'] / 1e6:.1f} MB",
+                        f"{d['peak_rss_mib']:.0f} (budget {d['budget_mib']:g})",
+                    ]
+                ],
+            )
+            + f"\n\nOn a state that fits ({fits['keys']:,} keys once): the memory backend "
+            f"{fits['memory']['records_per_s']:,.0f} records/s (peak task RSS "
+            f"{fits['memory']['peak_rss_mib']:.0f} MiB), rocksdb "
+            f"{fits['rocksdb']['records_per_s']:,.0f} records/s "
+            f"({fits['rocksdb']['records_per_s'] / fits['memory']['records_per_s']:.2f}x; "
+            f"{fits['rocksdb']['peak_rss_mib']:.0f} MiB).\n\n"
+            f"*Source of this table*: `{st['command']}` at commit `{st['commit']}`, {st['date']}; "
+            f"load {m.get('loadavg_1m_start', '?')} at the start and "
+            f"{m.get('loadavg_1m', '?')} at the end (1-minute averages)."
+        )
     return "\n\n".join(out) + "\n"
+
+
+def state_store(doc: Result) -> str:
+    f = doc["figures"]
+    n = f["keys"]
+    rows = []
+    for store in ("rocksdb", "lmdb"):
+        g = f[store]
+        rows.append(
+            [
+                store,
+                f"{n / g['put_s'] / 1e3:,.0f}",
+                f"{200_000 / g['get_s'] / 1e3:,.0f}",
+                f"{200_000 / g['miss_s'] / 1e3:,.0f}",
+                f"{g['scan_keys'] / g['scan_s'] / 1e3:,.0f}",
+                f"{g['checkpoint_s'] * 1e3:,.0f} ms, {g['checkpoint_bytes'] / 1e6:.1f} MB",
+                f"{g['checkpoint_1pct_s'] * 1e3:,.0f} ms, "
+                f"{g['checkpoint_1pct_new_bytes'] / 1e6:.2f} MB new",
+            ]
+        )
+    return (
+        f"{n:,} keys (2-byte key group, then the msgpack key), thousands of operations per "
+        "second, one run.\n\n"
+        + table(
+            [
+                "store",
+                "put k/s",
+                "get k/s",
+                "miss k/s",
+                "scan k/s",
+                "checkpoint",
+                "checkpoint after 1 % changed",
+            ],
+            rows,
+        )
+        + "\n"
+    )
 
 
 def curve_cost(doc: Result) -> str:
@@ -417,9 +495,20 @@ SECTIONS = (
         "grows to millions of keys: no checkpoints, whole checkpoints "
         "(`incremental_checkpoints=False`) and incremental ones (the default), for keys "
         "touched once and for a hot 1 % after every key was seen; and the restore time of "
-        "a base with 20 deltas against one whole file.",
+        "a base with 20 deltas against one whole file; and, with `--disk`, the rocksdb "
+        "backend on a state many times its memory budget.",
         "python benchmarks/state_scale.py",
         state_scale,
+    ),
+    Section(
+        "state_store",
+        "Which embedded store holds state larger than memory",
+        "RocksDB (`rocksdict`) against LMDB (`lmdb`) as the rocksdb state backend uses a "
+        "store: batched puts, point reads of present and absent keys, scans of key-group "
+        "prefixes, and the store's own checkpoint (RocksDB: hard links of immutable SST "
+        "files; LMDB: a copy of its file), whole and after 1 % of the keys changed.",
+        "python benchmarks/state_store.py",
+        state_store,
     ),
     Section(
         "curve_cost",

@@ -21,22 +21,33 @@ import msgpack
 
 from runtime.changelog import ChainWrite, KeyedChangelog, restore_chains
 from runtime.config import JobConfig
-from runtime.errors import OperatorFailure, RecordSerializationError, TaskCancelled
+from runtime.errors import (
+    OperatorFailure,
+    RecordSerializationError,
+    StateMemoryBudgetError,
+    TaskCancelled,
+)
 from runtime.event_time import TimestampAssigner
 from runtime.graph import Step, StepKind
-from runtime.operators import Operator, OperatorContext, build_operator
+from runtime.operators import KeyedStateFactory, Operator, OperatorContext, build_operator
 from runtime.plan import JobPlan, TaskSpec, step_state
 from runtime.restored_watermark import restored_watermark
 from runtime.sinks import SinkContext
 from runtime.sources import SourceReader
 from runtime.task_faults import TaskFaults
 from runtime.watermarks import NO_WATERMARK
+from statebackend.errors import IncompatibleCheckpointError, StateError
+from statebackend.keyed import KeyedStateBackend
 from statebackend.metadata import CheckpointMetadata, OperatorLayout, TaskStateHandle
 from statebackend.restore import RescaledState, RestorePlan, RestoreTarget
+from statebackend.rocksdb import RocksDBStateBackend, StoreWrite
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.task")
+
+BUDGET_EVERY = 16
+"""Batches between two estimates of the in-memory keyed state against its budget."""
 
 Emit = Callable[[list[Any]], None]
 """Write records that leave the chain outside ``process`` (timers, watermarks, finish)."""
@@ -54,6 +65,8 @@ class Capture:
     layout: dict[str, OperatorLayout] = field(default_factory=dict)
     keys: int = 0
     chains: ChainWrite | None = None
+    stores: tuple[StoreWrite, ...] = ()
+    """RocksDB checkpoints taken locally, to upload (``statebackend.rocksdb``)."""
 
 
 def pack(state: Any) -> bytes:
@@ -75,9 +88,19 @@ class OperatorChain:
         send_sink_output: SinkOutputSender,
         faults: TaskFaults,
         config: JobConfig | None = None,
+        state_dir: Callable[[], str] | None = None,
     ) -> None:
+        """``state_dir``: the task's local directory (its scratch directory), where the
+        rocksdb state backend keeps its databases."""
         self.plan, self.spec, self.attempt = plan, spec, attempt
         cfg = config if config is not None else JobConfig()
+        self._keyed_state_factory = _keyed_state_factory(plan, spec, cfg, state_dir)
+        mb = cfg.state_memory_budget_mb
+        self._budget_mb = mb
+        self._budget = None if mb is None or cfg.state_backend != "memory" else int(mb * (1 << 20))
+        """Bytes the in-memory keyed state of the task may take (checked every
+        ``BUDGET_EVERY`` batches and at each checkpoint), or None."""
+        self._budget_countdown = BUDGET_EVERY
         self._drop_event_time = cfg.debug_drop_event_time
         self.changelog = KeyedChangelog(
             spec.task_id,
@@ -133,11 +156,23 @@ class OperatorChain:
                     send_as=functools.partial(self._send_sink_output, step.name),
                 )
             op = build_operator(
-                step, spec.subtask, self.plan.max_parallelism, ctx, self._drop_event_time
+                step,
+                spec.subtask,
+                self.plan.max_parallelism,
+                ctx,
+                self._drop_event_time,
+                self._keyed_state_factory,
             )
             op.open(OperatorContext(spec.subtask, self.plan.max_parallelism, ctx))
-            if self.changelog.enabled and op.tracks_changes and op.keyed_state is not None:
-                op.keyed_state.track_changes()
+            keyed = op.keyed_state
+            # (a store checkpoints its own files incrementally: no changed keys tracked)
+            if (
+                self.changelog.enabled
+                and op.tracks_changes
+                and keyed is not None
+                and keyed.in_memory
+            ):
+                keyed.track_changes()
             self.operators.append(self._faults.wrap(op))
         self._processes = [op.process for op in self.operators]
         for i, op in enumerate(self.operators):
@@ -175,6 +210,10 @@ class OperatorChain:
         """
         i = 0
         sink_at = self._sink_position
+        if self._budget is not None:
+            self._budget_countdown -= 1
+            if self._budget_countdown <= 0:
+                self.check_memory_budget()
         try:
             for process in self._processes:
                 if i == sink_at:
@@ -232,6 +271,37 @@ class OperatorChain:
         for i in range(start, len(self.operators)):
             self._call(i, call)
 
+    def check_memory_budget(self) -> None:
+        """Raise OperatorFailure (fatal: StateMemoryBudgetError) naming the step whose
+        keyed state is largest when the task's in-memory keyed state is estimated past
+        ``state_memory_budget_mb``: it says the fix, instead of the machine running out."""
+        self._budget_countdown = BUDGET_EVERY
+        budget = self._budget
+        if budget is None:
+            return
+        sizes = [
+            (op.keyed_state.estimated_bytes(), op)
+            for op in self.operators
+            if op.keyed_state is not None and op.keyed_state.in_memory
+        ]
+        total = sum(size for size, _ in sizes)
+        if total <= budget:
+            return
+        size, op = max(sizes, key=lambda pair: pair[0])
+        assert op.keyed_state is not None
+        mib = 1 << 20
+        raise OperatorFailure(
+            op.name,
+            StateMemoryBudgetError(
+                f"step '{op.name}' (task {self.spec.task_id}): keyed state in memory is about "
+                f"{size / mib:,.1f} MiB ({op.keyed_state.key_count():,} keys; the task's keyed "
+                f"state {total / mib:,.1f} MiB), past state_memory_budget_mb="
+                f"{self._budget_mb}. Set state_backend='rocksdb' (keyed state on local disk, "
+                "memory bounded by the budget), raise state_memory_budget_mb, or raise the "
+                "parallelism of the step"
+            ),
+        )
+
     # -- event time ----------------------------------------------------------------------
     def advance_watermark(self, watermark: float, start: int = 0) -> bool:
         """Event time reached ``watermark`` (from the input side, or the assigner at
@@ -267,6 +337,7 @@ class OperatorChain:
         ``storage``, the state of those that hold any, serialized: keyed state of operators
         that track their changes incrementally (`runtime.changelog`), except in a
         ``final`` checkpoint (a savepoint: self-contained)."""
+        self.check_memory_budget()
         with_state = storage is not None
         changelog = self.changelog
         snapshots: dict[str, OperatorSnapshot] = {}
@@ -277,14 +348,20 @@ class OperatorChain:
             snapshots[name] = OperatorSnapshot(pack(self.reader.snapshot()), None, None)
             layout[name] = OperatorLayout(subtask, self.source_step.parallelism)
         keys = 0
+        stores: list[StoreWrite] = []
         for op in self.operators:
             state = op.snapshot_state(checkpoint_id)
             keyed = op.keyed_state
             if not with_state or (state is None and keyed is None):
                 continue  # an operator without state is not in the checkpoint
             groups = keyed.key_groups if keyed is not None else None
-            chained = (
+            stored = isinstance(keyed, RocksDBStateBackend) and not final
+            if stored:  # its own checkpoint of immutable files (a savepoint: canonical)
+                assert isinstance(keyed, RocksDBStateBackend)
+                stores.append(keyed.local_checkpoint(checkpoint_id))
+            chained = stored or (
                 keyed is not None
+                and keyed.in_memory
                 and storage is not None
                 and not final
                 and op.tracks_changes
@@ -302,13 +379,14 @@ class OperatorChain:
             )
             if keyed is not None:
                 keys += keyed.key_count() if chained else keyed.num_keys()
-        return Capture(snapshots, layout, keys, changelog.take())
+        return Capture(snapshots, layout, keys, changelog.take(), tuple(stores))
 
     def finish(self) -> None:
         """All input has ended (before the final checkpoint): what operators emit now
         leaves through ``emit``. Event time stops here: a stop with a savepoint ends the
         input after its final barrier, and windows firing then would emit output no
         checkpoint commits (they stay open in the savepoint and fire after a resume)."""
+        self.check_memory_budget()
         self._each(0, lambda op: op.finish())
         self.finished = True
 
@@ -372,6 +450,7 @@ class OperatorChain:
             if keyed is not None:
                 part = plan.operators.get(op.name)
                 handles = part.keyed_state if part is not None else ()
+                _restore_stores(keyed, op.name, handles, storage)
                 for handle in handles:  # no key hashed when the writer's key groups are ours
                     layout = handle.operators.get(op.name)
                     written = layout.key_groups if layout is not None else None
@@ -415,6 +494,9 @@ class OperatorChain:
     def close(self, graceful: bool) -> None:
         """Close the operators (only when ``graceful``: not after a failure) and the reader."""
         self.changelog.close()
+        for op in self.operators:
+            if op.keyed_state is not None:
+                op.keyed_state.close()
         if graceful:
             for op in self.operators:
                 try:
@@ -423,3 +505,46 @@ class OperatorChain:
                     log.warning("task %s: closing '%s' failed: %s", self.spec.task_id, op.name, err)
         if self.reader is not None:
             self.reader.close()
+
+
+def _keyed_state_factory(
+    plan: JobPlan, spec: TaskSpec, cfg: JobConfig, state_dir: Callable[[], str] | None
+) -> KeyedStateFactory | None:
+    """The rocksdb backend's factory (None: in memory), each keyed step of the chain
+    given an equal part of the task's ``state_memory_budget_mb``."""
+    if cfg.state_backend != "rocksdb":
+        return None
+    if state_dir is None:
+        raise StateError("state_backend='rocksdb' needs the task's local directory")
+    keyed_steps = max(1, sum(1 for s in plan.chain_steps(spec) if s.key_fn is not None))
+    mb = cfg.state_memory_budget_mb
+    budget = None if mb is None else int(mb * (1 << 20)) // keyed_steps
+    directory, drop = state_dir, cfg.debug_drop_deltas
+
+    def factory(
+        operator: str, max_parallelism: int, key_groups: range, key_group_of: Callable[[Any], int]
+    ) -> KeyedStateBackend:
+        return RocksDBStateBackend(
+            operator, max_parallelism, key_groups, key_group_of, directory, budget, drop
+        )
+
+    return factory
+
+
+def _restore_stores(
+    keyed: KeyedStateBackend,
+    operator: str,
+    handles: tuple[TaskStateHandle, ...],
+    storage: CheckpointStorage,
+) -> None:
+    """Open or copy the RocksDB checkpoints of ``operator`` in ``handles``."""
+    stores = [h.stores[operator] for h in handles if operator in h.stores]
+    if not stores:
+        return
+    if not isinstance(keyed, RocksDBStateBackend):
+        raise IncompatibleCheckpointError(
+            f"the checkpoint holds the keyed state of '{operator}' as RocksDB files "
+            "(state_backend='rocksdb'); restore it with state_backend='rocksdb', or take a "
+            "savepoint on that backend (canonical: either backend restores it) to switch"
+        )
+    keyed.restore_stores(stores, storage)

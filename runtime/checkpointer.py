@@ -228,7 +228,7 @@ class TaskCheckpointer:
             layout = dict(captured.layout)
             snapshots[spec.step] = OperatorSnapshot(pack(logged), None, None)
             layout[spec.step] = spec.layout
-            captured = Capture(snapshots, layout, captured.keys, captured.chains)
+            captured = Capture(snapshots, layout, captured.keys, captured.chains, captured.stores)
         self._write_or_ack(checkpoint_id, captured, metrics)
 
     # -- the in-flight log (back-edges, channel state) ---------------------------------------
@@ -331,7 +331,13 @@ class TaskCheckpointer:
         """Ack a small state at once, inline (if no older write waits for its ack: acks go
         in order); else start writing the state file: `collect_writes` acks it when done."""
         die = self._faults.kill_during_snapshot(checkpoint_id)
-        if not die and not self._pending and self.storage is not None and not captured.chains:
+        if (
+            not die
+            and not self._pending
+            and self.storage is not None
+            and not captured.chains
+            and not captured.stores
+        ):
             started = time.perf_counter()
             handle = self.storage.inline_handle(captured.snapshots, captured.layout)
             if handle is not None:  # not after the writer thread and this task's next turn
@@ -361,11 +367,17 @@ class TaskCheckpointer:
             TaskFaults.die_writing(storage, checkpoint_id, self.task.task_id, at)
         started = time.perf_counter()
         refs, written = chains.write(storage) if chains is not None else ({}, 0)
+        stores = {}
+        for store in captured.stores:  # RocksDB: the SST files not uploaded before
+            stores[store.operator], uploaded = store.write(
+                storage, self.task.task_id, checkpoint_id
+            )
+            written += uploaded
         handle = storage.write_task_state(
             checkpoint_id, self.task.task_id, captured.snapshots, captured.layout
         )
-        if refs:  # incremental keyed state: its chains, and the bytes of this delta
-            handle = dataclasses.replace(handle, chains=refs)
+        if refs or stores:  # incremental keyed state: its chains, and the bytes of this delta
+            handle = dataclasses.replace(handle, chains=refs, stores=stores)
         return handle, _ms(time.perf_counter() - started), written
 
     @property

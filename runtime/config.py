@@ -13,6 +13,7 @@ from runtime.scheduling import TASK_SCHEDULING
 # How the job manager starts the tasks (``jobmanager.launchers``): a Spark barrier stage
 # per attempt (the product), or local processes without Spark (the test harness).
 LAUNCHERS = ("spark", "local")
+STATE_BACKENDS = ("memory", "rocksdb")
 
 
 class SnapshotMode(enum.Enum):
@@ -108,7 +109,28 @@ class JobConfig:
     )
     debug_drop_deltas: bool = field(
         default=False,
-        metadata={"help": "Tests only: incremental checkpoints write empty deltas."},
+        metadata={
+            "help": "Tests only: incremental checkpoints write empty deltas (rocksdb: a "
+            "checkpoint lists only the files it uploaded)."
+        },
+    )
+    state_backend: str = field(
+        default="memory",
+        metadata={
+            "help": "Where keyed state lives: 'memory' (Python dicts, the fastest while it "
+            "fits) or 'rocksdb' (an embedded RocksDB on the task's local disk with a bounded "
+            "cache of hot keys: state larger than memory; checkpoints upload only new SST "
+            "files; needs the rocksdict package). Savepoints restore on either."
+        },
+    )
+    state_memory_budget_mb: float | None = field(
+        default=None,
+        metadata={
+            "help": "Memory (MiB) the keyed state of one task may take. The memory backend "
+            "fails the job with an error naming the step when an estimate passes it; the "
+            "rocksdb backend sizes its caches and write buffers within it (256 MiB when "
+            "unset). None: no limit on the memory backend."
+        },
     )
     snapshot_mode: SnapshotMode | str = field(
         default=SnapshotMode.EXACTLY_ONCE,
@@ -378,6 +400,18 @@ class JobConfig:
 
 def _check_switches(config: JobConfig) -> None:
     """The settings that are on/off switches."""
+    if config.state_backend not in STATE_BACKENDS:
+        raise GraphError(
+            f"state_backend must be one of {list(STATE_BACKENDS)}, got {config.state_backend!r}."
+        )
+    budget = config.state_memory_budget_mb
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0
+    ):
+        raise GraphError(
+            f"state_memory_budget_mb must be a number of MiB > 0 (or None: no budget), "
+            f"got {budget!r}."
+        )
     if not isinstance(config.snapshot_compression, bool):
         raise GraphError(
             f"snapshot_compression must be True (lz4 state files) or False, "

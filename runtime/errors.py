@@ -80,6 +80,11 @@ class PackagingError(AbsflowError, RuntimeError):
 
 
 # -- inside a task process (never reach the user as such) -------------------------------
+class StateMemoryBudgetError(GraphError, MemoryError):
+    """A task's in-memory keyed state passed ``state_memory_budget_mb``: a restart would
+    only fill it again (fatal)."""
+
+
 class TaskCancelled(AbsflowError):
     """The job manager told this task to stop (or went silent): end the task quietly."""
 
@@ -108,6 +113,7 @@ __all__ = [
     "JobCancelledError",
     "PackagingError",
     "RecordSerializationError",
+    "StateMemoryBudgetError",
     "TaskFailedError",
     "UnpicklableFunctionError",
     "UnsupportedSessionError",

@@ -46,6 +46,10 @@ _MISSING = object()
 _IGNORE = frozenset().__contains__  # a call in C that does nothing: changes not tracked
 
 
+KeyedStateFactory = Callable[[str, int, range, Callable[[Any], int]], KeyedStateBackend]
+"""``(operator, max parallelism, key groups, key group of) -> backend``."""
+
+
 @dataclass(frozen=True, slots=True)
 class OperatorContext:
     """Where an operator runs: its subtask, the job's key groups, its sink context."""
@@ -55,6 +59,9 @@ class OperatorContext:
     sink: SinkContext | None = None
     debug_drop_event_time: bool = False
     """Tests only: restore without timers and watermarks (the companion of exactly-once)."""
+    keyed_state_factory: KeyedStateFactory | None = None
+    """Builds a keyed operator's state backend (``JobConfig.state_backend``); None: the
+    in-memory ``KeyedStateBackend``."""
 
 
 class Operator:
@@ -168,7 +175,8 @@ class KeyedOperator(Operator):
         # The record is its own key (key_by(lambda w: w)): no key_fn call per record.
         self.key_is_record = is_identity(step.key_fn)
         n = ctx.max_parallelism
-        self.keyed_state = KeyedStateBackend(
+        factory = ctx.keyed_state_factory or KeyedStateBackend
+        self.keyed_state = factory(
             step.name,
             n,
             key_group_range(ctx.subtask, step.parallelism, n),
@@ -298,11 +306,12 @@ class AggregateOperator(KeyedOperator):
         self.addend = constant_addend(step.fn)
         initial = step.args["initial"]
         self.totals: _RunningTotals | None = None
-        if type(self.addend) is int and type(initial) is int:  # acc + c on ints: in C
-            assert self.keyed_state is not None
-            keyed = self.keyed_state
+        keyed = self.keyed_state
+        assert keyed is not None
+        # acc + c on ints: in C (in memory only: the totals hold every key of an epoch)
+        if type(self.addend) is int and type(initial) is int and keyed.in_memory:
             self.totals = _RunningTotals(keyed.value_state(), initial, self.addend, keyed)
-            self.keyed_state.add_write_back(self.totals.flush)
+            keyed.add_write_back(self.totals.flush)
 
     def after_keyed_restore(self) -> None:
         if self.totals is not None:
@@ -428,9 +437,13 @@ def build_operator(
     max_parallelism: int,
     sink_ctx: SinkContext | None = None,
     debug_drop_event_time: bool = False,
+    keyed_state_factory: KeyedStateFactory | None = None,
 ) -> Operator:
     """The runtime operator of a (non-source) step, from the registry; not opened yet."""
     factory = _factory(step)
     if factory is None:
         raise ValueError(f"no runtime operator for {step.describe()}")
-    return factory(step, OperatorContext(subtask, max_parallelism, sink_ctx, debug_drop_event_time))
+    ctx = OperatorContext(
+        subtask, max_parallelism, sink_ctx, debug_drop_event_time, keyed_state_factory
+    )
+    return factory(step, ctx)

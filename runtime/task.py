@@ -85,6 +85,7 @@ class Task:
             self._send_sink_output,
             self.faults,
             cfg,
+            lambda: self.scratch.path,
         )
         self.out = TaskOutputs()
         self.chain.emit = self.out.emit

@@ -162,3 +162,45 @@ def merge_chain(
         return packed, True
     removals = [[name, list(keys)] for name, keys in deleted.items() if keys]
     return pack_delta(layout, removals), False
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFile:
+    """One file of an embedded store's checkpoint: its ``name`` in the store's directory
+    and where it is in checkpoint storage (``ref``: an SST file is uploaded once and
+    referenced by every checkpoint that holds it, like a chain file)."""
+
+    name: str
+    ref: StateRef
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCheckpoint:
+    """An operator instance's keyed state as the files of its store's checkpoint
+    (``statebackend.rocksdb``): the instance owned ``key_groups``; every key in the files
+    is of those key groups."""
+
+    key_groups: tuple[int, int]
+    files: tuple[StoreFile, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(f.ref.size for f in self.files)
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "key_groups": list(self.key_groups),
+            "files": [[f.name, *f.ref.encode()] for f in self.files],
+        }
+
+    @classmethod
+    def decode(cls, data: Any) -> StoreCheckpoint:
+        try:
+            start, stop = data["key_groups"]
+            files = tuple(StoreFile(str(f[0]), StateRef.decode(f[1:])) for f in data["files"])
+            return cls((int(start), int(stop)), files)
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise CorruptCheckpointError(
+                f"store checkpoint {data!r} is malformed ({err!r}): expected "
+                "{'key_groups': [start, stop], 'files': [[name, path, size, crc32, ...]]}"
+            ) from err

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statebackend.errors import CorruptCheckpointError
-from statebackend.incremental import StateRef
+from statebackend.incremental import StateRef, StoreCheckpoint
 from statebackend.metrics import AckMetrics, CheckpointSummary, decode
 
 _LIST_HINT = "list the checkpoints with `python -m jobmanager checkpoints DIR`"
@@ -83,7 +83,9 @@ class TaskStateHandle:
     ``inline`` in the task's ack and in ``_metadata``, and ``file`` is empty. ``chains``:
     the keyed state of operators checkpointed incrementally, by operator, as the files
     to apply in order (``statebackend.incremental``); their keyed state is not in
-    ``file``. ``file`` is empty too when the task has nothing else to write."""
+    ``file``. ``stores``: the keyed state of operators on the RocksDB backend, by
+    operator, as the files of the store's checkpoint (``statebackend.rocksdb``).
+    ``file`` is empty too when the task has nothing else to write."""
 
     file: str
     size: int
@@ -91,15 +93,21 @@ class TaskStateHandle:
     operators: Mapping[str, OperatorLayout] = field(default_factory=dict)
     inline: bytes | None = None
     chains: Mapping[str, tuple[StateRef, ...]] = field(default_factory=dict)
+    stores: Mapping[str, StoreCheckpoint] = field(default_factory=dict)
 
     @property
     def full_size(self) -> int:
         """Bytes of the whole state: the file (or inline state) and every chain file."""
-        return self.size + sum(ref.size for chain in self.chains.values() for ref in chain)
+        chains = sum(ref.size for chain in self.chains.values() for ref in chain)
+        return self.size + chains + sum(store.size for store in self.stores.values())
 
     def shared_files(self) -> set[str]:
         """The chain files under this checkpoint's root (relative paths)."""
-        return {r.path for chain in self.chains.values() for r in chain if not r.foreign}
+        files = {r.path for chain in self.chains.values() for r in chain if not r.foreign}
+        files.update(
+            f.ref.path for store in self.stores.values() for f in store.files if not f.ref.foreign
+        )
+        return files
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -114,6 +122,8 @@ class TaskStateHandle:
             out["chains"] = {
                 name: [ref.encode() for ref in chain] for name, chain in self.chains.items()
             }
+        if self.stores:
+            out["stores"] = {name: store.encode() for name, store in self.stores.items()}
         return out
 
     @classmethod
@@ -122,6 +132,7 @@ class TaskStateHandle:
             operators = data.get("operators") or {}
             inline = data.get("inline")
             chains = data.get("chains") or {}
+            stores = data.get("stores") or {}
             return cls(
                 str(data["file"]),
                 int(data["size"]),
@@ -132,6 +143,7 @@ class TaskStateHandle:
                     str(name): tuple(StateRef.decode(ref) for ref in chain)
                     for name, chain in chains.items()
                 },
+                {str(name): StoreCheckpoint.decode(store) for name, store in stores.items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as err:
             raise CorruptCheckpointError(

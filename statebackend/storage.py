@@ -266,7 +266,33 @@ class CheckpointStorage:
                 fs, path = self.locate(ref)
                 where = f"checkpoint {checkpoint_id}: chain file {path!r} of task {task_id!r}"
                 self._check_file(fs, path, ref.size, ref.crc32, verify_files, where)
+            for store in handle.stores.values():  # RocksDB files (statebackend.rocksdb)
+                for f in store.files:
+                    fs, path = self.locate(f.ref)
+                    where = f"checkpoint {checkpoint_id}: store file {path!r} of task {task_id!r}"
+                    self._check_raw_file(fs, path, f.ref.size, f.ref.crc32, verify_files, where)
         return metadata
+
+    @staticmethod
+    def _check_raw_file(
+        fs: FileSystem, path: str, size: int, crc: int, verify: bool, where: str
+    ) -> None:
+        """A file of no absflow format (a store's): its size, and with ``verify`` its crc32."""
+        try:
+            actual = fs.size(path)
+        except OSError:
+            raise CorruptCheckpointError(f"{where} is missing") from None
+        if actual != size:
+            raise CorruptCheckpointError(f"{where} has {actual} bytes, metadata records {size}")
+        if verify:
+            got = 0
+            with fs.open_read(path) as f:
+                while chunk := f.read(1 << 20):
+                    got = zlib.crc32(chunk, got)
+            if got != crc:
+                raise CorruptCheckpointError(
+                    f"{where}: crc32 {got:#010x}, the checkpoint recorded {crc:#010x}"
+                )
 
     @staticmethod
     def _check_file(

@@ -15,6 +15,9 @@ from runtime.graph import StepKind
 from runtime.operators import Operator, build_operator
 from runtime.sources import CollectionSource
 from runtime.window_kinds import Session, Tumbling
+from tests.runtime.backends import state_backend  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.usefixtures("state_backend")
 
 
 def ts_of(r: Any) -> Any:

@@ -11,6 +11,9 @@ from runtime.errors import GraphError
 from runtime.graph import Step, StepKind
 from runtime.keyed_process import process_args
 from runtime.operators import Operator, build_operator
+from tests.runtime.backends import state_backend  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.usefixtures("state_backend")
 
 
 def ts_of(record: Any) -> Any:

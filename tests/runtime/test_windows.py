@@ -17,6 +17,9 @@ from runtime.operators import Operator, build_operator
 from runtime.sources import CollectionSource
 from runtime.window_kinds import Session, Sliding, Tumbling, TumblingProcessingTime, WindowKind
 from runtime.windows import LATE, MAIN
+from tests.runtime.backends import state_backend  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.usefixtures("state_backend")
 
 
 def ts_of(r: Any) -> Any:
