@@ -15,8 +15,8 @@ import pytest
 
 from jobmanager.faults import Kill
 from runtime import Dataflow
+from runtime.api.testing import run_local
 from runtime.sources import GeneratorSource
-from runtime.testing import run_local
 from statebackend import CheckpointStorage
 from tests.conftest import FakeS3
 
@@ -68,10 +68,10 @@ def test_a_failure_free_run_on_rocksdb_is_exact(tmp_path: Path, clean: list[Any]
     )
     assert collections.Counter(result.output("sums")) == collections.Counter(clean)
     assert stored(root), "no checkpoint holds the state as RocksDB files"
-    steady = [c for c in result.checkpoints if not c["final"]][2:]
+    steady = [c for c in result.checkpoints if not c.final][2:]
     assert steady
-    written = sum(c["state_bytes"] for c in steady)
-    full = sum(c["full_state_bytes"] for c in steady)
+    written = sum(c.summary.state_bytes for c in steady)
+    full = sum(c.summary.full_state_bytes for c in steady)
     assert 0 < written < full  # only new SST files are uploaded
 
 
@@ -153,11 +153,7 @@ def midway(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, set[str
             **ROCKSDB,
         )
     )
-    early = {
-        c["checkpoint_id"]
-        for c in first.checkpoints
-        if (c.get("committed_records_in") or N) < N * 0.9
-    }
+    early = {c.checkpoint_id for c in first.checkpoints if (c.committed_records_in or N) < N * 0.9}
     storage = CheckpointStorage(str(root))
     for n in sorted(storage.completed_checkpoints(), reverse=True):
         if n not in early:  # keep only the checkpoints up to one taken midway
