@@ -41,6 +41,7 @@ class PendingCheckpoint:
     """Synchronous snapshots: the waves proving the halted job drained (then triggered)."""
     drained_mono: float | None = None
     savepoint: bool = False  # the final checkpoint of a stop: kept, never retired
+    superstep: int | None = None  # an iteration's checkpoint at this superstep's boundary
 
 
 @dataclass
@@ -53,6 +54,7 @@ class CompletedCheckpoint:
     trigger_time: float = 0.0  # wall clock
     task_metrics: Mapping[str, AckMetrics] = field(default_factory=dict)
     savepoint: bool = False
+    superstep: int | None = None
 
 
 @dataclass
@@ -146,13 +148,27 @@ class CheckpointCoordinator:
             return
         self.trigger(final=False)
 
-    def trigger(self, final: bool, savepoint: bool = False, drain: bool = False) -> int:
+    def trigger(
+        self,
+        final: bool,
+        savepoint: bool = False,
+        drain: bool = False,
+        superstep: int | None = None,
+    ) -> int:
+        """Trigger checkpoint ``next_id`` at the sources; ``superstep``: an iteration's
+        checkpoint at the boundary after that superstep (recorded in its metadata)."""
         n = self.next_id
         self.next_id += 1
         now = time.time()
         self.last_trigger = self.clock()
         cp = PendingCheckpoint(
-            n, now, self.last_trigger, final, set(self.all_tasks), savepoint=savepoint
+            n,
+            now,
+            self.last_trigger,
+            final,
+            set(self.all_tasks),
+            savepoint=savepoint,
+            superstep=superstep,
         )
         self.pending[n] = cp
         if final:
@@ -298,6 +314,7 @@ class CheckpointCoordinator:
                 metrics=metrics,
                 steps=self._steps_with_state(tasks),
                 savepoint=cp.savepoint,
+                superstep=cp.superstep,
             )
             try:
                 path = self.storage.write_metadata(metadata)
@@ -322,6 +339,7 @@ class CheckpointCoordinator:
             cp.trigger_time,
             per_task,
             savepoint=cp.savepoint,
+            superstep=cp.superstep,
         )
         self.completed.append(completed)
         self.last_completion = done
