@@ -29,7 +29,53 @@ from runtime.superstep import SIDE, SOLUTION, WORKSET, entry_key
 if TYPE_CHECKING:
     from jobmanager.result import IterationProgress, JobResult, SuperstepRecovery
 
-__all__ = ["IterationRun", "iteration_dataflow"]
+__all__ = ["IterationRun", "iteration_dataflow", "run_on_streaming"]
+
+
+def run_on_streaming(
+    it: Any,
+    recovery: Any = None,
+    faults: Iterable[Any] = (),
+    launcher: str | None = None,
+    **config: Any,
+) -> IterationRun:
+    """Run a ``BulkIteration`` / ``DeltaIteration`` (``runtime.iterations``) as a Dataflow
+    on the streaming runtime. ``recovery``: ``Recovery("none")`` restarts from the start,
+    ``"blocking"`` / ``"tail"`` / ``"head"`` from the superstep checkpoint taken every
+    ``interval`` supersteps (all three blocking here: the job manager starts the next
+    superstep once the checkpoint completed). ``faults``: ``jobmanager.faults`` kills;
+    ``launcher``: ``"local"`` (the harness) or ``"spark"`` (None: the default)."""
+    from jobmanager.restart import FixedDelay
+    from runtime.iterations.api import Recovery
+
+    rec = recovery if recovery is not None else Recovery()
+    spec = it.spec
+    where = f"iteration '{spec.name}' (step '{spec.step.name}')"
+    if rec.mode == "optimistic":
+        raise GraphError(
+            f"{where}: optimistic recovery does not run on the streaming runtime yet; "
+            "use it.run(recovery=...) for it"
+        )
+    settings: dict[str, Any] = {
+        "restart_strategy": FixedDelay(rec.max_restarts, 0.05),
+        "superstep_checkpoint_interval": rec.interval if rec.mode != "none" else None,
+        "checkpoint_dir": rec.checkpoint_dir,
+        "storage_options": dict(rec.storage_options or {}),
+    }
+    if launcher is not None:
+        settings["launcher"] = launcher
+    settings.update(config)
+    flow = iteration_dataflow(
+        spec.name,
+        spec.step,
+        it.solution,
+        it.side,
+        it.workset if spec.delta else None,
+        spec.parallelism,
+        spec.max_supersteps,
+        spec.converged,
+    )
+    return IterationRun.of(spec.name, flow.run(faults=list(faults), **settings))
 
 
 def iteration_dataflow(
