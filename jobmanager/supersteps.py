@@ -28,11 +28,10 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from channels import control as P
-from jobmanager.coordinator import CheckpointCoordinator
 from jobmanager.result import IterationProgress, SuperstepRecovery
 from jobmanager.termination import Wave
 from runtime.graph import Step, StepKind
@@ -41,6 +40,21 @@ from runtime.plan import JobPlan
 log = logging.getLogger("absflow.jobmanager")
 
 __all__ = ["IterationPhase", "SuperstepDriver", "superstep_step"]
+
+
+class _Completed(Protocol):
+    @property
+    def checkpoint_id(self) -> int: ...
+
+
+class Checkpoints(Protocol):
+    """What the driver needs of the ``CheckpointCoordinator``."""
+
+    @property
+    def pending(self) -> Mapping[int, Any]: ...
+    @property
+    def completed(self) -> Sequence[_Completed]: ...
+    def trigger(self, final: bool, *, superstep: int | None = None) -> int: ...
 
 
 class IterationPhase(enum.Enum):
@@ -65,7 +79,7 @@ class SuperstepDriver:
         plan: JobPlan,
         step: Step,
         send: Callable[[int, P.Message], None],
-        coordinator: CheckpointCoordinator,
+        coordinator: Checkpoints,
         progress: IterationProgress,
         checkpoint_every: int | None,
         restored: int = 0,
