@@ -113,6 +113,7 @@ class Attempt:
                 config.superstep_checkpoint_interval,
                 0 if config.debug_restart_supersteps else restored_superstep,
                 clock=run.clock,
+                starting=self._superstep_starting,
             )
             if step is not None and progress is not None
             else None
@@ -396,6 +397,9 @@ class Attempt:
             case _:
                 log.debug("attempt %d: unexpected control message %r", self.number, msg)
         return None
+
+    def _superstep_starting(self, superstep: int) -> None:
+        self._fire(self.run_services.faults.on_superstep(superstep, self._can_kill))
 
     def _on_source_ended(self, msg: P.SourceEnded) -> None:
         self.sources_ended.add(msg.task_index)

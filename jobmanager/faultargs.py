@@ -21,6 +21,7 @@ from typing import Any
 
 from jobmanager.faults import Kill, RandomKills
 from runtime.errors import JobCancelledError
+from runtime.graph import StepKind
 from runtime.plan import JobPlan
 
 _SECONDS = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?")
@@ -36,7 +37,7 @@ class When:
     seconds: float | None = None
     checkpoint: int | None = None
     during: str | None = None
-    superstep: int | None = None  # iterations only (runtime.iterations)
+    superstep: int | None = None  # iterations only (runtime.superstep)
 
 
 def parse_when(text: str) -> When:
@@ -111,7 +112,8 @@ def faults_from(parser: argparse.ArgumentParser, args: Any, plan: JobPlan) -> li
             known = ", ".join(t.task_id for t in plan.tasks)
             parser.error(f"--kill-task {args.kill_task}: {err}; the job's tasks are: {known}")
         when: When = args.after or When(seconds=1.0)
-        if when.superstep is not None:
+        iteration = any(s.kind is StepKind.SUPERSTEP for s in plan.steps)
+        if when.superstep is not None and not iteration:
             parser.error("--after superstep:K applies to iterations (examples/pagerank.py)")
         if when.during == "backedge_log" and not task.back_edge_inputs:
             heads = ", ".join(t.task_id for t in plan.tasks if t.back_edge_inputs) or "none"
@@ -130,6 +132,7 @@ def faults_from(parser: argparse.ArgumentParser, args: Any, plan: JobPlan) -> li
                 after_seconds=when.seconds,
                 after_checkpoint=when.checkpoint,
                 during=when.during,
+                after_superstep=when.superstep,
             )
         )
     if args.chaos:

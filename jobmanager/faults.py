@@ -3,6 +3,7 @@
     flow.run(faults=[Kill("count[1]", after_seconds=2.0)])
     flow.run(faults=[Kill("count[0]", after_checkpoint=3)])
     flow.run(faults=[Kill("count[0]", during="alignment")])
+    flow.run(faults=[Kill("pagerank[1]", after_superstep=5)])  # an iteration
     flow.run(faults=[RaiseAt("split", record=5000)])
     flow.run(faults=[RandomKills(3, seed=7)])
 
@@ -20,6 +21,7 @@ import signal
 from dataclasses import dataclass
 
 from runtime.errors import GraphError
+from runtime.graph import StepKind
 from runtime.plan import JobPlan
 from runtime.task_environment import TaskFault
 
@@ -31,7 +33,9 @@ class Kill:
     ``after_checkpoint`` checkpoints completed in this run (counted over all attempts;
     ids keep increasing across restores), or ``during`` "alignment" (when it starts
     aligning the ``after_checkpoint``-th checkpoint of the run or a later one, default the
-    first) or "snapshot" (half way through writing its state file)."""
+    first) or "snapshot" (half way through writing its state file); in an iteration
+    (``runtime.superstep``) also ``after_superstep``: as superstep K (or the first one
+    after it) starts, before any loop head is told to start it."""
 
     task: str
     after_seconds: float | None = None
@@ -39,6 +43,7 @@ class Kill:
     during: str | None = None
     attempt: int = 0
     signal: int = signal.SIGKILL  # SIGSTOP freezes the task instead: it stops heart-beating
+    after_superstep: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class DriverKill:
     after_checkpoint: int | None
     signal: int = signal.SIGKILL
     label: str = ""
+    after_superstep: int | None = None
 
 
 def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill], list[TaskFault]]:
@@ -94,54 +100,7 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
     task: list[TaskFault] = []
     for fault in faults:
         if isinstance(fault, Kill):
-            t = _task(plan, fault.task)
-            if fault.during is None:
-                if fault.after_seconds is None and fault.after_checkpoint is None:
-                    raise GraphError(
-                        f"Kill({fault.task!r}) needs after_seconds, after_checkpoint or during."
-                    )
-                driver.append(
-                    DriverKill(
-                        t,
-                        fault.attempt,
-                        fault.after_seconds,
-                        fault.after_checkpoint,
-                        fault.signal,
-                        label=_kill_label(fault),
-                    )
-                )
-            elif fault.signal != signal.SIGKILL:
-                raise GraphError(
-                    f"Kill({fault.task!r}, during=...) always sends SIGKILL; drop signal=."
-                )
-            elif fault.during == "backedge_log":
-                if not plan.tasks[t].back_edge_inputs:
-                    raise GraphError(
-                        f"Kill({fault.task!r}, during='backedge_log'): the task has no back-edge "
-                        f"input (it is no loop head); loop heads: "
-                        f"{[x.task_id for x in plan.tasks if x.back_edge_inputs]}."
-                    )
-                task.append(
-                    TaskFault(
-                        "kill_during_backedge_log", t, fault.attempt, fault.after_checkpoint or 1
-                    )
-                )
-            elif fault.during in ("alignment", "snapshot"):
-                if fault.during == "alignment" and len(plan.tasks[t].inputs) < 2:
-                    raise GraphError(
-                        f"Kill({fault.task!r}, during='alignment'): the task has "
-                        f"{len(plan.tasks[t].inputs)} input channel(s); alignment needs at least 2."
-                    )
-                kind = (
-                    "kill_during_alignment"
-                    if fault.during == "alignment"
-                    else "kill_during_snapshot"
-                )
-                task.append(TaskFault(kind, t, fault.attempt, fault.after_checkpoint or 1))
-            else:
-                raise GraphError(
-                    f"Kill(during={fault.during!r}): use 'alignment', 'snapshot' or 'backedge_log'."
-                )
+            _resolve_kill(plan, fault, driver, task)
         elif isinstance(fault, RaiseAt):
             matches = [
                 x
@@ -180,6 +139,65 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
     return driver, task
 
 
+def _resolve_kill(
+    plan: JobPlan, fault: Kill, driver: list[DriverKill], task: list[TaskFault]
+) -> None:
+    """``fault`` checked against ``plan``, as a driver kill or a task-side one."""
+    t = _task(plan, fault.task)
+    if fault.after_superstep is not None and not any(
+        s.kind is StepKind.SUPERSTEP for s in plan.steps
+    ):
+        raise GraphError(
+            f"Kill({fault.task!r}, after_superstep=...): job '{plan.name}' is no "
+            "iteration (it has no supersteps); use after_seconds or after_checkpoint."
+        )
+    if fault.during is None:
+        if (fault.after_seconds, fault.after_checkpoint, fault.after_superstep) == (
+            None,
+            None,
+            None,
+        ):
+            raise GraphError(
+                f"Kill({fault.task!r}) needs after_seconds, after_checkpoint, "
+                "after_superstep (iterations) or during."
+            )
+        driver.append(
+            DriverKill(
+                t,
+                fault.attempt,
+                fault.after_seconds,
+                fault.after_checkpoint,
+                fault.signal,
+                label=_kill_label(fault),
+                after_superstep=fault.after_superstep,
+            )
+        )
+    elif fault.signal != signal.SIGKILL:
+        raise GraphError(f"Kill({fault.task!r}, during=...) always sends SIGKILL; drop signal=.")
+    elif fault.during == "backedge_log":
+        if not plan.tasks[t].back_edge_inputs:
+            raise GraphError(
+                f"Kill({fault.task!r}, during='backedge_log'): the task has no back-edge "
+                f"input (it is no loop head); loop heads: "
+                f"{[x.task_id for x in plan.tasks if x.back_edge_inputs]}."
+            )
+        task.append(
+            TaskFault("kill_during_backedge_log", t, fault.attempt, fault.after_checkpoint or 1)
+        )
+    elif fault.during in ("alignment", "snapshot"):
+        if fault.during == "alignment" and len(plan.tasks[t].inputs) < 2:
+            raise GraphError(
+                f"Kill({fault.task!r}, during='alignment'): the task has "
+                f"{len(plan.tasks[t].inputs)} input channel(s); alignment needs at least 2."
+            )
+        kind = "kill_during_alignment" if fault.during == "alignment" else "kill_during_snapshot"
+        task.append(TaskFault(kind, t, fault.attempt, fault.after_checkpoint or 1))
+    else:
+        raise GraphError(
+            f"Kill(during={fault.during!r}): use 'alignment', 'snapshot' or 'backedge_log'."
+        )
+
+
 def relative_to_run(faults: list[TaskFault], first_checkpoint_id: int) -> list[TaskFault]:
     """Task faults with ``checkpoint_id`` counted from the run's first checkpoint id (a run
     restored from another run's checkpoint starts at that id + 1, not at 1)."""
@@ -192,11 +210,12 @@ def relative_to_run(faults: list[TaskFault], first_checkpoint_id: int) -> list[T
 
 
 def _kill_label(fault: Kill) -> str:
-    when = (
-        f"after_seconds={fault.after_seconds}"
-        if fault.after_seconds is not None
-        else f"after_checkpoint={fault.after_checkpoint}"
-    )
+    if fault.after_seconds is not None:
+        when = f"after_seconds={fault.after_seconds}"
+    elif fault.after_superstep is not None:
+        when = f"after_superstep={fault.after_superstep}"
+    else:
+        when = f"after_checkpoint={fault.after_checkpoint}"
     sig = "" if fault.signal == signal.SIGKILL else f", {signal.Signals(fault.signal).name}"
     return f"Kill({fault.task!r}, {when}{sig}, attempt={fault.attempt})"
 
@@ -212,11 +231,14 @@ def parse_kill_args(
     kill_task: str | None, after: str | None, chaos: int | None, seed: int | None = None
 ) -> list[object]:
     """Faults from the examples' command line: ``--kill-task count[1] --after 3s``
-    (or ``--after chk2``, ``--after alignment``, ``--after snapshot``) and ``--chaos K``."""
+    (or ``--after chk2``, ``--after alignment``, ``--after snapshot``, ``--after
+    superstep:5`` in an iteration) and ``--chaos K``."""
     faults: list[object] = []
     if kill_task:
         spec = (after or "1s").strip()
-        if spec in ("alignment", "snapshot"):
+        if spec.startswith("superstep:"):
+            faults.append(Kill(kill_task, after_superstep=int(spec[len("superstep:") :])))
+        elif spec in ("alignment", "snapshot"):
             faults.append(Kill(kill_task, during=spec))
         elif spec.startswith("chk"):
             faults.append(Kill(kill_task, after_checkpoint=int(spec[3:])))

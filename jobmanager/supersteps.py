@@ -84,7 +84,11 @@ class SuperstepDriver:
         checkpoint_every: int | None,
         restored: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        starting: Callable[[int], None] = lambda _k: None,
     ) -> None:
+        """``starting(k)``: called as superstep k starts, before any head hears of it
+        (fault injection: ``Kill(after_superstep=k)``)."""
+        self.starting = starting
         chain = next(c.id for c in plan.chains if step.id in c.step_ids)
         self.heads = sorted(t.index for t in plan.tasks if t.chain == chain)
         self.step, self.send, self.coordinator = step, send, coordinator
@@ -162,6 +166,7 @@ class SuperstepDriver:
         self.current, self.done = k, {}
         self.started_at = self.clock()
         self.progress.supersteps_started += 1
+        self.starting(k)
         for index in self.heads:
             self.send(index, P.SuperstepGo(k))
 

@@ -163,3 +163,16 @@ def test_superstep_checkpoints_are_listed_by_the_cli(tmp_path: Path) -> None:
     assert header[:5] == ["id", "status", "final", "savepoint", "superstep"]
     for n, k in zip(ids[:-1], supersteps[:-1], strict=True):
         assert f"superstep {k}," in cli("--show", str(n))
+
+
+def test_a_task_killed_as_a_superstep_starts_is_recovered_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    killed = run_on_streaming(
+        components(),
+        Recovery("blocking", interval=2, checkpoint_dir=str(tmp_path)),
+        faults=[Kill("components[2]", after_superstep=5)],
+    )
+    assert killed.solution == CC_REF
+    (rec,) = killed.recoveries
+    assert (rec.failed_during, rec.resumed_from) == (5, 4)
