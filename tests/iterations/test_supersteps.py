@@ -176,3 +176,21 @@ def test_a_task_killed_as_a_superstep_starts_is_recovered_from_its_checkpoint(
     assert killed.solution == CC_REF
     (rec,) = killed.recoveries
     assert (rec.failed_during, rec.resumed_from) == (5, 4)
+
+
+def test_a_superstep_past_spill_threshold_spills_its_feedback_and_stays_exact() -> None:
+    """Messages travel the loop's channels: a head drains its back-edges into a queue that
+    spills to disk past ``spill_threshold`` (here 512 bytes); with the default threshold
+    the same run keeps everything in memory."""
+
+    def spilled(result: IterationRun) -> int:
+        return sum(
+            int(m.get("spilled_bytes", 0))
+            for task, m in result.job.task_metrics.items()
+            if task.startswith("bulk_components[")
+        )
+
+    small = run_on_streaming(bulk_components(), spill_threshold=512)
+    assert small.solution == CC_REF and spilled(small) > 0
+    default = run_on_streaming(bulk_components())
+    assert default.solution == CC_REF and spilled(default) == 0
