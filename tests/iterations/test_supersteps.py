@@ -16,7 +16,7 @@ import pytest
 
 from jobmanager.failures import FailureCause
 from jobmanager.faults import Kill
-from runtime.api.iterations import run_on_streaming
+from runtime.api.iterations import IterationRun, run_on_streaming
 from runtime.iterations import BulkIteration, Recovery, Step, l1_below
 from runtime.iterations.graphs import adjacency, union_find_labels
 from statebackend import CheckpointStorage
