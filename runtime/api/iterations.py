@@ -29,7 +29,19 @@ from runtime.superstep import SIDE, SOLUTION, WORKSET, entry_key
 if TYPE_CHECKING:
     from jobmanager.result import IterationProgress, JobResult, SuperstepRecovery
 
-__all__ = ["IterationRun", "iteration_dataflow", "run_on_streaming"]
+__all__ = ["IterationRun", "iteration_dataflow", "kills_at_supersteps", "run_on_streaming"]
+
+
+def kills_at_supersteps(name: str, kills: Iterable[tuple[int, int]]) -> list[Any]:
+    """``(task index, superstep)`` kills as ``Kill(f"{name}[i]", after_superstep=k)``,
+    one per attempt in superstep order (each kill fails the attempt it fires in)."""
+    from jobmanager.faults import Kill
+
+    ordered = sorted(kills, key=lambda kill: kill[1])
+    return [
+        Kill(f"{name}[{task}]", after_superstep=k, attempt=n)
+        for n, (task, k) in enumerate(ordered)
+    ]
 
 
 def run_on_streaming(
@@ -157,6 +169,14 @@ class IterationRun:
     @property
     def rerun(self) -> int:
         return self.progress.rerun
+
+    @property
+    def seconds(self) -> float:
+        return self.job.duration
+
+    @property
+    def superstep_seconds(self) -> list[tuple[int, float]]:
+        return self.progress.superstep_seconds
 
     @classmethod
     def of(cls, name: str, job: JobResult) -> IterationRun:
