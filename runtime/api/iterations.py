@@ -39,8 +39,7 @@ def kills_at_supersteps(name: str, kills: Iterable[tuple[int, int]]) -> list[Any
 
     ordered = sorted(kills, key=lambda kill: kill[1])
     return [
-        Kill(f"{name}[{task}]", after_superstep=k, attempt=n)
-        for n, (task, k) in enumerate(ordered)
+        Kill(f"{name}[{task}]", after_superstep=k, attempt=n) for n, (task, k) in enumerate(ordered)
     ]
 
 
