@@ -215,8 +215,16 @@ class Attempt:
         """A stop with savepoint was requested: act once every task registered."""
         if self.stopping_with is None and self.all_registered_at is not None:
             stop = self.run_services.stop
-            if stop.requested:
+            if not stop.requested:
+                return
+            if self.supersteps is None:
                 self.stopping_with = begin_stop(self.coordinator, stop, self.number)
+            else:  # an iteration stops at a superstep boundary, recorded in the savepoint
+                self.supersteps.request_stop(self._stop_at_superstep)
+
+    def _stop_at_superstep(self, superstep: int) -> None:
+        stop = self.run_services.stop
+        self.stopping_with = begin_stop(self.coordinator, stop, self.number, superstep)
 
     def _check(self, now: float, stage: Stage) -> Failure | None:
         """Everything that can end the attempt besides a task's own report."""

@@ -227,7 +227,7 @@ class CheckpointCoordinator:
             if cp.drain is not None and cp.drained_mono is None:
                 self.abort(cp.checkpoint_id, CheckpointFailureReason.SUBSUMED, why)
 
-    def stop_with_savepoint(self, drain: bool = False) -> int | None:
+    def stop_with_savepoint(self, drain: bool = False, superstep: int | None = None) -> int | None:
         """A graceful stop: the sources end at one consistent point (the final barrier,
         exactly as at the end of their input), the sinks commit on its completion, and the
         checkpoint is kept as a savepoint. Its id, or None when the final checkpoint was
@@ -242,7 +242,7 @@ class CheckpointCoordinator:
                 cp.savepoint = cp.savepoint or cp.final
             return None
         self._abort_undrained("a stop with savepoint: the final checkpoint follows")
-        return self.trigger(final=True, savepoint=True, drain=drain)
+        return self.trigger(final=True, savepoint=True, drain=drain, superstep=superstep)
 
     # -- acks ------------------------------------------------------------------------------
     def on_ack(self, ack: P.Ack, figures: AckMetrics | None = None) -> CompletedCheckpoint | None:

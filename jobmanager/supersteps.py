@@ -18,6 +18,9 @@ One attempt of an iteration, as phases of one explicit state::
     EMITTING    EmitSolution(k) went to every head; once each answered SolutionEmitted
                 (its result records are on the result edge) -> ENDED
     ENDED       the attempt's final checkpoint commits the result and the job ends
+    STOPPED     a stop with savepoint was requested: the savepoint is taken while loading
+                or at the next boundary (never inside a superstep, whose inbox is no
+                state) and records the superstep; no superstep starts after it
 
 A restored attempt starts at the superstep after the one its checkpoint was taken at.
 Driver side, job-manager thread only.
@@ -63,6 +66,7 @@ class IterationPhase(enum.Enum):
     CHECKPOINT = "checkpoint"
     EMITTING = "emitting"
     ENDED = "ended"
+    STOPPED = "stopped"
 
 
 def superstep_step(plan: JobPlan) -> Step | None:
@@ -89,6 +93,7 @@ class SuperstepDriver:
         """``starting(k)``: called as superstep k starts, before any head hears of it
         (fault injection: ``Kill(after_superstep=k)``)."""
         self.starting = starting
+        self._stop: Callable[[int], None] | None = None
         chain = next(c.id for c in plan.chains if step.id in c.step_ids)
         self.heads = sorted(t.index for t in plan.tasks if t.chain == chain)
         self.step, self.send, self.coordinator = step, send, coordinator
@@ -153,7 +158,23 @@ class SuperstepDriver:
                 self.current,
             )
         self.checkpoint_id = None
-        self._go(self.current + 1)
+        self._next()
+
+    def request_stop(self, savepoint: Callable[[int], None]) -> None:
+        """A stop with savepoint: ``savepoint(k)`` takes it (the final checkpoint, recording
+        superstep k) now while the input loads, or at the next superstep boundary; never
+        once the result is on its way (the job ends anyway)."""
+        if self._stop is not None or self.phase in (IterationPhase.EMITTING, IterationPhase.ENDED):
+            return
+        self._stop = savepoint
+        if self.phase is IterationPhase.LOADING:
+            self._stop_here()
+
+    def _stop_here(self) -> None:
+        assert self._stop is not None
+        self.phase = IterationPhase.STOPPED
+        log.info("%s: stopping with a savepoint after superstep %d", self.where, self.current)
+        self._stop(self.current)
 
     def on_failed(self) -> None:
         """The attempt failed: the next one records how it recovered."""
@@ -201,9 +222,16 @@ class SuperstepDriver:
                 self.send(index, P.EmitSolution(k))
             return None
         every = self.checkpoint_every
-        if every is not None and k % every == 0:
+        if every is not None and k % every == 0 and self._stop is None:
             self.phase = IterationPhase.CHECKPOINT
             self.checkpoint_id = self.coordinator.trigger(final=False, superstep=k)
             return None
-        self._go(k + 1)
+        self._next()
         return None
+
+    def _next(self) -> None:
+        """At the boundary after ``current``: the next superstep, or the stop's savepoint."""
+        if self._stop is not None:
+            self._stop_here()
+        else:
+            self._go(self.current + 1)

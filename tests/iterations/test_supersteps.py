@@ -6,9 +6,12 @@ recovery that is switched off."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import pytest
 
 from jobmanager.failures import FailureCause
 from jobmanager.faults import Kill
+from jobmanager.stop import request_stop, running_jobs
 from runtime.api.iterations import IterationRun, run_on_streaming
 from runtime.iterations import BulkIteration, Recovery, Step, l1_below
 from runtime.iterations.graphs import adjacency, union_find_labels
@@ -194,3 +198,53 @@ def test_a_superstep_past_spill_threshold_spills_its_feedback_and_stays_exact() 
     assert small.solution == CC_REF and spilled(small) > 0
     default = run_on_streaming(bulk_components())
     assert default.solution == CC_REF and spilled(default) == 0
+
+
+class SlowBulkComponentsStep(BulkComponentsStep):
+    """A superstep takes at least 0.3 s (vertex 0 dawdles): time to stop mid-iteration."""
+
+    def messages(self, key: Any, value: int, side: Any) -> list[tuple[Any, int]]:
+        if key == 0:
+            time.sleep(0.3)
+        return super().messages(key, value, side)
+
+
+def test_an_iteration_stopped_with_a_savepoint_resumes_after_its_superstep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop waits for the next superstep boundary; the savepoint records the superstep
+    and the resumed run goes on after it to the same labels."""
+    monkeypatch.setenv("ABSFLOW_JOBS_DIR", str(tmp_path / "jobs"))
+    it = bulk_components()
+    it.spec = dataclasses.replace(it.spec, step=SlowBulkComponentsStep())
+    chk = tmp_path / "chk"
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["run"] = run_on_streaming(
+                it, Recovery("blocking", interval=1, checkpoint_dir=str(chk)), progress=False
+            )
+        except BaseException as err:
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    storage = CheckpointStorage(str(chk))
+    try:
+        deadline = time.monotonic() + 120
+        while "error" not in outcome and len(storage.completed_checkpoints()) < 2:
+            assert time.monotonic() < deadline, "no superstep checkpoints"
+            time.sleep(0.02)
+        (job,) = [j for j in running_jobs() if j.job == "bulk_components"]
+        request_stop(job)
+    finally:
+        thread.join(timeout=180)
+    assert "error" not in outcome, outcome.get("error")
+    first: IterationRun = outcome["run"]
+    assert first.job.stopped and first.job.savepoint and first.solution == {}
+    meta = storage.check(int(first.job.savepoint.rsplit("chk-", 1)[1]))
+    assert meta.savepoint and meta.superstep == first.supersteps >= 2
+    second = run_on_streaming(it, restore_from=first.job.savepoint)
+    assert second.solution == CC_REF and second.converged
+    assert second.supersteps_started == second.supersteps - first.supersteps

@@ -186,3 +186,25 @@ def test_a_restored_attempt_goes_on_after_its_checkpoint_and_records_the_recover
     d2.on_loaded()
     assert sent2 == [(a, P.SuperstepGo(3)), (b, P.SuperstepGo(3))]
     assert progress.recoveries == [SuperstepRecovery(4, 2)] and progress.rerun == 2
+
+
+def test_a_stop_waits_for_the_superstep_boundary() -> None:
+    d, sent, _, _ = driver()
+    a, b = d.heads
+    d.on_loaded()
+    stops: list[int] = []
+    d.request_stop(stops.append)
+    assert stops == []  # superstep 1 runs: its inbox is no state
+    done(d, a, 1)
+    done(d, b, 1)
+    assert stops == [1] and d.phase is IterationPhase.STOPPED
+    assert not any(isinstance(m, P.SuperstepGo) and m.superstep == 2 for _, m in sent)
+
+
+def test_a_stop_while_loading_is_taken_at_once_with_the_restored_superstep() -> None:
+    d, sent, _, _ = driver(restored=4)
+    stops: list[int] = []
+    d.request_stop(stops.append)
+    assert stops == [4]
+    d.on_loaded()
+    assert sent == []  # no superstep after the savepoint
