@@ -7,7 +7,7 @@ Runs the paper's topology (benchmarks/paper_topology.py: source -> parse -> coun
 regroup -> total -> sink, chaining off, p = 2, 12 task processes, local launcher) with
 ABS every ``--interval`` seconds, once per setting and round (the defaults, then each
 ``--config``; rounds interleaved), and pools the completed checkpoints of each setting.
-Every checkpoint reports each task's part (``JobResult.checkpoints[i]["tasks"]``: its
+Every checkpoint reports each task's part (``JobResult.checkpoints[i].tasks``: its
 ack's figures), so per step it prints, in ms since the trigger (median and 90th
 percentile over the checkpoints):
 
@@ -127,7 +127,7 @@ def main() -> None:
             ).run()
             if not check(result, a.n):
                 raise SystemExit(f"{name}: the sink did not see every record once")
-            done = [c for c in result.checkpoints if not c["final"]]
+            done = [c.encode() for c in result.checkpoints if not c.final]
             pooled[name].extend(done)
             print(f"round {r + 1}/{a.repeat} {name}: {len(done)} checkpoints", flush=True)
     for name, checkpoints in pooled.items():

@@ -97,7 +97,7 @@ def main() -> None:
             r = run(n, None if setting == AGAIN else setting)  # type: ignore[arg-type]
             # the processing time: first record -> all output committed
             times[setting].append(r.duration - (r.startup_seconds or 0.0))
-            regular = [c for c in r.checkpoints if not c["final"]]
+            regular = [c.encode() for c in r.checkpoints if not c.final]
             durations[setting] += [c["duration_ms"] for c in regular]
             alignment[setting] += [c["mean_alignment_ms"] for c in regular]
             state[setting] += [c["state_bytes"] for c in regular]

@@ -103,9 +103,9 @@ class Run:
         return cls(
             processing=result.duration - (result.startup_seconds or 0.0),
             checkpoints=[
-                {k: c[k] for k in CHECKPOINT_KEYS if c.get(k) is not None}
+                {k: v for k, v in c.encode().items() if k in CHECKPOINT_KEYS and v is not None}
                 for c in result.checkpoints
-                if not c.get("final")
+                if not c.final
             ],
             failed=len(result.failed_checkpoints),
             latency_ms={f: percentile(hist, f) for f in cls.QUANTILES}

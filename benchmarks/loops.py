@@ -126,7 +126,7 @@ def measure(w: Workload, repeat: int) -> None:
         if interval is None:
             print(row + f" {'-':>9}")
             continue
-        chks = [c for r in rs for c in r.checkpoints if not c.get("final")]
+        chks = [c.encode() for r in rs for c in r.checkpoints if not c.final]
         durations = [c["duration_ms"] for c in chks]
         log_records = [c.get("backedge_records", 0) for c in chks]
         log_kib = [c.get("backedge_bytes", 0) / 1024 for c in chks]

@@ -324,6 +324,38 @@ def curve_cost(doc: Result) -> str:
     )
 
 
+def soak(doc: Result) -> str:
+    f = doc["figures"]
+    rows = [
+        [
+            name,
+            f"{v['first_third']:,.1f} {v['unit']}",
+            f"{v['last_third']:,.1f} {v['unit']}",
+            f"{v['slope_per_10min']:+,.2f}",
+            "flat" if v["flat"] else "**grows**",
+        ]
+        for name, v in f["series"].items()
+    ]
+    header = ["series", "first third", "last third", "slope per 10 min", "verdict"]
+    return (
+        f"{f['minutes']:g} minutes at {f['rate']:,.0f} records/s, {f['keys']:,} keys, p = 2, "
+        f"{f['launcher']} launcher, {f['checkpoints']:,} checkpoints; medians of the first "
+        f"and the last third after a {f['warmup_minutes']:g}-minute warm-up. Stop with a "
+        f"savepoint: {f['stop_seconds']:g} s ({'saved' if f['savepoint'] else 'no savepoint'})."
+        "\n\n" + table(header, rows) + "\n\n![soak](soak.png)\n"
+    )
+
+
+def stall_loop(doc: Result) -> str:
+    f = doc["figures"]
+    return (
+        f"`{f['command']}` run {f['runs']} times: **{f['stalls']} stall(s)** "
+        f"({f['stalls_per_100']:g} per 100 runs; a stall is a run past {f['factor']:g}x the "
+        f"median), {f['failures']} failed run(s); run time median {f['median_s']} s, p95 "
+        f"{f['p95_s']} s, max {f['max_s']} s.\n"
+    )
+
+
 @dataclass(frozen=True)
 class Section:
     """One benchmark's section: what it measures, how to run it, how to show its file."""
@@ -417,6 +449,25 @@ SECTIONS = (
         "python benchmarks/iterations.py --vertices 20000 --edges 100000 --cc-vertices 50000 "
         "--cc-edges 100000 --repeat 3 --plot docs/iterations-bench.png",
         iterations,
+    ),
+    Section(
+        "soak",
+        "Long runs stay flat",
+        "An unbounded job (a keyed running count, event-time tumbling windows, a ParquetSink "
+        "exactly once, checkpoints every second) sampled from outside through the REST API "
+        "and /proc: task RSS, open descriptors, checkpoint durations, files under the "
+        "checkpoint root and throughput; flat means the last third's median within 20 % "
+        "(plus a small allowance) of the first third's.",
+        "python benchmarks/soak.py --minutes 30 --plot docs/soak.png",
+        soak,
+    ),
+    Section(
+        "stall_loop",
+        "Stalls of the main example",
+        "The README's main job run again and again; a run past 3x the median is a stall, "
+        "and every process of it gets a py-spy stack dump at that moment.",
+        "python benchmarks/stall_loop.py --runs 200",
+        stall_loop,
     ),
 )
 

@@ -58,7 +58,7 @@ def through_absflow(
     flow = Dataflow(f"bench-{name}", parallelism=2, checkpoint_interval=1.0)
     flow.source(GeneratorSource(make, rows), name="rows").sink(sink, name=name)
     result = flow.run(progress=False, launcher=launcher)
-    durations = [float(c["duration_ms"]) for c in result.checkpoints]
+    durations = [c.duration_ms for c in result.checkpoints]
     startup = result.startup_seconds or 0.0
     return {
         "rate": rows / result.duration,

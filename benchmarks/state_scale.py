@@ -113,7 +113,7 @@ def run_once(shape: str, keys: int, setting: str, interval: float, **extra: Any)
     with tempfile.TemporaryDirectory(prefix="absflow-state-scale-") as chk:
         flow = build(shape, keys, setting, interval, **extra)
         result = flow.run(checkpoint_dir=chk) if setting != "none" else flow.run()
-    steady = [c for c in result.checkpoints if not c["final"]]
+    steady = [c.encode() for c in result.checkpoints if not c.final]
     digest = sorted(tuple(x) for x in result.outputs.get("digest", []))
     return {
         "seconds": result.duration - (result.startup_seconds or 0.0),

@@ -120,7 +120,7 @@ def main() -> None:
         for rep in range(args.repeat):
             for name, (root, options) in storages.items():
                 r = run(n, interval, f"{root}/round-{rep}", options)
-                regular = [c for c in r.checkpoints if not c["final"]]
+                regular = [c.encode() for c in r.checkpoints if not c.final]
                 durations[name] += [c["duration_ms"] for c in regular]
                 writes[name] += [c["max_async_ms"] for c in regular]
                 state[name] += [c["state_bytes"] for c in regular]

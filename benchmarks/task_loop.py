@@ -40,9 +40,9 @@ import zmq
 from colocation_bound import Counter, frames_of
 from keyed_count import build
 
-from channels import control as P
 from channels.messages import Barrier, EndOfInput, Event, encode_data, encode_event
 from channels.zmq_io import OutputChannel
+from runtime import control as P
 from runtime.config import JobConfig
 from runtime.plan import JobPlan, TaskSpec
 from runtime.task import Task

@@ -76,7 +76,7 @@ class Corpus:
         ).run()
         if wordcount.final_counts(result.output("counts")) != dict(self.expected):
             raise SystemExit(f"{name}: the counts differ from collections.Counter")
-        return result.duration, [c for c in result.checkpoints if not c.get("final")]
+        return result.duration, [c.encode() for c in result.checkpoints if not c.final]
 
 
 def describe(checkpoints: list[dict[str, Any]]) -> str:

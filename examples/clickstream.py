@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager import faultargs
+from examples import scaffold
 from jobmanager.stop import request_stop, running_jobs
 from runtime import Dataflow
 from runtime.connectors.delta import DeltaSink
@@ -143,9 +143,7 @@ def start_postgres(directory: str) -> tuple[Any, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = scaffold.parser(__doc__)
     ap.add_argument("--events", type=int, default=20_000)
     ap.add_argument("--files", type=int, default=20)
     ap.add_argument("--every", type=float, default=0.1, help="seconds between two files")
@@ -159,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: start one)")
     ap.add_argument("--out", default=None, help="directory for input and the Delta table")
-    faultargs.add_checkpoint_arguments(ap)
-    return faultargs.run_example(ap, run, argv)
+    scaffold.add_checkpoint_arguments(ap)
+    return scaffold.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -184,13 +182,13 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             )
             conn.execute("TRUNCATE user_totals")
         lines = events(args.events)
-        config = faultargs.checkpoint_config(args)
+        config = scaffold.checkpoint_config(args)
         if args.rescale_to:
             if not config:
                 ap.error("--rescale-to needs checkpoints (--checkpoint-interval > 0)")
             config["checkpoint_dir"] = config["checkpoint_dir"] or os.path.join(args.out, "chk")
         flow = build(args, dsn, delta, args.parallelism, **config)
-        faults = faultargs.faults_from(ap, args, flow.plan())
+        faults = scaffold.faults_from(ap, args, flow.plan())
         writer = threading.Thread(
             target=generate, args=(incoming, lines, args.files, args.every, delta), daemon=True
         )

@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager import faultargs
+from examples import scaffold
 from runtime import Dataflow
 from runtime.sources import GeneratorSource
 
@@ -59,30 +58,26 @@ def build(n: int, parallelism: int, **config: object) -> Dataflow:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = scaffold.parser(__doc__)
     ap.add_argument("--n", type=int, default=20_000, help="numbers 1..N")
     ap.add_argument("--parallelism", type=int, default=2)
-    faultargs.add_checkpoint_arguments(ap)
-    return faultargs.run_example(ap, run, argv)
+    scaffold.add_checkpoint_arguments(ap)
+    return scaffold.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    config = faultargs.checkpoint_config(args)
-    flow = build(args.n, args.parallelism, **config)
-    faults = faultargs.faults_from(ap, args, flow.plan())
-    flow.explain()
-    t0 = time.perf_counter()
-    result = flow.run(faults=faults)
-    elapsed = time.perf_counter() - t0
+    # the direct computation is the failure-free output, record for record
+    job = scaffold.run_job(
+        ap, args, lambda **config: build(args.n, args.parallelism, **config), reference_run=False
+    )
+    result = job.result
     out = result.output("steps")
     expected = sorted((k, steps_directly(k)) for k in range(1, args.n + 1))
     hops = sum(steps for _n, steps in out) + len(out)
     longest = max(out, key=lambda r: (r[1], -r[0]))
     print(
         f"\n{len(out):,} numbers, {hops:,} passes through the loop in {result.duration:.2f} s "
-        f"({hops / result.duration:,.0f} passes/s; {elapsed:.2f} s with Spark start-up)"
+        f"({hops / result.duration:,.0f} passes/s; {job.elapsed:.2f} s with Spark start-up)"
     )
     print(f"longest: {longest[0]:,} takes {longest[1]} steps")
     print(result.summary())
@@ -91,14 +86,7 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if not ok:
         missing = len(set(expected) - set(out))
         print(f"  {missing} expected records missing, {len(out) - len(set(out))} duplicates")
-    if result.unfired_faults:
-        print("note: the job finished before a fault fired; try an earlier --after")
-    if args.chaos:
-        print(
-            f"chaos: {len(result.restarts)} restart(s); output equals the failure-free "
-            f"result record for record: {'YES' if ok else 'NO'}"
-        )
-    return 0 if ok else 1
+    return scaffold.verdict(job, args, ok)
 
 
 if __name__ == "__main__":

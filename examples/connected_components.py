@@ -19,13 +19,12 @@ import argparse
 import os
 import random
 import sys
-import time
 from collections.abc import Iterable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager import faultargs
+from examples import scaffold
 from runtime import Dataflow
 from runtime.sources import CollectionSource
 
@@ -95,25 +94,21 @@ def union_find(edges: list[tuple[int, int]]) -> dict[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = scaffold.parser(__doc__)
     ap.add_argument("--vertices", type=int, default=20_000)
     ap.add_argument("--edges", type=int, default=16_000)
     ap.add_argument("--parallelism", type=int, default=2)
-    faultargs.add_checkpoint_arguments(ap)
-    return faultargs.run_example(ap, run, argv)
+    scaffold.add_checkpoint_arguments(ap)
+    return scaffold.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     edges = make_edges(args.vertices, args.edges)
-    config = faultargs.checkpoint_config(args)
-    flow = build(edges, args.parallelism, **config)
-    faults = faultargs.faults_from(ap, args, flow.plan())
-    flow.explain()
-    t0 = time.perf_counter()
-    result = flow.run(faults=faults)
-    elapsed = time.perf_counter() - t0
+    # union-find gives the failure-free components (the updates' order may differ)
+    job = scaffold.run_job(
+        ap, args, lambda **config: build(edges, args.parallelism, **config), reference_run=False
+    )
+    result = job.result
     updates = result.output("labels")
     component: dict[int, int] = {}
     for vertex, label in updates:
@@ -122,7 +117,7 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print(
         f"\n{len(expected):,} vertices in {len(set(expected.values())):,} components; "
         f"{len(updates):,} label updates in {result.duration:.2f} s "
-        f"({elapsed:.2f} s with Spark start-up)"
+        f"({job.elapsed:.2f} s with Spark start-up)"
     )
     print(result.summary())
     ok = component == expected
@@ -132,14 +127,7 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         f"check against union-find: {'OK' if ok else 'MISMATCH'}; "
         f"no duplicate updates: {'OK' if unique else 'DUPLICATES'}"
     )
-    if result.unfired_faults:
-        print("note: the job finished before a fault fired; try an earlier --after")
-    if args.chaos:
-        print(
-            f"chaos: {len(result.restarts)} restart(s); output equals the failure-free "
-            f"result: {'YES' if ok and unique else 'NO'}"
-        )
-    return 0 if ok and unique else 1
+    return scaffold.verdict(job, args, ok and unique)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager import faultargs
-from jobmanager.iteration_faults import add_recovery_arguments, iteration_kills, recovery_from
+from examples import scaffold
 from runtime.api.iterations import kills_at_supersteps, run_on_streaming
 from runtime.iterations import DeltaIteration
 from runtime.iterations.graphs import adjacency, components_graph, union_find_labels
@@ -34,9 +33,7 @@ from runtime.iterations.library import ConnectedComponentsStep, cc_compensation
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = scaffold.parser(__doc__)
     ap.add_argument("--vertices", type=int, default=50_000)
     ap.add_argument("--components", type=int, default=2_000)
     ap.add_argument(
@@ -55,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         help="run as a Dataflow on the streaming runtime (runtime.api.iterations); "
         "--recovery none/blocking/tail/head (tail and head checkpoint like blocking there)",
     )
-    add_recovery_arguments(ap)
-    return faultargs.run_example(ap, run, argv)
+    scaffold.add_recovery_arguments(ap)
+    return scaffold.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -97,9 +94,9 @@ def run_superstep_runtime(
         clean = it.run(launcher=launcher)
         expected = clean.supersteps
         print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
-    kills = iteration_kills(ap, args, "connected_components", args.parallelism, expected)
+    kills = scaffold.iteration_kills(ap, args, "connected_components", args.parallelism, expected)
     return it.run(
-        recovery=recovery_from(args, cc_compensation, expected),
+        recovery=scaffold.recovery_from(args, cc_compensation, expected),
         kills=kills,
         launcher=launcher,
         say=print,
@@ -119,10 +116,10 @@ def run_streaming(ap: argparse.ArgumentParser, args: argparse.Namespace, it: Any
         clean = run_on_streaming(it, launcher=launcher)
         expected = clean.supersteps
         print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
-    kills = iteration_kills(ap, args, "connected_components", args.parallelism, expected)
+    kills = scaffold.iteration_kills(ap, args, "connected_components", args.parallelism, expected)
     return run_on_streaming(
         it,
-        recovery_from(args, cc_compensation, expected),
+        scaffold.recovery_from(args, cc_compensation, expected),
         faults=kills_at_supersteps("connected_components", kills),
         launcher=launcher,
     )

@@ -17,12 +17,11 @@ import argparse
 import collections
 import os
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager import faultargs
+from examples import scaffold
 from runtime import Dataflow
 from runtime.sources import GeneratorSource
 
@@ -73,48 +72,28 @@ def expected(orders: int) -> collections.Counter[Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = scaffold.parser(__doc__)
     ap.add_argument("--orders", type=int, default=20_000)
     ap.add_argument("--parallelism", type=int, default=2, help="of the join")
     ap.add_argument("--rate", type=float, default=5_000, help="records/s per source (0: no limit)")
-    faultargs.add_checkpoint_arguments(ap)
-    return faultargs.run_example(ap, run, argv)
+    scaffold.add_checkpoint_arguments(ap)
+    return scaffold.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    config = faultargs.checkpoint_config(args)
-    rate = args.rate or None
-    flow = build(args.orders, args.parallelism, rate, **config)
-    faults = faultargs.faults_from(ap, args, flow.plan())
-    flow.explain()
-    reference = None
-    if args.chaos:
-        print("failure-free reference run ...")
-        reference = build(args.orders, args.parallelism, rate, **config).run(progress=False)
-
-    t0 = time.perf_counter()
-    result = flow.run(faults=faults)
-    elapsed = time.perf_counter() - t0
+    job = scaffold.run_job(
+        ap, args, lambda **config: build(args.orders, args.parallelism, args.rate or None, **config)
+    )
+    result = job.result
     joined = collections.Counter(result.output("joined"))
     print(
         f"\n{args.orders:,} orders, {args.orders:,} payments -> {sum(joined.values()):,} "
-        f"joined in {result.duration:.2f} s ({elapsed:.2f} s with Spark start-up)"
+        f"joined in {result.duration:.2f} s ({job.elapsed:.2f} s with Spark start-up)"
     )
     print(result.summary())
     ok = joined == expected(args.orders)
     print(f"check against a direct computation: {'OK' if ok else 'MISMATCH'}")
-    if result.unfired_faults:
-        print("note: the job finished before a fault fired; try an earlier --after")
-    if reference is not None:
-        same = joined == collections.Counter(reference.output("joined"))
-        print(
-            f"chaos: {len(result.restarts)} restart(s); output equals the failure-free run "
-            f"record for record: {'YES' if same else 'NO'}"
-        )
-        ok = ok and same
-    return 0 if ok else 1
+    return scaffold.verdict(job, args, ok, lambda r: collections.Counter(r.output("joined")))
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager import faultargs
-from jobmanager.iteration_faults import add_recovery_arguments, iteration_kills, recovery_from
+from examples import scaffold
 from runtime.api.iterations import kills_at_supersteps, run_on_streaming
 from runtime.iterations import BulkIteration, l1_below
 from runtime.iterations.graphs import adjacency, power_law_digraph, rank_order_agreement
@@ -32,9 +31,7 @@ from runtime.iterations.library import PageRankStep, pagerank_compensation
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = scaffold.parser(__doc__)
     ap.add_argument("--vertices", type=int, default=20_000)
     ap.add_argument("--edges", type=int, default=100_000)
     ap.add_argument("--parallelism", type=int, default=3)
@@ -51,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         help="run as a Dataflow on the streaming runtime (runtime.api.iterations); "
         "--recovery none/blocking/tail/head (tail and head checkpoint like blocking there)",
     )
-    add_recovery_arguments(ap)
-    return faultargs.run_example(ap, run, argv)
+    scaffold.add_recovery_arguments(ap)
+    return scaffold.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -109,9 +106,9 @@ def run_superstep_runtime(
         clean = it.run(launcher=launcher)
         expected = clean.supersteps
         print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
-    kills = iteration_kills(ap, args, "pagerank", args.parallelism, expected)
+    kills = scaffold.iteration_kills(ap, args, "pagerank", args.parallelism, expected)
     return it.run(
-        recovery=recovery_from(args, pagerank_compensation, expected),
+        recovery=scaffold.recovery_from(args, pagerank_compensation, expected),
         kills=kills,
         launcher=launcher,
         say=print,
@@ -131,10 +128,10 @@ def run_streaming(ap: argparse.ArgumentParser, args: argparse.Namespace, it: Any
         clean = run_on_streaming(it, launcher=launcher)
         expected = clean.supersteps
         print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
-    kills = iteration_kills(ap, args, "pagerank", args.parallelism, expected)
+    kills = scaffold.iteration_kills(ap, args, "pagerank", args.parallelism, expected)
     return run_on_streaming(
         it,
-        recovery_from(args, pagerank_compensation, expected),
+        scaffold.recovery_from(args, pagerank_compensation, expected),
         faults=kills_at_supersteps("pagerank", kills),
         launcher=launcher,
     )

@@ -19,12 +19,12 @@ import argparse
 import collections
 import os
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager import faultargs
+from examples import scaffold
+from jobmanager.result import JobResult
 from runtime import Dataflow
 from runtime.sources import GeneratorSource
 from runtime.window_kinds import Session
@@ -123,51 +123,34 @@ def check(clicks: int, emitted: list[Any], late: list[Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = scaffold.parser(__doc__)
     ap.add_argument("--clicks", type=int, default=40_000)
     ap.add_argument("--parallelism", type=int, default=2, help="of the session windows")
     ap.add_argument("--rate", type=float, default=10_000, help="clicks/s (0: unlimited)")
-    faultargs.add_checkpoint_arguments(ap)
-    return faultargs.run_example(ap, run, argv)
+    scaffold.add_checkpoint_arguments(ap)
+    return scaffold.run_example(ap, run, argv)
+
+
+def outputs(result: JobResult) -> tuple[collections.Counter[Any], collections.Counter[Any]]:
+    return collections.Counter(result.output("per_session")), collections.Counter(
+        result.output("late")
+    )
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    config = faultargs.checkpoint_config(args)
-    rate = args.rate or None
-    flow = build(args.clicks, args.parallelism, rate, **config)
-    faults = faultargs.faults_from(ap, args, flow.plan())
-    flow.explain()
-    reference = None
-    if args.chaos:
-        print("failure-free reference run ...")
-        reference = build(args.clicks, args.parallelism, rate, **config).run(progress=False)
-
-    t0 = time.perf_counter()
-    result = flow.run(faults=faults)
-    elapsed = time.perf_counter() - t0
+    job = scaffold.run_job(
+        ap, args, lambda **config: build(args.clicks, args.parallelism, args.rate or None, **config)
+    )
+    result = job.result
     emitted, late = result.output("per_session"), result.output("late")
     print(
         f"\n{args.clicks:,} clicks -> {len(emitted):,} session results, {len(late)} late "
-        f"clicks in {result.duration:.2f} s ({elapsed:.2f} s with Spark start-up)"
+        f"clicks in {result.duration:.2f} s ({job.elapsed:.2f} s with Spark start-up)"
     )
     print(result.summary())
     problems = check(args.clicks, emitted, late)
     print(f"check against a direct sessionization: {problems or 'OK'}")
-    ok = not problems
-    if result.unfired_faults:
-        print("note: the job finished before a fault fired; try an earlier --after")
-    if reference is not None:
-        same = collections.Counter(emitted) == collections.Counter(
-            reference.output("per_session")
-        ) and collections.Counter(late) == collections.Counter(reference.output("late"))
-        print(
-            f"chaos: {len(result.restarts)} restart(s); output equals the failure-free run "
-            f"record for record: {'YES' if same else 'NO'}"
-        )
-        ok = ok and same
-    return 0 if ok else 1
+    return scaffold.verdict(job, args, not problems, outputs)
 
 
 if __name__ == "__main__":

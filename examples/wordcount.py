@@ -19,11 +19,10 @@ import json
 import os
 import random
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobmanager import faultargs
+from examples import scaffold
 from runtime import Dataflow
 from runtime.sources import TextFileSource
 
@@ -77,35 +76,26 @@ def final_counts(records: list[tuple[str, int]]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = scaffold.parser(__doc__)
     ap.add_argument("--words", type=int, default=4_000_000)
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--data", default=os.path.join("data", "wordcount"))
     ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--output", default=None, help="write the (word, count) records here, sorted")
-    faultargs.add_checkpoint_arguments(ap)
-    return faultargs.run_example(ap, run, argv)
+    scaffold.add_checkpoint_arguments(ap)
+    return scaffold.run_example(ap, run, argv)
 
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-
     paths = make_corpus(args.data, args.words)
-    config = faultargs.checkpoint_config(args)
-    flow = build(paths, args.parallelism, **config)
-    faults = faultargs.faults_from(ap, args, flow.plan())
-    flow.explain()
-
-    reference = None
-    if args.chaos:
-        print("failure-free reference run ...")
-        reference = build(paths, args.parallelism, **config).run(progress=False)
-
-    t0 = time.perf_counter()
-    result = flow.run(faults=faults, restore_from=args.restore_from)
-    elapsed = time.perf_counter() - t0
-    if faultargs.report_stop(result):
+    job = scaffold.run_job(
+        ap,
+        args,
+        lambda **config: build(paths, args.parallelism, **config),
+        restore_from=args.restore_from,
+    )
+    result = job.result
+    if scaffold.report_stop(result):
         return 0
     counts = final_counts(result.output("counts"))
     if args.output:
@@ -118,7 +108,7 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     words = len(result.output("counts"))  # one running count per word, exactly once
     print(
         f"\n{words:,} words counted ({len(counts):,} distinct) in {result.duration:.2f} s: "
-        f"{words / result.duration:,.0f} words/s ({elapsed:.2f} s with Spark start-up)"
+        f"{words / result.duration:,.0f} words/s ({job.elapsed:.2f} s with Spark start-up)"
     )
     print(result.summary())
 
@@ -132,18 +122,7 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     else:
         ok = counts == dict(expected)
     print(f"check against collections.Counter: {'OK' if ok else 'MISMATCH'}")
-    if result.unfired_faults:
-        print("note: the job finished before a fault fired; try an earlier --after")
-    if reference is not None:
-        same = collections.Counter(result.output("counts")) == collections.Counter(
-            reference.output("counts")
-        )
-        print(
-            f"chaos: {len(result.restarts)} restart(s); output equals the failure-free run "
-            f"record for record: {'YES' if same else 'NO'}"
-        )
-        ok = ok and same
-    return 0 if ok else 1
+    return scaffold.verdict(job, args, ok, lambda r: collections.Counter(r.output("counts")))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import signal
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
 from jobmanager.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from jobmanager.failures import (
     Failure,
@@ -29,9 +27,10 @@ from jobmanager.services import RunServices, Stage, TaskInfo
 from jobmanager.stop import begin_stop
 from jobmanager.supersteps import SuperstepDriver, superstep_step
 from jobmanager.termination import LoopTermination
+from runtime import control as P
 from runtime.config import JobConfig
+from runtime.control import CheckpointFailureReason
 from runtime.plan import JobPlan
-from statebackend.metrics import AckMetrics, TaskMetrics, decode
 from statebackend.storage import CheckpointStorage
 
 log = logging.getLogger("absflow.jobmanager")
@@ -263,7 +262,7 @@ class Attempt:
                 if getattr(msg, "attempt", None) != self.number:
                     continue
                 if isinstance(msg, P.Failed):
-                    return reported_failure(msg, self.tasks[msg.task_index].task_id)
+                    return reported_failure(msg)
                 if isinstance(msg, P.Closed):
                     self.tasks[msg.task_index].closed = True
         return failure
@@ -375,11 +374,11 @@ class Attempt:
             case P.Ack():
                 t = self.tasks[msg.task_index]
                 t.last_seen = now
-                figures = decode(AckMetrics, msg.metrics)
+                figures = msg.metrics
                 t.records_in = max(t.records_in, figures.records_in)
                 t.records_out = max(t.records_out, figures.records_out)
                 self.run_services.metrics.on_snapshot(msg.task_index, msg.checkpoint_id, figures)
-                self.coordinator.on_ack(msg, figures)
+                self.coordinator.on_ack(msg)
             case P.Decline():
                 self.coordinator.on_decline(msg)
             case P.SinkOutput():
@@ -389,7 +388,7 @@ class Attempt:
             case P.Finished():
                 t = self.tasks[msg.task_index]
                 t.finished = True
-                t.metrics = decode(TaskMetrics, msg.metrics)
+                t.metrics = msg.metrics
                 t.records_in, t.records_out = t.metrics.records_in, t.metrics.records_out
             case P.Closed():
                 self.tasks[msg.task_index].closed = True
@@ -401,7 +400,7 @@ class Attempt:
             case P.SuperstepDone() | P.SolutionEmitted():
                 return self._on_superstep_message(msg)
             case P.Failed():
-                return reported_failure(msg, self.tasks[msg.task_index].task_id)
+                return reported_failure(msg)
             case _:
                 log.debug("attempt %d: unexpected control message %r", self.number, msg)
         return None
@@ -436,16 +435,15 @@ class Attempt:
         return None
 
     def _on_heartbeat(self, msg: P.Heartbeat, now: float) -> None:
-        t = self.tasks[msg.task_index]
+        t, m = self.tasks[msg.task_index], msg.metrics
         t.last_seen = now
-        t.records_in = max(t.records_in, msg.records_in)
-        t.records_out = max(t.records_out, msg.records_out)
-        t.rss = msg.rss_bytes
-        t.peak_rss = max(t.peak_rss, msg.rss_bytes)
-        if msg.first_record_at and not t.first_record_at:
-            t.first_record_at = msg.first_record_at
-        if msg.metrics:
-            t.metrics = decode(TaskMetrics, msg.metrics)
+        t.records_in = max(t.records_in, m.records_in)
+        t.records_out = max(t.records_out, m.records_out)
+        t.rss = m.rss_bytes
+        t.peak_rss = max(t.peak_rss, m.rss_bytes)
+        if m.first_record_at and not t.first_record_at:
+            t.first_record_at = m.first_record_at
+        t.metrics = m
         self.send(msg.task_index, P.Alive())
 
     # -- checkpoints and kills -------------------------------------------------------------

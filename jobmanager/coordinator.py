@@ -13,14 +13,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
+from jobmanager.result import FailedCheckpoint
 from jobmanager.termination import LoopTermination
+from runtime import control as P
 from runtime.config import JobConfig, SnapshotMode
+from runtime.control import CheckpointFailureReason
 from runtime.operators import acts_on_completion
 from runtime.plan import JobPlan, step_state
 from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
-from statebackend.metrics import AckMetrics, CheckpointSummary, decode, summarize
+from statebackend.metrics import AckMetrics, CheckpointSummary, summarize
 from statebackend.shared import SharedStateRegistry
 from statebackend.storage import CheckpointStorage
 
@@ -35,8 +36,6 @@ class PendingCheckpoint:
     final: bool
     not_yet_acked: set[int]
     acks: dict[int, P.Ack] = field(default_factory=dict)
-    figures: dict[int, AckMetrics] = field(default_factory=dict)
-    """The acks' metrics, decoded (once: the attempt decodes them on arrival)."""
     drain: LoopTermination | None = None
     """Synchronous snapshots: the waves proving the halted job drained (then triggered)."""
     drained_mono: float | None = None
@@ -55,13 +54,6 @@ class CompletedCheckpoint:
     task_metrics: Mapping[str, AckMetrics] = field(default_factory=dict)
     savepoint: bool = False
     superstep: int | None = None
-
-
-@dataclass
-class FailedCheckpoint:
-    checkpoint_id: int
-    reason: CheckpointFailureReason
-    detail: str
 
 
 _COUNTED = frozenset(
@@ -245,14 +237,11 @@ class CheckpointCoordinator:
         return self.trigger(final=True, savepoint=True, drain=drain, superstep=superstep)
 
     # -- acks ------------------------------------------------------------------------------
-    def on_ack(self, ack: P.Ack, figures: AckMetrics | None = None) -> CompletedCheckpoint | None:
-        """``figures``: ``ack.metrics`` already decoded, if the caller did."""
+    def on_ack(self, ack: P.Ack) -> CompletedCheckpoint | None:
         cp = self.pending.get(ack.checkpoint_id)
         if cp is None:
             return None  # late ack of an aborted / subsumed checkpoint
         cp.acks[ack.task_index] = ack
-        if figures is not None:
-            cp.figures[ack.task_index] = figures
         cp.not_yet_acked.discard(ack.task_index)
         if cp.not_yet_acked:
             return None
@@ -261,11 +250,10 @@ class CheckpointCoordinator:
     def on_decline(self, decline: P.Decline) -> None:
         if decline.checkpoint_id in self.pending:
             task = self.plan.tasks[decline.task_index].task_id
-            reason = CheckpointFailureReason.from_wire(decline.reason)
             # A decline always counts towards tolerable_checkpoint_failures, whatever its reason.
             self.abort(
                 decline.checkpoint_id,
-                reason,
+                decline.reason,
                 f"declined by task {task}: {decline.detail}",
                 counted=True,
             )
@@ -278,10 +266,9 @@ class CheckpointCoordinator:
         per_task: dict[str, AckMetrics] = {}
         for index, ack in sorted(cp.acks.items()):
             task_id = self.plan.tasks[index].task_id
-            figures = cp.figures.get(index)
-            per_task[task_id] = figures if figures is not None else decode(AckMetrics, ack.metrics)
+            per_task[task_id] = ack.metrics
             if ack.state is not None:
-                tasks[task_id] = TaskStateHandle.decode(ack.state)
+                tasks[task_id] = ack.state
         metrics = summarize(per_task, mode_label(self.config), duration_ms)
         if cp.drain is not None:  # synchronous: the sources stayed halted until now
             drained = cp.drained_mono if cp.drained_mono is not None else done
@@ -390,7 +377,7 @@ class CheckpointCoordinator:
         cp = self.pending.pop(checkpoint_id, None) or pending
         if cp is None:
             return
-        self.failed.append(FailedCheckpoint(checkpoint_id, reason, detail))
+        self.failed.append(FailedCheckpoint(checkpoint_id, reason, detail, self.attempt))
         log.info(
             "checkpoint %d aborted (%s): %s %s", checkpoint_id, reason.name, reason.value, detail
         )
@@ -398,7 +385,7 @@ class CheckpointCoordinator:
             self.consecutive_failures += 1
         if reason is not CheckpointFailureReason.TASK_FAILURE:
             for index in sorted(self.all_tasks):
-                self.send(index, P.Abort(checkpoint_id, reason.name))
+                self.send(index, P.Abort(checkpoint_id, reason))
         if self.storage is not None:
             self._clean_up(lambda st: st.discard(checkpoint_id), f"checkpoint {checkpoint_id}")
         if cp.final and reason is not CheckpointFailureReason.TASK_FAILURE:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from channels import control as P
+from runtime import control as P
 
 
 class FailureCause(enum.Enum):
@@ -117,14 +117,11 @@ def restore_point_words(checkpoint_id: int | None) -> str:
     return f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "the start"
 
 
-def reported_failure(msg: P.Failed, task_id: str) -> Failure:
-    """The Failure a task reported (``Failed``) about itself, task ``task_id``: a user
-    function's error names its operator, the task's own error its task id."""
-    cause = (
-        FailureCause.TASK_ERROR if msg.operator == task_id else FailureCause.USER_FUNCTION_RAISED
-    )
+def reported_failure(msg: P.Failed) -> Failure:
+    """The Failure a task reported (``Failed``) about itself: a user function's error
+    names its operator, the task's own error its task id."""
     return Failure(
-        cause,
+        FailureCause[msg.cause.name],
         operator=msg.operator,
         subtask=msg.subtask,
         error=msg.error,

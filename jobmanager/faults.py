@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from runtime.errors import GraphError
 from runtime.graph import StepKind
 from runtime.plan import JobPlan
-from runtime.task_environment import TaskFault
+from runtime.task_environment import FaultKind, TaskFault
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,23 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
     task: list[TaskFault] = []
     for fault in faults:
         if isinstance(fault, Kill):
-            _resolve_kill(plan, fault, driver, task)
+            t = _task(plan, fault.task)
+            if fault.during is None:
+                _check_kill_moment(fault, plan)
+                driver.append(
+                    DriverKill(
+                        t,
+                        fault.attempt,
+                        fault.after_seconds,
+                        fault.after_checkpoint,
+                        fault.signal,
+                        label=_kill_label(fault),
+                        after_superstep=fault.after_superstep,
+                    )
+                )
+            else:
+                kind = _kill_during(fault, plan, t)
+                task.append(TaskFault(kind, t, fault.attempt, fault.after_checkpoint or 1))
         elif isinstance(fault, RaiseAt):
             matches = [
                 x
@@ -114,7 +130,7 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
                 )
             task.append(
                 TaskFault(
-                    "raise_at_record",
+                    FaultKind.RAISE_AT_RECORD,
                     matches[0].index,
                     fault.attempt,
                     operator=fault.operator,
@@ -139,65 +155,6 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
     return driver, task
 
 
-def _resolve_kill(
-    plan: JobPlan, fault: Kill, driver: list[DriverKill], task: list[TaskFault]
-) -> None:
-    """``fault`` checked against ``plan``, as a driver kill or a task-side one."""
-    t = _task(plan, fault.task)
-    if fault.after_superstep is not None and not any(
-        s.kind is StepKind.SUPERSTEP for s in plan.steps
-    ):
-        raise GraphError(
-            f"Kill({fault.task!r}, after_superstep=...): job '{plan.name}' is no "
-            "iteration (it has no supersteps); use after_seconds or after_checkpoint."
-        )
-    if fault.during is None:
-        if (fault.after_seconds, fault.after_checkpoint, fault.after_superstep) == (
-            None,
-            None,
-            None,
-        ):
-            raise GraphError(
-                f"Kill({fault.task!r}) needs after_seconds, after_checkpoint, "
-                "after_superstep (iterations) or during."
-            )
-        driver.append(
-            DriverKill(
-                t,
-                fault.attempt,
-                fault.after_seconds,
-                fault.after_checkpoint,
-                fault.signal,
-                label=_kill_label(fault),
-                after_superstep=fault.after_superstep,
-            )
-        )
-    elif fault.signal != signal.SIGKILL:
-        raise GraphError(f"Kill({fault.task!r}, during=...) always sends SIGKILL; drop signal=.")
-    elif fault.during == "backedge_log":
-        if not plan.tasks[t].back_edge_inputs:
-            raise GraphError(
-                f"Kill({fault.task!r}, during='backedge_log'): the task has no back-edge "
-                f"input (it is no loop head); loop heads: "
-                f"{[x.task_id for x in plan.tasks if x.back_edge_inputs]}."
-            )
-        task.append(
-            TaskFault("kill_during_backedge_log", t, fault.attempt, fault.after_checkpoint or 1)
-        )
-    elif fault.during in ("alignment", "snapshot"):
-        if fault.during == "alignment" and len(plan.tasks[t].inputs) < 2:
-            raise GraphError(
-                f"Kill({fault.task!r}, during='alignment'): the task has "
-                f"{len(plan.tasks[t].inputs)} input channel(s); alignment needs at least 2."
-            )
-        kind = "kill_during_alignment" if fault.during == "alignment" else "kill_during_snapshot"
-        task.append(TaskFault(kind, t, fault.attempt, fault.after_checkpoint or 1))
-    else:
-        raise GraphError(
-            f"Kill(during={fault.during!r}): use 'alignment', 'snapshot' or 'backedge_log'."
-        )
-
-
 def relative_to_run(faults: list[TaskFault], first_checkpoint_id: int) -> list[TaskFault]:
     """Task faults with ``checkpoint_id`` counted from the run's first checkpoint id (a run
     restored from another run's checkpoint starts at that id + 1, not at 1)."""
@@ -207,6 +164,45 @@ def relative_to_run(faults: list[TaskFault], first_checkpoint_id: int) -> list[T
         else f
         for f in faults
     ]
+
+
+def _check_kill_moment(fault: Kill, plan: JobPlan) -> None:
+    """A driver kill names when it fires; ``after_superstep`` only in an iteration."""
+    if (fault.after_seconds, fault.after_checkpoint, fault.after_superstep) == (None, None, None):
+        raise GraphError(
+            f"Kill({fault.task!r}) needs after_seconds, after_checkpoint, "
+            "after_superstep (iterations) or during."
+        )
+    if fault.after_superstep is not None and not any(
+        s.kind is StepKind.SUPERSTEP for s in plan.steps
+    ):
+        raise GraphError(
+            f"Kill({fault.task!r}, after_superstep=...): job '{plan.name}' is no "
+            "iteration (it has no supersteps); use after_seconds or after_checkpoint."
+        )
+
+
+def _kill_during(fault: Kill, plan: JobPlan, t: int) -> FaultKind:
+    """The task-side kill ``fault`` asks for (``during`` set), checked against task ``t``."""
+    kind = FaultKind.kill_during(str(fault.during))
+    if kind is None:
+        moments = ", ".join(repr(m) for m in FaultKind.moments())
+        raise GraphError(f"Kill(during={fault.during!r}): use one of {moments}.")
+    if fault.signal != signal.SIGKILL:
+        raise GraphError(f"Kill({fault.task!r}, during=...) always sends SIGKILL; drop signal=.")
+    task = plan.tasks[t]
+    if kind is FaultKind.KILL_DURING_BACKEDGE_LOG and not task.back_edge_inputs:
+        raise GraphError(
+            f"Kill({fault.task!r}, during='backedge_log'): the task has no back-edge "
+            f"input (it is no loop head); loop heads: "
+            f"{[x.task_id for x in plan.tasks if x.back_edge_inputs]}."
+        )
+    if kind is FaultKind.KILL_DURING_ALIGNMENT and len(task.inputs) < 2:
+        raise GraphError(
+            f"Kill({fault.task!r}, during='alignment'): the task has "
+            f"{len(task.inputs)} input channel(s); alignment needs at least 2."
+        )
+    return kind
 
 
 def _kill_label(fault: Kill) -> str:
@@ -225,25 +221,3 @@ def _task(plan: JobPlan, ref: str) -> int:
         return plan.resolve_task(ref).index
     except ValueError as err:
         raise GraphError(str(err)) from None
-
-
-def parse_kill_args(
-    kill_task: str | None, after: str | None, chaos: int | None, seed: int | None = None
-) -> list[object]:
-    """Faults from the examples' command line: ``--kill-task count[1] --after 3s``
-    (or ``--after chk2``, ``--after alignment``, ``--after snapshot``, ``--after
-    superstep:5`` in an iteration) and ``--chaos K``."""
-    faults: list[object] = []
-    if kill_task:
-        spec = (after or "1s").strip()
-        if spec.startswith("superstep:"):
-            faults.append(Kill(kill_task, after_superstep=int(spec[len("superstep:") :])))
-        elif spec in ("alignment", "snapshot"):
-            faults.append(Kill(kill_task, during=spec))
-        elif spec.startswith("chk"):
-            faults.append(Kill(kill_task, after_checkpoint=int(spec[3:])))
-        else:
-            faults.append(Kill(kill_task, after_seconds=float(spec.rstrip("s"))))
-    if chaos:
-        faults.append(RandomKills(chaos, seed=seed))
-    return faults

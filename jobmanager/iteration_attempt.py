@@ -30,11 +30,11 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from channels import control as P
-from channels import superstep_control as S
 from jobmanager.iteration_launch import SparkLauncher, ThreadLauncher
 from jobmanager.iteration_result import IterationResult
 from jobmanager.termination import Wave
+from runtime import control as P
+from runtime import superstep_control as S
 from runtime.iterations.api import IterationSpec
 from runtime.iterations.partition import decode_state
 from runtime.iterations.snapshots import SuperstepStore

@@ -22,10 +22,10 @@ from typing import Any
 
 import zmq
 
-from channels import control as P
 from jobmanager.iteration_attempt import AttemptOutcome, IterationAttempt
 from jobmanager.iteration_launch import SparkLauncher, ThreadLauncher
 from jobmanager.iteration_result import IterationResult, RecoveryRecord
+from runtime import control as P
 from runtime.errors import TaskFailedError
 from runtime.iterations.api import IterationError, IterationSpec
 from runtime.iterations.partition import decode_state

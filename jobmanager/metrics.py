@@ -13,6 +13,7 @@ consistent cut, and neither is its output: the figures are then approximate.)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,13 @@ from typing import Any, Protocol
 import msgpack
 
 from jobmanager.coordinator import CompletedCheckpoint
-from jobmanager.result import IterationProgress, JobResult, Restart
+from jobmanager.result import (
+    CheckpointStats,
+    FailedCheckpoint,
+    IterationProgress,
+    JobResult,
+    Restart,
+)
 from runtime.graph import StepKind
 from runtime.plan import JobPlan
 from runtime.sinks import CollectSink
@@ -79,10 +86,10 @@ class RunMetrics:
         self.sink_tasks = sink_task_indexes(plan)
         self.completed: list[CompletedCheckpoint] = []  # every attempt's, in order
         self.committed_at: dict[int, RecordCounts] = {}  # checkpoint id -> committed counts
-        self.failed_checkpoints: list[dict[str, Any]] = []
+        self.failed_checkpoints: list[FailedCheckpoint] = []
         self.restarts: list[Restart] = []
         self.startup_seconds: float | None = None
-        self.task_metrics: dict[str, dict[str, Any]] = {}
+        self.task_metrics: dict[str, TaskMetrics] = {}
         self.peak_rss: dict[str, int] = {}
         self.processed = RecordCounts()  # by ended attempts, replays included
         self.base = RecordCounts()  # committed by the checkpoint the running attempt restored
@@ -129,22 +136,22 @@ class RunMetrics:
         return self.base + self._own(tasks)
 
     def end_attempt(
-        self, tasks: Mapping[int, TaskFigures], finished: bool, failed_checkpoints: Iterable[Any]
+        self,
+        tasks: Mapping[int, TaskFigures],
+        finished: bool,
+        failed_checkpoints: Iterable[FailedCheckpoint],
     ) -> None:
         """The attempt ended (``finished``: every task finished). Its tasks' last counts
         (from Finished, else the last heartbeat or ack) count as processed work."""
         own = self._own(tasks)
         self._last_attempt = own
         self.processed = self.processed + own
-        self.failed_checkpoints.extend(
-            {"checkpoint_id": f.checkpoint_id, "reason": f.reason.name, "detail": f.detail}
-            for f in failed_checkpoints
-        )
+        self.failed_checkpoints.extend(failed_checkpoints)
         if finished:
             for t in tasks.values():
-                figures = t.metrics.encode()
-                if t.first_record_at and not figures["first_record_at"]:
-                    figures["first_record_at"] = t.first_record_at
+                figures = t.metrics
+                if t.first_record_at and not figures.first_record_at:
+                    figures = dataclasses.replace(figures, first_record_at=t.first_record_at)
                 self.task_metrics[t.task_id] = figures
                 self.peak_rss[t.task_id] = max(t.peak_rss, t.metrics.peak_rss)
 
@@ -203,20 +210,17 @@ class RunMetrics:
             iteration=self.iteration,
         )
 
-    def _checkpoint_figures(self, c: CompletedCheckpoint) -> dict[str, Any]:
-        figures: dict[str, Any] = {
-            "checkpoint_id": c.checkpoint_id,
-            "final": c.final,
-            "duration_ms": c.duration_ms,
-            **c.metrics.encode(),
-        }
+    def _checkpoint_figures(self, c: CompletedCheckpoint) -> CheckpointStats:
         counts = self.committed_at.get(c.checkpoint_id)
-        if counts is not None:
-            figures["committed_records_in"] = counts.records_in
-            figures["committed_records_out"] = counts.records_out
-        # Each task's part (its ack): where the barriers were, hop by hop.
-        figures["tasks"] = {task: m.encode() for task, m in c.task_metrics.items()}
-        return figures
+        return CheckpointStats(
+            c.checkpoint_id,
+            c.final,
+            c.duration_ms,
+            c.metrics,
+            dict(c.task_metrics),  # each task's part (its ack): the barriers, hop by hop
+            None if counts is None else counts.records_in,
+            None if counts is None else counts.records_out,
+        )
 
 
 class CommittedOutputs:

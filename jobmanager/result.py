@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from jobmanager.failures import FailureCause
+from runtime.control import CheckpointFailureReason
+from statebackend.metrics import AckMetrics, CheckpointSummary, TaskMetrics
 
 
 @dataclass
@@ -61,6 +64,49 @@ class IterationProgress:
         return sum(r.rerun for r in self.recoveries)
 
 
+@dataclass(frozen=True, slots=True)
+class FailedCheckpoint:
+    """A checkpoint aborted in attempt ``attempt``, for ``reason`` (``detail``: the specifics)."""
+
+    checkpoint_id: int
+    reason: CheckpointFailureReason
+    detail: str
+    attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointStats:
+    """One completed checkpoint of a run: ``summary`` over its tasks (durations, sizes,
+    what it waited for: `statebackend.metrics.CheckpointSummary`), each task's own part
+    in ``tasks`` (its ack: start delay from the trigger to its first barrier, alignment,
+    sync and async time, ...), and the job's committed record counts at it (None when a
+    task reported none)."""
+
+    checkpoint_id: int
+    final: bool
+    duration_ms: float
+    summary: CheckpointSummary
+    tasks: Mapping[str, AckMetrics] = field(default_factory=dict)
+    committed_records_in: int | None = None
+    committed_records_out: int | None = None
+
+    def encode(self) -> dict[str, Any]:
+        """As a JSON map: id, final, duration, the summary's figures, the committed counts
+        (when known) and ``tasks`` (each task's ack figures)."""
+        out: dict[str, Any] = {
+            "checkpoint_id": self.checkpoint_id,
+            "final": self.final,
+            "duration_ms": self.duration_ms,
+            **self.summary.encode(),
+        }
+        if self.committed_records_in is not None:
+            out["committed_records_in"] = self.committed_records_in
+        if self.committed_records_out is not None:
+            out["committed_records_out"] = self.committed_records_out
+        out["tasks"] = {task: m.encode() for task, m in self.tasks.items()}
+        return out
+
+
 @dataclass
 class JobResult:
     """What a finished run did.
@@ -80,14 +126,11 @@ class JobResult:
     records_out: int  # committed: given to the sinks, each record once
     startup_seconds: float | None  # submit -> first record processed
     restarts: list[Restart] = field(default_factory=list)
-    # Per completed checkpoint: its summary (``statebackend.metrics.CheckpointSummary``),
-    # committed counts, and ``tasks``: each task's ack figures (``AckMetrics``:
-    # start_delay_ms from the trigger to its first barrier, alignment_ms, sync_ms, ...).
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    failed_checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[CheckpointStats] = field(default_factory=list)  # completed, in order
+    failed_checkpoints: list[FailedCheckpoint] = field(default_factory=list)
     peak_rss: dict[str, int] = field(default_factory=dict)
     checkpoint_dir: str | None = None
-    task_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    task_metrics: dict[str, TaskMetrics] = field(default_factory=dict)  # at the end, by task
     unfired_faults: list[str] = field(default_factory=list)  # injected kills the job outran
     replayed_in: int = 0  # read again after restores (beyond the committed records_in)
     replayed_out: int = 0  # given to the sinks again after restores
@@ -114,7 +157,7 @@ class JobResult:
     @property
     def checkpoints_completed(self) -> int:
         """Completed checkpoints of the run (every attempt's), the final one not counted."""
-        return sum(1 for c in self.checkpoints if not c.get("final"))
+        return sum(1 for c in self.checkpoints if not c.final)
 
     def summary(self) -> str:
         lines = [
@@ -133,24 +176,27 @@ class JobResult:
         if self.startup_seconds is not None:
             lines.append(f"  start-up (submit -> first record): {self.startup_seconds:.2f} s")
         if self.checkpoints:
-            durations = sorted(c["duration_ms"] for c in self.checkpoints)
-            final = " + final" if any(c.get("final") for c in self.checkpoints) else ""
+            durations = sorted(c.duration_ms for c in self.checkpoints)
+            final = " + final" if any(c.final for c in self.checkpoints) else ""
             lines.append(
                 f"  checkpoints: {self.checkpoints_completed} completed{final}, "
                 f"{len(self.failed_checkpoints)} failed, median duration "
                 f"{durations[len(durations) // 2]:.1f} ms"
             )
 
-            def median(key: str) -> float:
-                values = sorted(float(c.get(key, 0.0)) for c in self.checkpoints)
+            def median(figure: Callable[[CheckpointSummary], float]) -> float:
+                values = sorted(float(figure(c.summary)) for c in self.checkpoints)
                 return values[len(values) // 2]
 
+            queueing = median(lambda s: s.queueing_ms)
+            alignment = median(lambda s: s.alignment_ms)
+            write = median(lambda s: s.write_ms)
             lines.append(
                 "  waited for (median, at the task written last): "
-                f"queueing {median('queueing_ms'):.1f} ms, alignment "
-                f"{median('alignment_ms'):.1f} ms, write {median('write_ms'):.1f} ms"
+                f"queueing {queueing:.1f} ms, alignment {alignment:.1f} ms, write {write:.1f} ms"
             )
-            written, full = median("state_bytes"), median("full_state_bytes")
+            written = median(lambda s: s.state_bytes)
+            full = median(lambda s: s.full_state_bytes)
             if full > written:  # incremental: each checkpoint wrote less than its state
                 lines.append(
                     f"  state per checkpoint (median): {written / 1e6:.2f} MB written, "

@@ -1,4 +1,4 @@
-"""The job manager's ROUTER socket: where every task's DEALER connects (``channels.control``).
+"""The job manager's ROUTER socket: where every task's DEALER connects (``runtime.control``).
 
 `open_router` binds it (a CURVE server of the run's keys under secure_channels);
 `RouterLink` is how the attempts send and receive on it. A frame that is not a control
@@ -17,9 +17,9 @@ from typing import Any
 import msgpack
 import zmq
 
-from channels import control as P
 from channels.security import DisconnectNotices, Guard
 from channels.zmq_io import tcp_endpoint
+from runtime import control as P
 
 log = logging.getLogger("absflow.jobmanager")
 

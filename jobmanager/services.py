@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from channels import control as P
 from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.liveness import Liveness, send_signal
 from jobmanager.metrics import CommittedOutputs, RunMetrics
 from jobmanager.stop import StopRequest
+from runtime import control as P
 from statebackend.metrics import TaskMetrics
 
 __all__ = ["ControlLink", "Progress", "RunServices", "Stage", "TaskInfo"]

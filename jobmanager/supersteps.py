@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from channels import control as P
 from jobmanager.result import IterationProgress, SuperstepRecovery
 from jobmanager.termination import Wave
+from runtime import control as P
 from runtime.graph import Step, StepKind
 from runtime.plan import JobPlan
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from channels import control as P
+from runtime import control as P
 
 log = logging.getLogger("absflow.jobmanager")
 

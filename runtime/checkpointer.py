@@ -36,18 +36,18 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier, EndOfInput, Event
+from runtime import control as P
 from runtime.barriers import (
     BarrierProtocolError,
 )
 from runtime.chain import Capture, pack
+from runtime.control import CheckpointFailureReason
 from runtime.errors import CheckpointStorageError
 from runtime.inputs import BlockedChannels
-from runtime.snapshot_modes import InFlightLog
+from runtime.snapshot_modes import InFlightKind, InFlightLog
 from runtime.task_faults import TaskFaults
 from runtime.task_io import Output
 from runtime.watermarks import watermark_metric
@@ -82,7 +82,7 @@ class TaskIdentity:
 class _PendingWrite:
     checkpoint_id: int
     future: Future[tuple[TaskStateHandle, float, int]]
-    metrics: dict[str, Any]
+    metrics: AckMetrics
 
 
 @dataclass(slots=True)
@@ -91,7 +91,7 @@ class _OpenLog:
 
     checkpoint_id: int
     captured: Capture
-    metrics: dict[str, Any]
+    metrics: AckMetrics
     frames: SpillBuffer
     records: int = 0
     nbytes: int = 0
@@ -173,11 +173,11 @@ class TaskCheckpointer:
         # The first barrier arrived at alignment_started_at on the handler's clock (this
         # one): its wall-clock time, against the coordinator's trigger time.
         first_barrier_wall = self._wall_clock() - (now - alignment_started_at)
-        metrics: dict[str, Any] = {
-            "start_delay_ms": _ms(first_barrier_wall - barrier.timestamp),
-            "alignment_ms": _ms(now - alignment_started_at),
-            "spilled_bytes": self._inputs.spilled_bytes if self._inputs is not None else 0,
-        }
+        metrics = AckMetrics(
+            start_delay_ms=_ms(first_barrier_wall - barrier.timestamp),
+            alignment_ms=_ms(now - alignment_started_at),
+            spilled_bytes=self._inputs.spilled_bytes if self._inputs is not None else 0,
+        )
         self.checkpoint(barrier, metrics)
 
     def abort_checkpoint(self, checkpoint_id: int, reason: CheckpointFailureReason) -> None:
@@ -205,10 +205,21 @@ class TaskCheckpointer:
             )
         self._log = None
         frames = log.frames
-        metrics = log.metrics
-        metrics[f"{spec.metric}_records"] = log.records
-        metrics[f"{spec.metric}_bytes"] = log.nbytes
-        metrics["spilled_bytes"] = metrics.get("spilled_bytes", 0) + frames.spilled_bytes
+        spilled = log.metrics.spilled_bytes + frames.spilled_bytes
+        if spec.kind is InFlightKind.BACKEDGE:
+            metrics = dataclasses.replace(
+                log.metrics,
+                backedge_records=log.records,
+                backedge_bytes=log.nbytes,
+                spilled_bytes=spilled,
+            )
+        else:
+            metrics = dataclasses.replace(
+                log.metrics,
+                channel_state_records=log.records,
+                channel_state_bytes=log.nbytes,
+                spilled_bytes=spilled,
+            )
         logged = [frames.popleft() for _ in range(len(frames))]
         frames.close()
         captured = log.captured
@@ -242,11 +253,7 @@ class TaskCheckpointer:
     def trigger_source(self, trigger: P.Trigger) -> None:
         """A source's checkpoint, between two batches; the final one ends its output."""
         barrier = Barrier(trigger.checkpoint_id, trigger.timestamp, trigger.final)
-        metrics: dict[str, Any] = {
-            "start_delay_ms": _ms(self._wall_clock() - trigger.timestamp),
-            "alignment_ms": 0.0,
-            "spilled_bytes": 0,
-        }
+        metrics = AckMetrics(start_delay_ms=_ms(self._wall_clock() - trigger.timestamp))
         self.checkpoint(barrier, metrics)
         if trigger.final:
             self.end_of_all_inputs()
@@ -269,13 +276,13 @@ class TaskCheckpointer:
         return self._halted_for is not None
 
     # -- the steps -----------------------------------------------------------------------
-    def checkpoint(self, barrier: Barrier, metrics: dict[str, Any]) -> None:
+    def checkpoint(self, barrier: Barrier, metrics: AckMetrics) -> None:
         """Capture, forward, then write and ack (ack at once without storage)."""
         n = barrier.checkpoint_id
         if barrier.final:
             self.final_checkpoint = n
             self.chain.finish()
-        captured = self.capture(n, metrics, barrier.final)
+        captured, metrics = self.capture(n, metrics, barrier.final)
         self.forward(barrier)
         spec = self._in_flight
         if spec is not None:  # written once the log is complete (the handler says when)
@@ -288,22 +295,28 @@ class TaskCheckpointer:
             return
         self._write_or_ack(n, captured, metrics)
 
-    def _write_or_ack(self, n: int, captured: Capture, metrics: dict[str, Any]) -> None:
+    def _write_or_ack(self, n: int, captured: Capture, metrics: AckMetrics) -> None:
         if self.storage is None:
-            metrics["async_ms"] = 0.0
-            self.ack(n, None, metrics)
+            self.ack(n, None, dataclasses.replace(metrics, async_ms=0.0))
             return
         self.write(n, captured, metrics)
 
-    def capture(self, checkpoint_id: int, metrics: dict[str, Any], final: bool = False) -> Capture:
+    def capture(
+        self, checkpoint_id: int, metrics: AckMetrics, final: bool = False
+    ) -> tuple[Capture, AckMetrics]:
+        """The chain's state, and ``metrics`` with the capture's figures."""
         started = time.perf_counter()
         captured = self.chain.capture(checkpoint_id, self.storage, final)
-        metrics["sync_ms"] = _ms(time.perf_counter() - started)
-        metrics["keys"] = captured.keys
         # Counts at the snapshot (a consistent cut): the job's committed record figures.
-        metrics["records_in"], metrics["records_out"] = self._counts()
-        metrics["watermark"] = watermark_metric(getattr(self.chain, "watermark", None))
-        return captured
+        records_in, records_out = self._counts()
+        return captured, dataclasses.replace(
+            metrics,
+            sync_ms=_ms(time.perf_counter() - started),
+            keys=captured.keys,
+            records_in=records_in,
+            records_out=records_out,
+            watermark=watermark_metric(getattr(self.chain, "watermark", None)),
+        )
 
     def forward(self, event: Event) -> None:
         """Send ``event`` behind every record sent before it; an unaligned barrier first
@@ -314,7 +327,7 @@ class TaskCheckpointer:
         for output in self.outputs:
             output.send_event(event)
 
-    def write(self, checkpoint_id: int, captured: Capture, metrics: dict[str, Any]) -> None:
+    def write(self, checkpoint_id: int, captured: Capture, metrics: AckMetrics) -> None:
         """Ack a small state at once, inline (if no older write waits for its ack: acks go
         in order); else start writing the state file: `collect_writes` acks it when done."""
         die = self._faults.kill_during_snapshot(checkpoint_id)
@@ -322,9 +335,13 @@ class TaskCheckpointer:
             started = time.perf_counter()
             handle = self.storage.inline_handle(captured.snapshots, captured.layout)
             if handle is not None:  # not after the writer thread and this task's next turn
-                self._wrote_state, metrics["state_bytes"] = True, handle.size
-                metrics["full_state_bytes"] = handle.size
-                metrics["async_ms"] = _ms(time.perf_counter() - started)
+                self._wrote_state = True
+                metrics = dataclasses.replace(
+                    metrics,
+                    state_bytes=handle.size,
+                    full_state_bytes=handle.size,
+                    async_ms=_ms(time.perf_counter() - started),
+                )
                 self.ack(checkpoint_id, handle, metrics)
                 return
         future = self._executor().submit(self._write, checkpoint_id, captured, die)
@@ -390,9 +407,12 @@ class TaskCheckpointer:
                 )
                 continue
             self._wrote_state = True
-            metrics["async_ms"] = async_ms
-            metrics["state_bytes"] = handle.size + chain_bytes  # written for this checkpoint
-            metrics["full_state_bytes"] = handle.full_size
+            metrics = dataclasses.replace(
+                metrics,
+                async_ms=async_ms,
+                state_bytes=handle.size + chain_bytes,  # written for this checkpoint
+                full_state_bytes=handle.full_size,
+            )
             self.ack(n, handle, metrics)
         self._pending = still
 
@@ -411,18 +431,13 @@ class TaskCheckpointer:
             log.debug("task %s: probing checkpoint storage failed: %s", self.task.task_id, err)
         return False
 
-    def ack(
-        self, checkpoint_id: int, handle: TaskStateHandle | None, metrics: dict[str, Any]
-    ) -> None:
+    def ack(self, checkpoint_id: int, handle: TaskStateHandle | None, metrics: AckMetrics) -> None:
         t = self.task
-        state = None if handle is None else handle.encode()
-        # Typed on the way out: a key the schema does not have fails here, in the tests.
-        figures = AckMetrics(**metrics).encode()
-        self._send(P.Ack(t.index, t.attempt, checkpoint_id, state, figures))
+        self._send(P.Ack(t.index, t.attempt, checkpoint_id, handle, metrics))
 
     def decline(self, checkpoint_id: int, reason: CheckpointFailureReason, detail: str) -> None:
         t = self.task
-        self._send(P.Decline(t.index, t.attempt, checkpoint_id, reason.name, detail))
+        self._send(P.Decline(t.index, t.attempt, checkpoint_id, reason, detail))
 
     # -- completion ----------------------------------------------------------------------
     def aborted(self, checkpoint_id: int) -> None:

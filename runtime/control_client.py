@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 
 import zmq
 
-from channels import control as P
+from runtime import control as P
 from runtime.errors import AbsflowError, TaskCancelled
 from runtime.task_io import ControlSocket
 

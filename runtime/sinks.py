@@ -3,29 +3,47 @@
 A transactional sink keeps the records of the current epoch (between two
 barriers) in an open transaction. On barrier n it *pre-commits*: the open
 transaction is sealed as pending transaction n and stored in the task's
-snapshot. On CHECKPOINT_COMPLETE(n) every pending transaction up to n is
-committed, in order; commits are idempotent, so a lost or repeated completion
-notice is harmless. On restore, the pending transactions of the restored
-snapshot are committed again (idempotently) and everything after it is rolled
-back: the sources replay it.
+snapshot (`SinkSnapshot`). On CHECKPOINT_COMPLETE(n) every pending transaction up
+to n is committed, in order; commits are idempotent, so a lost or repeated
+completion notice is harmless. On restore, the pending transactions of the
+restored snapshot are committed again (idempotently) and everything after it is
+rolled back: the sources replay it. A fresh start (nothing restored) first makes
+sure the target holds no output of another run.
+
+A sink restored at another parallelism (Flink's union state for sinks) recovers
+every old subtask's pending transactions exactly once: new subtask ``i`` of ``p``
+owns the old subtasks ``j`` with ``j % p == i``; for each old ``j != i`` it opens a
+copy of the sink *as subtask j* (j's transaction ids, part files, Delta application
+id, PostgreSQL gids; j's commits reach the driver as j's) and recovers j's snapshot
+as above. Its own old snapshot (if ``i`` existed before) is then restored as usual.
+New transaction ids cannot collide with old ones: an id is (job, step, subtask,
+checkpoint id); the new job's checkpoints are numbered above the restored one, and
+each old subtask's transactions above it were aborted by its one owner here. An old
+subtask index the new job no longer has keeps its committed output; its id space is
+only used again if the job later scales back up, and then only for checkpoints above
+every one it committed.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 import logging
 import os
+import reprlib
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import IO, Any, Generic, TypeVar
 
 import msgpack
 
 from channels.errors import RecordSerializationError
-from runtime.sink_rescale import recover_rescaled
+from runtime.errors import ConnectorError
 from runtime.transactions import Committer, TxnId
+from statebackend.errors import CorruptCheckpointError
 from statebackend.restore import RescaledState
 
 log = logging.getLogger("absflow.sinks")
@@ -49,8 +67,52 @@ class SinkContext:
     send_as: Callable[[int, int, list[Any] | bytes], None] | None = None
 
 
-def _first(item: tuple[int, Any]) -> int:
-    return item[0]
+TxnT = TypeVar("TxnT")  # a connector's open transaction
+HandleT = TypeVar("HandleT")  # a sealed transaction, as the snapshot holds it (msgpack)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SinkSnapshot:
+    """What a transactional sink subtask stores in a checkpoint: the id of that
+    ``checkpoint`` and its ``pending`` transactions, ``(checkpoint id, handle)`` in
+    checkpoint order, sealed at or before it and not known to be committed (a handle is
+    the connector's, msgpack-serializable). ``checkpoint`` None: nothing was restored (a
+    fresh start)."""
+
+    checkpoint: int | None = None
+    pending: tuple[tuple[int, Any], ...] = ()
+
+    def encode(self) -> dict[str, Any]:
+        # (Checkpoints of older versions also hold "next", the restored checkpoint + 1.)
+        return {
+            "pending": [[n, handle] for n, handle in self.pending],
+            "checkpoint": self.checkpoint,
+        }
+
+    @classmethod
+    def decode(cls, data: Mapping[str, Any] | None) -> SinkSnapshot:
+        """The snapshot ``encode`` wrote (None or empty: a fresh start). Raises
+        CorruptCheckpointError naming what is malformed."""
+        if not data:
+            return cls()
+        try:
+            pending = tuple((int(n), handle) for n, handle in data.get("pending", ()))
+            restored = data.get("checkpoint", max((n for n, _ in pending), default=None))
+            return cls(None if restored is None else int(restored), pending)
+        except (AttributeError, TypeError, ValueError) as err:
+            raise CorruptCheckpointError(
+                f"sink snapshot {reprlib.repr(data)} is malformed ({err!r}): expected "
+                "{'pending': [[checkpoint, handle], ...], 'checkpoint': int}"
+            ) from err
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OtherRunsOutput:
+    """What a fresh start found in a sink's target that another run wrote: ``found``
+    says what and where, ``fix`` the ways out besides restoring the job."""
+
+    found: str
+    fix: str
 
 
 class Sink:
@@ -101,17 +163,19 @@ class Sink:
         """Release resources (not called after a crash)."""
 
 
-class TwoPhaseCommitSink(Sink):
+class TwoPhaseCommitSink(Sink, Generic[TxnT, HandleT]):
     """Exactly-once sink skeleton (Flink's TwoPhaseCommitSinkFunction; docs/connectors.md):
     subclasses implement the hooks.
 
     The transaction opened after checkpoint n-1 gets the id ``TxnId(job, step, subtask,
     n)`` when it begins; barrier m seals it (pre-commit) as pending transaction m, and
-    the snapshot of m holds every pending transaction and the id of the next one. On
+    the snapshot of m (`SinkSnapshot`) holds every pending transaction. On
     CHECKPOINT_COMPLETE(m) every pending transaction <= m is committed, in order; on a
     restore, `recover` commits the restored pending transactions and aborts everything
-    else this subtask left. An aborted checkpoint's transaction stays pending: its
-    records are not replayed, so the next completed checkpoint commits it.
+    else this subtask left (the connector's `abort_uncovered`); a fresh start refuses a
+    target holding another run's output (the connector's `other_runs_output`). An
+    aborted checkpoint's transaction stays pending: its records are not replayed, so
+    the next completed checkpoint commits it.
 
     With ``commit_off_loop`` the commits run on a `Committer` thread (``commit`` must
     then be thread-safe against ``write_to_transaction``: use its own connection);
@@ -124,14 +188,14 @@ class TwoPhaseCommitSink(Sink):
     def open(self, ctx: SinkContext) -> None:
         # The sink as constructed (what ``open`` has not set yet): a rescaled restore
         # opens a copy of it as an old subtask to recover that subtask's transactions.
-        self.unopened = {k: v for k, v in vars(self).items() if k != "unopened"}
+        self._unopened = copy.copy(self)
         super().open(ctx)
-        self.pending: dict[int, Any] = {}
+        self.pending: dict[int, HandleT] = {}
         self._lock = threading.Lock()  # guards ``pending`` against the committer thread
         self.next_id = 1  # the checkpoint expected to seal the next transaction
-        self.current: Any = None
+        self.current: TxnT | None = None
         self._finished = False
-        self.committer: Committer | None = None
+        self.committer: Committer[HandleT] | None = None
         if self.commit_off_loop:
             self.committer = Committer(self.commit, self._mark_committed, ctx.step_name)
 
@@ -139,9 +203,9 @@ class TwoPhaseCommitSink(Sink):
         ctx = self.ctx
         return TxnId(ctx.job, ctx.step_name, ctx.subtask, checkpoint_id)
 
-    def _begin(self) -> Any:
-        self.current = self.begin_transaction(self.txn_id(self.next_id))
-        return self.current
+    def _begin(self) -> TxnT:
+        txn = self.current = self.begin_transaction(self.txn_id(self.next_id))
+        return txn
 
     def write_batch(self, records: list[Any]) -> None:
         if self.committer is not None and self.committer.failure is not None:
@@ -149,21 +213,19 @@ class TwoPhaseCommitSink(Sink):
         txn = self.current if self.current is not None else self._begin()
         self.write_to_transaction(txn, records)
 
-    def snapshot_state(self, checkpoint_id: int) -> Any:
+    def snapshot_state(self, checkpoint_id: int) -> dict[str, Any]:
         txn = self.current if self.current is not None else self._begin()
         sealed = self.pre_commit(txn, checkpoint_id)
         self.next_id = checkpoint_id + 1
         with self._lock:
             self.pending[checkpoint_id] = sealed
-            pending = [[n, h] for n, h in sorted(self.pending.items())]
+            pending = [(n, h) for n, h in sorted(self.pending.items())]
         self._begin()
-        return {"pending": pending, "checkpoint": checkpoint_id, "next": self.next_id}
+        return SinkSnapshot(checkpoint_id, tuple(pending)).encode()
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         with self._lock:
-            due = sorted(
-                ((n, h) for n, h in self.pending.items() if n <= checkpoint_id), key=_first
-            )
+            due = sorted((n, h) for n, h in self.pending.items() if n <= checkpoint_id)
         committer = self.committer
         if committer is None:
             for n, handle in due:
@@ -195,21 +257,76 @@ class TwoPhaseCommitSink(Sink):
 
     def restore_state(self, state: Any) -> None:
         if isinstance(state, RescaledState):
-            state = recover_rescaled(self, state)
-        restored = self.recover_state(state)
-        if restored is not None:
-            self.next_id = restored + 1
+            snapshot = self._recover_rescaled(state)
+        else:
+            snapshot = SinkSnapshot.decode(state)
+        self.recover(snapshot)
+        if snapshot.checkpoint is not None:
+            self.next_id = snapshot.checkpoint + 1
         if self.current is None:
             self._begin()
 
-    def recover_state(self, state: Any) -> int | None:
-        """``recover`` what snapshot ``state`` holds; the restored checkpoint id (None:
-        a fresh start)."""
-        state = state or {}
-        pending = [(int(n), handle) for n, handle in state.get("pending", [])]
-        restored = state.get("checkpoint", max((n for n, _ in pending), default=None))
-        self.recover(pending, None if restored is None else int(restored))
-        return None if restored is None else int(restored)
+    def recover(self, snapshot: SinkSnapshot) -> None:
+        """On restore (task loop, before the first record): a fresh start refuses a target
+        holding another run's output; then commit what the restored checkpoint covers
+        (``snapshot.pending``, in order: commits are idempotent) and abort the rest.
+        The connectors give the hooks, not this policy."""
+        if snapshot.checkpoint is None:
+            self._refuse_other_runs_output()
+        for n, handle in snapshot.pending:
+            self.commit(n, handle)
+        self.abort_uncovered(snapshot)
+
+    def _refuse_other_runs_output(self) -> None:
+        other = self.other_runs_output()
+        if other is None:
+            return
+        ctx = self.ctx
+        raise ConnectorError(
+            f"sink '{ctx.step_name}': {other.found}, and job {ctx.job!r} starts fresh (no "
+            f"checkpoint restored), so its output would mix with it. Restore the job from "
+            f"its checkpoint (run(restore_from=...)), or {other.fix}"
+        )
+
+    def _recover_rescaled(self, state: RescaledState) -> SinkSnapshot:
+        """Recover the old subtasks this one owns now (but its own); return its own old
+        snapshot to restore as usual. A new subtask without an old one, or an old one
+        that left no snapshot, gets the restored checkpoint with nothing pending: it
+        aborts what an earlier run at that index left after it, and is no fresh start."""
+        ctx = self.ctx
+        snapshots = {j: SinkSnapshot.decode(part) for j, part in state.parts}
+        restored = max(
+            (s.checkpoint for s in snapshots.values() if s.checkpoint is not None), default=None
+        )
+        own = empty = SinkSnapshot(restored)
+        parts = [(j, snapshots[j]) for j, _ in state.mine(ctx.subtask, ctx.parallelism)]
+        for j, snapshot in parts:
+            if snapshot.checkpoint is None:
+                snapshot = empty
+            if j == ctx.subtask:
+                own = snapshot
+                continue
+            old = self._as_subtask(j)
+            try:
+                old.recover(snapshot)
+            finally:
+                old.close()
+            log.info(
+                "sink '%s'[%d]: recovered the transactions of old subtask %d of %d",
+                ctx.step_name,
+                ctx.subtask,
+                j,
+                state.old_parallelism,
+            )
+        return own
+
+    def _as_subtask(self, j: int) -> TwoPhaseCommitSink[TxnT, HandleT]:
+        """A copy of this sink as constructed, opened as subtask ``j``."""
+        ctx = self.ctx
+        send = ctx.send_to_driver if ctx.send_as is None else functools.partial(ctx.send_as, j)
+        old = copy.copy(self._unopened)
+        old.open(dataclasses.replace(ctx, subtask=j, send_to_driver=send))
+        return old
 
     def close(self) -> None:
         if self.committer is not None:
@@ -219,30 +336,33 @@ class TwoPhaseCommitSink(Sink):
                 self.committer.stop()
 
     # -- hooks -------------------------------------------------------------------------
-    def begin_transaction(self, txn_id: TxnId) -> Any:
+    def begin_transaction(self, txn_id: TxnId) -> TxnT:
         raise NotImplementedError
 
-    def write_to_transaction(self, txn: Any, records: list[Any]) -> None:
+    def write_to_transaction(self, txn: TxnT, records: list[Any]) -> None:
         raise NotImplementedError
 
-    def pre_commit(self, txn: Any, checkpoint_id: int) -> Any:
+    def pre_commit(self, txn: TxnT, checkpoint_id: int) -> HandleT:
         """Seal ``txn``; return its msgpack-serializable handle stored in the snapshot."""
         raise NotImplementedError
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: HandleT) -> None:
         """Make a sealed transaction visible. Must be idempotent."""
         raise NotImplementedError
 
-    def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
-        """On restore from ``checkpoint_id`` (None: a fresh start): commit ``pending``
-        (sealed at or before it, in order) and abort whatever else this subtask's earlier
-        attempts left behind (transactions sealed after it, open ones). Runs on the task
-        loop before the first record; the default commits ``pending`` only."""
-        for n, handle in pending:
-            self.commit(n, handle)
+    def abort_uncovered(self, restored: SinkSnapshot) -> None:
+        """After the restored pending transactions were committed: abort whatever this
+        subtask's earlier attempts (or runs) left that ``restored`` does not cover
+        (transactions sealed after its checkpoint, open ones). Default: nothing (a sink
+        whose open transactions leave no trace outside the snapshot)."""
+
+    def other_runs_output(self) -> OtherRunsOutput | None:
+        """On a fresh start (no checkpoint restored): output of another run in the
+        target, which this run's output would mix with (or skip past). Default: None."""
+        return None
 
 
-class CollectSink(TwoPhaseCommitSink):
+class CollectSink(TwoPhaseCommitSink["_PackedTxn", "bytes | list[Any]"]):
     """Returns the records from ``run()`` (``result.output(name)``), exactly once.
 
     Committed batches go to the driver tagged (step, subtask, checkpoint id); the
@@ -271,7 +391,7 @@ class CollectSink(TwoPhaseCommitSink):
         header: bytes = _ARRAY_HEADER.pack_array_header(txn.count)
         return b"".join([header, *txn.parts])  # one copy of the epoch's records
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: bytes | list[Any]) -> None:
         # A handle is the packed transaction, sent on as is: neither this task nor the
         # driver's loop unpacks it (or, from older checkpoints, the records).
         self.ctx.send_to_driver(
@@ -290,7 +410,15 @@ class _PackedTxn:
     count: int = 0
 
 
-class FileSink(TwoPhaseCommitSink):
+@dataclasses.dataclass(slots=True)
+class _StagingFile:
+    """An open `FileSink` transaction: its staging file."""
+
+    path: str
+    fh: IO[str]
+
+
+class FileSink(TwoPhaseCommitSink[_StagingFile, str]):
     """Writes one part file per subtask, ``<dir>/part-<subtask>``, one JSON record per line.
 
     Exactly-once: each epoch's records go to a staging file, fsynced at pre-commit;
@@ -350,27 +478,27 @@ class FileSink(TwoPhaseCommitSink):
             os.fsync(fh.fileno())
         os.replace(tmp, self.marker)
 
-    def begin_transaction(self, txn_id: TxnId) -> Any:
+    def begin_transaction(self, txn_id: TxnId) -> _StagingFile:
         path = self._staging("open")
-        return {"path": path, "fh": open(path, "w", encoding="utf-8")}
+        return _StagingFile(path, open(path, "w", encoding="utf-8"))
 
-    def write_to_transaction(self, txn: Any, records: list[Any]) -> None:
+    def write_to_transaction(self, txn: _StagingFile, records: list[Any]) -> None:
         fmt = self.format
         if fmt is None:
-            txn["fh"].write("".join(json.dumps(r) + "\n" for r in records))
+            txn.fh.write("".join(json.dumps(r) + "\n" for r in records))
         else:
-            txn["fh"].write("".join(fmt(r) + "\n" for r in records))
+            txn.fh.write("".join(fmt(r) + "\n" for r in records))
 
-    def pre_commit(self, txn: Any, checkpoint_id: int) -> Any:
-        fh = txn["fh"]
+    def pre_commit(self, txn: _StagingFile, checkpoint_id: int) -> str:
+        fh = txn.fh
         fh.flush()
         os.fsync(fh.fileno())
         fh.close()
         sealed = self._staging(checkpoint_id)
-        os.replace(txn["path"], sealed)
+        os.replace(txn.path, sealed)
         return sealed
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: str) -> None:
         done, length, history = self._read_marker()
         if checkpoint_id <= done:
             return  # already committed (idempotent)
@@ -389,11 +517,9 @@ class FileSink(TwoPhaseCommitSink):
         self._write_marker(checkpoint_id, new_length, [*history, [checkpoint_id, new_length]])
         os.remove(handle)
 
-    def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
-        for n, handle in pending:
-            self.commit(n, handle)
-        if pending and checkpoint_id is not None:
-            self._roll_back_to(checkpoint_id)
+    def abort_uncovered(self, restored: SinkSnapshot) -> None:
+        if restored.pending and restored.checkpoint is not None:
+            self._roll_back_to(restored.checkpoint)
         self._abort_uncommitted()
 
     def _roll_back_to(self, checkpoint_id: int) -> None:
@@ -426,16 +552,16 @@ class FileSink(TwoPhaseCommitSink):
             if (
                 name.startswith(prefix)
                 and name.endswith(".staging")
-                and (self.current is None or path != self.current["path"])
+                and (self.current is None or path != self.current.path)
             ):
                 os.remove(path)
 
     def close(self) -> None:
         super().close()
         current = getattr(self, "current", None)
-        if current is not None and not current["fh"].closed:
-            current["fh"].close()
-            os.remove(current["path"])
+        if current is not None and not current.fh.closed:
+            current.fh.close()
+            os.remove(current.path)
 
 
 class PrintSink(Sink):

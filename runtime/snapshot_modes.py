@@ -5,6 +5,7 @@ replayed before new input on restore."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,21 +28,28 @@ from statebackend.restore import RestorePlan, RestoreTarget
 from statebackend.storage import CheckpointStorage
 
 
+class InFlightKind(enum.Enum):
+    """Which records in flight a task logs; its ack counts them in ``<value>_records`` and
+    ``<value>_bytes`` (`statebackend.metrics.AckMetrics`)."""
+
+    BACKEDGE = "backedge"  # a loop head's back-edges
+    CHANNEL_STATE = "channel_state"  # an unaligned checkpoint's input channels
+
+
 @dataclass(frozen=True, slots=True)
 class InFlightLog:
     """Where a task keeps the records in flight at its snapshot (a loop head's back-edge
-    log, or an unaligned checkpoint's channel state): the operator state of ``step``.
-    ``metric`` names its figures in the ack (``<metric>_records``, ``<metric>_bytes``)."""
+    log, or an unaligned checkpoint's channel state): the operator state of ``step``."""
 
     step: str
     layout: OperatorLayout
     spill_dir: Callable[[], str]
     spill_threshold: int
-    metric: str = "backedge"
+    kind: InFlightKind = InFlightKind.BACKEDGE
 
     def restore_target(self) -> RestoreTarget:
         """What a restore must find for the log: a non-keyed state of ``step``."""
-        kind = f"{self.metric}-log"
+        kind = f"{self.kind.value}-log"
         return RestoreTarget(StepState(self.step, kind, self.layout.parallelism, False))
 
     def read_log(self, plan: RestorePlan, storage: CheckpointStorage) -> list[bytes]:
@@ -108,6 +116,10 @@ def in_flight_log_for(
         return InFlightLog(f"{head}#backedge-log", layout, spill_dir, cfg.spill_threshold)
     if spec.inputs and cfg.records_channel_state:
         return InFlightLog(
-            f"{head}#channel-state", layout, spill_dir, cfg.spill_threshold, "channel_state"
+            f"{head}#channel-state",
+            layout,
+            spill_dir,
+            cfg.spill_threshold,
+            InFlightKind.CHANNEL_STATE,
         )
     return None

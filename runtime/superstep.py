@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from channels import control as P
 from channels.messages import SuperstepMarker
+from runtime import control as P
 from runtime.barriers.superstep import SuperstepAligner
 from runtime.errors import IterationError, OperatorFailure
 from runtime.graph import Step, StepKind

@@ -26,8 +26,6 @@ import time
 import traceback
 from typing import Any
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
 from channels.messages import (
     HEADER,
     KIND_MASK,
@@ -37,10 +35,12 @@ from channels.messages import (
     Watermark,
     decode_records,
 )
+from runtime import control as P
 from runtime.barriers import BarrierHandler, BarrierProtocolError
 from runtime.chain import OperatorChain
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import SnapshotMode
+from runtime.control import TaskFailureCause
 from runtime.control_client import ControlClient
 from runtime.errors import (
     CheckpointStorageError,
@@ -189,7 +189,7 @@ class Task:
                 if head is not None and not self.config.debug_drop_in_flight_log:
                     self._replay = head.read_log(plan, storage)
             except Exception as err:  # the checkpoint does not fit: restarting cannot help
-                self._report_failure(spec.task_id, err, fatal=True)
+                self._report_failure(TaskFailureCause.TASK_ERROR, spec.task_id, err, fatal=True)
                 where = f"checkpoint {env.restore_metadata.checkpoint_id} in {env.restore_root}"
                 raise TaskCancelled(f"restoring {where} failed: {err}") from err
         self.chain.apply_operator_states(states)
@@ -249,9 +249,7 @@ class Task:
                 self.checkpointer.aborted(msg.checkpoint_id)
                 self.chain.notify_aborted(msg.checkpoint_id)
                 if self._handler is not None:
-                    self._handler.abort(
-                        msg.checkpoint_id, CheckpointFailureReason.from_wire(msg.reason)
-                    )
+                    self._handler.abort(msg.checkpoint_id, msg.reason)
             elif isinstance(msg, P.SuperstepGo):
                 self._superstep_head_of(msg).go(msg.superstep)
             elif isinstance(msg, P.EmitSolution):
@@ -276,15 +274,7 @@ class Task:
 
     def _heartbeat(self) -> P.Heartbeat:
         m, t = self._measure(), self.identity
-        return P.Heartbeat(
-            t.index,
-            t.attempt,
-            m.records_in,
-            m.records_out,
-            m.rss_bytes,
-            m.first_record_at,
-            m.encode(),
-        )
+        return P.Heartbeat(t.index, t.attempt, m)
 
     def _measure(self) -> TaskMetrics:
         return self.counters.measure(
@@ -381,27 +371,36 @@ class Task:
                 self._input_loop()
             self._flush_all()
             t = self.identity
-            self.control.send(P.Finished(t.index, t.attempt, self._measure().encode()))
+            self.control.send(P.Finished(t.index, t.attempt, self._measure()))
         except TaskCancelled:
             raise
         except RecordSerializationError as err:  # a restart would meet the same record
             named = err if err.step else err.naming(self.chain.output_step)
-            self._report_failure(named.step or self.spec.task_id, named, fatal=True)
+            if named.step:  # the step that emitted it
+                cause, where = TaskFailureCause.USER_FUNCTION_RAISED, named.step
+            else:
+                cause, where = TaskFailureCause.TASK_ERROR, self.spec.task_id
+            self._report_failure(cause, where, named, fatal=True)
             raise TaskCancelled(f"step '{named.step}' emitted a record that cannot cross") from err
         except OperatorFailure as failure:
-            self._report_failure(failure.operator, failure.cause, failure.fatal)
+            cause = TaskFailureCause.USER_FUNCTION_RAISED
+            self._report_failure(cause, failure.operator, failure.cause, failure.fatal)
             raise TaskCancelled(f"operator '{failure.operator}' failed") from failure
         except Exception as err:  # storage this executor cannot write: restarts cannot help
-            self._report_failure(self.spec.task_id, err, isinstance(err, CheckpointStorageError))
+            fatal = isinstance(err, CheckpointStorageError)
+            self._report_failure(TaskFailureCause.TASK_ERROR, self.spec.task_id, err, fatal)
             raise
 
-    def _report_failure(self, operator: str, err: BaseException, fatal: bool = False) -> None:
+    def _report_failure(
+        self, cause: TaskFailureCause, operator: str, err: BaseException, fatal: bool = False
+    ) -> None:
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
         t = self.identity
         self.control.send_quietly(
             P.Failed(
                 t.index,
                 t.attempt,
+                cause,
                 operator,
                 self.spec.subtask,
                 f"{type(err).__name__}: {err}",

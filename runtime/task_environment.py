@@ -3,6 +3,7 @@ storage roots, the checkpoint to restore, keys) and the faults it injects into i
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from channels.security import ChannelKeys
@@ -11,11 +12,32 @@ from statebackend.metadata import CheckpointMetadata
 from statebackend.storage import CheckpointStorage
 
 
+class FaultKind(enum.Enum):
+    """What a task-side fault does. The value of a kill is the moment as users write it
+    (``Kill(task, during="alignment")``, the examples' ``--after alignment``)."""
+
+    KILL_DURING_ALIGNMENT = "alignment"  # it starts aligning a checkpoint
+    KILL_DURING_SNAPSHOT = "snapshot"  # half way through writing its state file
+    KILL_DURING_BACKEDGE_LOG = "backedge_log"  # a loop head, logging its back-edges
+    RAISE_AT_RECORD = "raise_at_record"  # a step raises at record k
+
+    @classmethod
+    def kill_during(cls, moment: str) -> FaultKind | None:
+        """The kill at ``moment`` ("alignment", ...), or None if there is none."""
+        kind = cls._value2member_map_.get(moment)
+        return kind if isinstance(kind, cls) and kind is not cls.RAISE_AT_RECORD else None
+
+    @classmethod
+    def moments(cls) -> tuple[str, ...]:
+        """How the kills' moments are written: ``("alignment", "snapshot", ...)``."""
+        return tuple(k.value for k in cls if k is not cls.RAISE_AT_RECORD)
+
+
 @dataclass(frozen=True)
 class TaskFault:
     """A fault a task injects into itself (a real SIGKILL of its own process, or a raise)."""
 
-    kind: str  # "kill_during_alignment" | "kill_during_snapshot" | "raise_at_record"
+    kind: FaultKind
     task_index: int
     attempt: int = 0
     checkpoint_id: int | None = None  # first checkpoint at or after which to fire

@@ -1,11 +1,12 @@
-"""Faults a task injects into itself (``jobmanager.faults`` resolves them to `TaskFault`s).
+"""Faults a task injects into itself (``jobmanager.faults`` resolves them to `TaskFault`s),
+by `FaultKind`:
 
-* ``kill_during_alignment`` — SIGKILL when the task starts aligning a checkpoint
+* ``KILL_DURING_ALIGNMENT`` — SIGKILL when the task starts aligning a checkpoint
   >= ``checkpoint_id`` (its first barrier arrives while other inputs are live);
-* ``kill_during_snapshot`` — SIGKILL half way through writing the state file;
-* ``kill_during_backedge_log`` — SIGKILL a loop head while it logs its back-edges for
+* ``KILL_DURING_SNAPSHOT`` — SIGKILL half way through writing the state file;
+* ``KILL_DURING_BACKEDGE_LOG`` — SIGKILL a loop head while it logs its back-edges for
   a checkpoint >= ``checkpoint_id`` (after its snapshot, before the barrier came back);
-* ``raise_at_record`` — step ``operator`` raises once it has seen ``record`` records.
+* ``RAISE_AT_RECORD`` — step ``operator`` raises once it has seen ``record`` records.
 
 All hooks sit off the per-record path: the first two run per barrier or per
 checkpoint; the raise wraps only the operator it targets (`RaiseAtRecord`).
@@ -21,13 +22,8 @@ from typing import Any, NoReturn
 from runtime.barriers import BarrierHandler
 from runtime.errors import AbsflowError
 from runtime.operators import Operator
-from runtime.task_environment import TaskFault
+from runtime.task_environment import FaultKind, TaskFault
 from statebackend.storage import CheckpointStorage
-
-KILL_DURING_ALIGNMENT = "kill_during_alignment"
-KILL_DURING_SNAPSHOT = "kill_during_snapshot"
-KILL_DURING_BACKEDGE_LOG = "kill_during_backedge_log"
-RAISE_AT_RECORD = "raise_at_record"
 
 
 class InjectedFailure(AbsflowError, RuntimeError):
@@ -62,17 +58,17 @@ class TaskFaults:
 
     def __init__(self, faults: Sequence[TaskFault], task_index: int, attempt: int) -> None:
         self._faults = [f for f in faults if f.task_index == task_index and f.attempt == attempt]
-        self._alignment = [f for f in self._faults if f.kind == KILL_DURING_ALIGNMENT]
+        self._alignment = [f for f in self._faults if f.kind is FaultKind.KILL_DURING_ALIGNMENT]
 
     def wrap(self, op: Operator) -> Operator:
         """``op``, wrapped in `RaiseAtRecord` if a fault targets its step."""
         for fault in self._faults:
-            if fault.kind == RAISE_AT_RECORD and fault.operator == op.name:
+            if fault.kind is FaultKind.RAISE_AT_RECORD and fault.operator == op.name:
                 op = RaiseAtRecord(op, fault.record or 0)
         return op
 
-    def _fires(self, kind: str, checkpoint_id: int) -> bool:
-        return any(f.kind == kind and checkpoint_id >= (f.checkpoint_id or 0) for f in self._faults)
+    def _fires(self, kind: FaultKind, checkpoint_id: int) -> bool:
+        return any(f.kind is kind and checkpoint_id >= (f.checkpoint_id or 0) for f in self._faults)
 
     def before_barrier(self, handler: BarrierHandler, checkpoint_id: int) -> None:
         """Called before ``handler`` sees a barrier: kill if it starts an alignment."""
@@ -80,18 +76,18 @@ class TaskFaults:
             self._alignment
             and checkpoint_id > handler.latest_checkpoint_id
             and len(handler.live_channels) > 1
-            and self._fires(KILL_DURING_ALIGNMENT, checkpoint_id)
+            and self._fires(FaultKind.KILL_DURING_ALIGNMENT, checkpoint_id)
         ):
             _die()
 
     def while_logging(self, checkpoint_id: int) -> None:
         """A back-edge record of checkpoint ``checkpoint_id`` is being logged: kill if due."""
-        if self._faults and self._fires(KILL_DURING_BACKEDGE_LOG, checkpoint_id):
+        if self._faults and self._fires(FaultKind.KILL_DURING_BACKEDGE_LOG, checkpoint_id):
             _die()
 
     def kill_during_snapshot(self, checkpoint_id: int) -> bool:
         """Whether writing checkpoint ``checkpoint_id``'s state file must die half way."""
-        return self._fires(KILL_DURING_SNAPSHOT, checkpoint_id)
+        return self._fires(FaultKind.KILL_DURING_SNAPSHOT, checkpoint_id)
 
     @staticmethod
     def die_writing(

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 from runtime.errors import AbsflowError
 
@@ -70,11 +70,11 @@ def _clean(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60]
 
 
-CommitFn = Callable[[int, Any], None]
+H = TypeVar("H")  # a sealed transaction's handle
 DoneFn = Callable[[int], None]
 
 
-class Committer:
+class Committer(Generic[H]):
     """Commits sealed transactions on its own thread, in checkpoint order, with retries.
 
     Threading: ``submit``/``raise_if_failed``/``drain``/``stop`` are called by the task
@@ -85,7 +85,7 @@ class Committer:
 
     def __init__(
         self,
-        commit: CommitFn,
+        commit: Callable[[int, H], None],
         on_committed: DoneFn,
         name: str,
         retries: int = 5,
@@ -94,7 +94,7 @@ class Committer:
     ) -> None:
         self._commit, self._on_committed = commit, on_committed
         self.name, self.retries, self.backoff_s = name, retries, backoff_s
-        self._queue: queue.Queue[tuple[int, Any] | None] = queue.Queue(max_queued)
+        self._queue: queue.Queue[tuple[int, H] | None] = queue.Queue(max_queued)
         self._thread: threading.Thread | None = None
         self._idle = threading.Condition()
         self._outstanding = 0
@@ -105,7 +105,7 @@ class Committer:
         self._thread = threading.Thread(target=self._run, name=f"commit-{self.name}", daemon=True)
         self._thread.start()
 
-    def submit(self, checkpoint_id: int, handle: Any) -> None:
+    def submit(self, checkpoint_id: int, handle: H) -> None:
         self.raise_if_failed()
         if self._thread is None:
             self.start()
@@ -153,7 +153,7 @@ class Committer:
                 self._outstanding -= 1
                 self._idle.notify_all()
 
-    def _commit_with_retries(self, n: int, handle: Any) -> None:
+    def _commit_with_retries(self, n: int, handle: H) -> None:
         for attempt in range(self.retries + 1):
             try:
                 self._commit(n, handle)

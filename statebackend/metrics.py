@@ -34,6 +34,11 @@ class MetricsRecord:
     def encode(self) -> dict[str, Any]:
         return encode(self)
 
+    @classmethod
+    def decode(cls: type[R], data: Mapping[str, Any] | None) -> R:
+        """The module's `decode` of ``data`` as this record."""
+        return decode(cls, data)
+
 
 @dataclass(frozen=True, slots=True)
 class TaskMetrics(MetricsRecord):

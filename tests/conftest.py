@@ -26,16 +26,46 @@ from tests.integration.standalone import StandaloneCluster
 SLOTS_NEEDED = 18  # the biggest test job (diamond) has 16 tasks, +2 spare slots for restarts
 
 # This test session's own temp dir, inherited (TMPDIR) by Spark's JVM and its Python
-# workers: the leak check sees this session's absflow dirs only, also while another
-# test session runs on the same machine.
+# workers: the leak checks see this session's absflow dirs only, also while another
+# test session runs on the same machine. Under pytest-xdist each worker is a session of
+# its own (its own dir, beside the controller's): workers never see each other's files.
 # A process started by the session that imports this module (a task unpickling a test's
-# function) keeps the session's dir.
-_OWN_TMP = "ABSFLOW_TEST_SESSION_TMP" not in os.environ
-SESSION_TMP = os.environ.get("ABSFLOW_TEST_SESSION_TMP") or tempfile.mkdtemp(prefix="abstest-")
-os.environ["ABSFLOW_TEST_SESSION_TMP"] = os.environ["TMPDIR"] = SESSION_TMP
+# function) keeps the session's dir: the variable names the owner ("gw0=/tmp/abstest-…"),
+# and an xdist worker, which inherits the controller's variable, is not that owner.
+SESSION_TMP_VAR = "ABSFLOW_TEST_SESSION_TMP"
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+_owner, _, _inherited = os.environ.get(SESSION_TMP_VAR, "").partition("=")
+_OWN_TMP = not _inherited or _owner != WORKER
+if _OWN_TMP:
+    # beside the controller's dir (not inside it), or in the machine's temp dir
+    _base = os.path.dirname(_inherited) if _inherited else None
+    SESSION_TMP = tempfile.mkdtemp(prefix=f"abstest-{WORKER}-", dir=_base)
+else:
+    SESSION_TMP = _inherited
+os.environ[SESSION_TMP_VAR] = f"{WORKER}={SESSION_TMP}"
+os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None
 if _OWN_TMP:  # at exit, after every handler registered later (pgserver's lock file)
     atexit.register(shutil.rmtree, SESSION_TMP, ignore_errors=True)
+
+
+# Fixtures that start a heavy server once per session (per xdist worker): their tests
+# run on one worker (``--dist loadgroup``), so a run starts one Spark JVM (and one
+# standalone cluster) and one PostgreSQL server for the PostgreSQL tests off Spark, not one
+# per worker (a Spark test that also writes to PostgreSQL, tests/integration/
+# test_connectors.py, starts a second one on the Spark worker). Tests marked
+# ``integration`` run on local Spark even where they do not ask for the fixture.
+SPARK_FIXTURES = frozenset({"spark", "standalone"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SPARK_FIXTURES or item.get_closest_marker("integration") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif "postgres" in names:
+            item.add_marker(pytest.mark.xdist_group("postgres"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -88,6 +118,22 @@ def _socket_inodes(pids: set[int]) -> set[str]:
     return inodes
 
 
+def session_socket_inodes() -> set[str]:
+    """Inodes of the sockets that this session's processes hold: this process's tree, and
+    any process started with this session's temp-dir variable (a task that outlived its
+    parent still counts): not another xdist worker's, nor another test session's."""
+    mark = f"{SESSION_TMP_VAR}={WORKER}={SESSION_TMP}".encode()
+    pids = _our_processes()
+    for environ in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            with open(environ, "rb") as fh:
+                if mark in fh.read().split(b"\0"):
+                    pids.add(int(environ.split("/")[2]))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return _socket_inodes(pids)
+
+
 def _listening_ports() -> set[int]:
     """Ports that this process or one of its descendants listens on (not another test
     session's on the same machine)."""
@@ -124,21 +170,66 @@ def _dashboards_closed() -> Iterator[None]:
     close_dashboards()
 
 
+@dataclass(frozen=True)
+class Leftovers:
+    """What a test left behind compared with a ``Footprint`` taken before it."""
+
+    ports: list[int]
+    dirs: list[str]
+    children: list[int]
+
+    def problems(self) -> list[str]:
+        said = []
+        if self.children:
+            said.append(f"task processes left behind: {self.children}")
+        if self.ports:
+            said.append(f"ports still listening after the job: {self.ports}")
+        if self.dirs:
+            said.append(f"temp dirs left behind: {self.dirs}")
+        return said
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """This session's listening ports, absflow temp dirs and (``children``) child
+    processes at one moment. Each is this session's own (this process's tree, this
+    session's temp dir: an xdist worker sees neither another worker's nor another test
+    session's)."""
+
+    ports: frozenset[int]
+    dirs: frozenset[str]
+    children: frozenset[int] | None
+
+    @classmethod
+    def take(cls, children: bool) -> Footprint:
+        kids = frozenset(child_processes()) if children else None
+        return cls(frozenset(_listening_ports()), frozenset(_absflow_tmp()), kids)
+
+    def leftovers(self, timeout: float = 5.0) -> Leftovers:
+        """What is there now and was not before, once it has not gone within ``timeout``
+        seconds (a task's process and sockets end a little after the job returns)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            now = Footprint.take(self.children is not None)
+            found = Leftovers(
+                sorted(now.ports - self.ports),
+                sorted(now.dirs - self.dirs),
+                sorted((now.children or frozenset()) - (self.children or frozenset())),
+            )
+            if not found.problems() or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+
 @pytest.fixture
 def no_leaks(spark: Any) -> Iterator[None]:
     """After the test: no port our tasks or job manager bound is still listening, and
     no absflow temp dir is left (Spark's own pooled workers hold no absflow socket)."""
-    ports, dirs = _listening_ports(), _absflow_tmp()
+    before = Footprint.take(children=False)
     yield
     close_dashboards()  # they outlive a job on purpose (until the driver exits)
-    deadline = time.monotonic() + 5.0
-    while True:
-        extra_ports, extra_dirs = _listening_ports() - ports, _absflow_tmp() - dirs
-        if not (extra_ports or extra_dirs) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
-    assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
+    problems = before.leftovers().problems()
+    assert not problems, "; ".join(problems)
 
 
 def child_processes(parent: int | None = None) -> set[int]:
@@ -163,19 +254,11 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from jobmanager.launchers import ENV_VAR
 
     monkeypatch.setenv(ENV_VAR, "local")
-    ports, dirs, children = _listening_ports(), _absflow_tmp(), child_processes()
+    before = Footprint.take(children=True)
     yield
     close_dashboards()  # they outlive a job on purpose (until the driver exits)
-    deadline = time.monotonic() + 5.0
-    while True:
-        extra_ports, extra_dirs = _listening_ports() - ports, _absflow_tmp() - dirs
-        extra_children = child_processes() - children
-        if not (extra_ports or extra_dirs or extra_children) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not extra_children, f"task processes left behind: {sorted(extra_children)}"
-    assert not extra_ports, f"ports still listening after the job: {sorted(extra_ports)}"
-    assert not extra_dirs, f"temp dirs left behind: {sorted(extra_dirs)}"
+    problems = before.leftovers().problems()
+    assert not problems, "; ".join(problems)
 
 
 @pytest.fixture(autouse=True)

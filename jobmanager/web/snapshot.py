@@ -27,7 +27,8 @@ from runtime.plan import JobPlan
 from statebackend.metrics import TaskMetrics
 
 if TYPE_CHECKING:
-    from jobmanager.coordinator import CompletedCheckpoint, FailedCheckpoint
+    from jobmanager.coordinator import CompletedCheckpoint
+    from jobmanager.result import FailedCheckpoint, Restart
     from jobmanager.services import TaskInfo
 
 HISTORY = 200  # completed (and failed) checkpoints kept for the API and the dashboard
@@ -169,10 +170,8 @@ class SnapshotBuilder:
         self._attempt, self._last = attempt.number, attempt
         for n in attempt.coordinator.pending:
             self._attempt_of.setdefault(n, attempt.number)
-        for f in attempt.coordinator.failed:
-            self._attempt_of.setdefault(f.checkpoint_id, attempt.number)
         self._tasks = tuple(self._task_rows(attempt))
-        failed = [*self.metrics.failed_checkpoints, *self._failed_now(attempt)]
+        failed = [*self.metrics.failed_checkpoints, *attempt.coordinator.failed]
         live = self.metrics.live(attempt.tasks)
         self._publish("running", failed, sorted(attempt.coordinator.pending), live)
 
@@ -189,7 +188,7 @@ class SnapshotBuilder:
     def _publish(
         self,
         state: str,
-        failed: list[Any],
+        failed: Sequence[FailedCheckpoint],
         pending: list[int],
         counts: RecordCounts,
         error: str | None = None,
@@ -275,28 +274,17 @@ class SnapshotBuilder:
             },
         }
 
-    def _failed_now(self, attempt: AttemptView) -> list[dict[str, Any]]:
-        return [
-            {
-                "checkpoint_id": f.checkpoint_id,
-                "reason": f.reason.name,
-                "detail": f.detail,
-                "attempt": attempt.number,
-            }
-            for f in attempt.coordinator.failed
-        ]
-
-    def _failed_row(self, f: Mapping[str, Any]) -> dict[str, Any]:
-        n = int(f["checkpoint_id"])
+    @staticmethod
+    def _failed_row(f: FailedCheckpoint) -> dict[str, Any]:
         return {
-            "checkpoint_id": n,
-            "attempt": f.get("attempt", self._attempt_of.get(n)),
-            "reason": f["reason"],
-            "detail": f.get("detail", ""),
+            "checkpoint_id": f.checkpoint_id,
+            "attempt": f.attempt,
+            "reason": f.reason.name,
+            "detail": f.detail,
         }
 
     @staticmethod
-    def _restart_row(r: Any) -> dict[str, Any]:
+    def _restart_row(r: Restart) -> dict[str, Any]:
         return {
             "attempt": r.attempt,
             "cause": r.cause.name,

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier
 from runtime.barriers.backedges import BackEdgeInputs, BackEdgeLogger
 from runtime.barriers.protocol import (
@@ -21,6 +20,7 @@ from runtime.barriers.protocol import (
     HandlerInputs,
     channel_set,
 )
+from runtime.control import CheckpointFailureReason
 
 # The aligner drops stale events (checkpoint id <= latest) before asking the
 # state, so the states only see checkpoints newer than anything finished here.

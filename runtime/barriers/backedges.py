@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier
 from runtime.barriers.protocol import (
     BarrierProtocolError,
@@ -22,6 +21,7 @@ from runtime.barriers.protocol import (
     HandlerInputs,
     HandlerViews,
 )
+from runtime.control import CheckpointFailureReason
 
 
 @dataclass(frozen=True, slots=True)

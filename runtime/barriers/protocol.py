@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from channels.control import CheckpointFailureReason
 from channels.errors import AbsflowError
 from channels.messages import Barrier, CancelBarrier
+from runtime.control import CheckpointFailureReason
 
 logger = logging.getLogger("runtime.barriers")
 

@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier
 from runtime.barriers.backedges import BackEdgeInputs, BackEdgeLogger
 from runtime.barriers.protocol import (
@@ -17,6 +16,7 @@ from runtime.barriers.protocol import (
     HandlerInputs,
     channel_set,
 )
+from runtime.control import CheckpointFailureReason
 
 
 @dataclass(frozen=True, slots=True)

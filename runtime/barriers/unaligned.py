@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier
 from runtime.barriers.backedges import BackEdgeLogger
 from runtime.barriers.protocol import (
@@ -36,6 +35,7 @@ from runtime.barriers.protocol import (
     HandlerViews,
     channel_set,
 )
+from runtime.control import CheckpointFailureReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,11 +19,11 @@ import io
 from typing import Any
 
 from runtime.errors import ConnectorError
-from runtime.sinks import SinkContext, TwoPhaseCommitSink
+from runtime.sinks import OtherRunsOutput, SinkContext, TwoPhaseCommitSink
 from runtime.transactions import TxnId
 
 
-class DeltaSink(TwoPhaseCommitSink):
+class DeltaSink(TwoPhaseCommitSink[list[Any], bytes | None]):
     """Records (dicts) appended to the Delta table at ``uri`` (created on first commit).
 
     ``schema`` (a ``pyarrow.Schema``) fixes the column types; without it they are
@@ -87,7 +87,7 @@ class DeltaSink(TwoPhaseCommitSink):
     def write_to_transaction(self, txn: list[Any], records: list[Any]) -> None:
         txn.extend(records)
 
-    def pre_commit(self, txn: list[Any], checkpoint_id: int) -> Any:
+    def pre_commit(self, txn: list[Any], checkpoint_id: int) -> bytes | None:
         if not txn:
             return None
         import pyarrow as pa
@@ -105,7 +105,7 @@ class DeltaSink(TwoPhaseCommitSink):
             writer.write_table(batch)
         return out.getvalue()
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: bytes | None) -> None:
         if handle is None:
             return
         import pyarrow as pa
@@ -129,19 +129,17 @@ class DeltaSink(TwoPhaseCommitSink):
             ),
         )
 
-    def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
-        if checkpoint_id is None:
-            table = self._table()
-            done = None if table is None else table.transaction_version(self.app_id)
-            if done is not None:
-                raise ConnectorError(
-                    f"Delta sink '{self.ctx.step_name}': table {self.uri} already holds "
-                    f"commits of application {self.app_id!r} up to checkpoint {done}, "
-                    f"written by another run of job {self.ctx.job!r}; a fresh start would "
-                    f"skip its checkpoints <= {done}. Restore the job from its checkpoint, "
-                    f"or give the job (or this sink step) another name"
-                )
-        # Nothing outside the table to abort: an uncommitted epoch exists only in the
-        # snapshot (or nowhere). Commit the restored ones, in order (idempotent).
-        for n, handle in pending:
-            self.commit(n, handle)
+    # Nothing outside the table to abort on a restore (the default ``abort_uncovered``):
+    # an uncommitted epoch exists only in the snapshot (or nowhere).
+
+    def other_runs_output(self) -> OtherRunsOutput | None:
+        table = self._table()
+        done = None if table is None else table.transaction_version(self.app_id)
+        if done is None:
+            return None
+        return OtherRunsOutput(
+            f"Delta table {self.uri} already holds commits of application {self.app_id!r} "
+            f"up to checkpoint {done}, written by another run of job {self.ctx.job!r}",
+            f"give the job (or this sink step) another name (a fresh start would skip "
+            f"its checkpoints <= {done})",
+        )

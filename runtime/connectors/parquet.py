@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import posixpath
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import ConnectorError
-from runtime.sinks import SinkContext, TwoPhaseCommitSink
+from runtime.sinks import OtherRunsOutput, SinkContext, SinkSnapshot, TwoPhaseCommitSink
 from runtime.transactions import TxnId, _clean
 
 HIDDEN = ".inprogress"
@@ -36,7 +37,10 @@ class _Epoch:
     opened_at: float = 0.0
 
 
-class ParquetSink(TwoPhaseCommitSink):
+Renames = Sequence[Sequence[str]]  # [in-progress path, final path] of each file
+
+
+class ParquetSink(TwoPhaseCommitSink[_Epoch, Renames | None]):
     """Records (dicts) into Parquet part files under ``directory`` (a path or fsspec URL).
 
     ``schema`` (a ``pyarrow.Schema``) fixes the column types (else inferred from the
@@ -141,7 +145,7 @@ class ParquetSink(TwoPhaseCommitSink):
         txn.closed.append(txn.path)
         txn.writer = txn.stream = None
 
-    def pre_commit(self, txn: _Epoch, checkpoint_id: int) -> Any:
+    def pre_commit(self, txn: _Epoch, checkpoint_id: int) -> Renames | None:
         self._roll(txn)
         if not txn.closed:
             return None
@@ -154,7 +158,7 @@ class ParquetSink(TwoPhaseCommitSink):
         return final
 
     # -- committing ------------------------------------------------------------------------
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: Renames | None) -> None:
         for src, dst in handle or ():
             if self.fs.exists(src):
                 self.fs.mv(src, dst)
@@ -174,17 +178,19 @@ class ParquetSink(TwoPhaseCommitSink):
                 found.append((path, int(base[len(self.prefix) :].split("-")[0])))
         return found
 
-    def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
-        for n, handle in pending:
-            self.commit(n, handle)
+    def other_runs_output(self) -> OtherRunsOutput | None:
         finals = self._ours(self.root)
-        if checkpoint_id is None and finals:
-            raise ConnectorError(
-                f"Parquet sink '{self.ctx.step_name}': {self.directory} already holds part "
-                f"files of job {self.ctx.job!r} (e.g. {finals[0][0]}) from another run; "
-                f"restore the job from its checkpoint, or write to another directory"
-            )
-        for path, n in finals:
+        if not finals:
+            return None
+        return OtherRunsOutput(
+            f"the Parquet output {self.directory} already holds part files of job "
+            f"{self.ctx.job!r} (e.g. {finals[0][0]}) from another run",
+            "write to another directory",
+        )
+
+    def abort_uncovered(self, restored: SinkSnapshot) -> None:
+        checkpoint_id = restored.checkpoint
+        for path, n in self._ours(self.root):
             if checkpoint_id is not None and n > checkpoint_id:
                 self.fs.rm(path)  # committed after the restored checkpoint: replayed
         for path, _ in self._ours(posixpath.join(self.root, HIDDEN)):

@@ -38,7 +38,7 @@ from typing import Any
 
 from runtime.connectors import pg_sql
 from runtime.errors import ConnectorError
-from runtime.sinks import SinkContext, TwoPhaseCommitSink
+from runtime.sinks import OtherRunsOutput, SinkContext, SinkSnapshot, TwoPhaseCommitSink
 from runtime.transactions import TxnId
 
 log = logging.getLogger("absflow.sinks.postgres")
@@ -53,7 +53,12 @@ class _Txn:
     rows: int = 0
 
 
-class PostgresSink(TwoPhaseCommitSink):
+# A prepared transaction's gid (None: nothing to commit); from older checkpoints, the
+# upsert epoch's rows themselves ({"rows": [...]}).
+Handle = str | dict[str, Any] | None
+
+
+class PostgresSink(TwoPhaseCommitSink[_Txn, Handle]):
     """Rows into ``table`` (``"name"`` or ``"schema.name"``), exactly once.
 
     Records are dicts (values taken by column name) or tuples in ``columns`` order.
@@ -257,7 +262,7 @@ class PostgresSink(TwoPhaseCommitSink):
                 f"(a map before the sink) or the table's column types"
             ) from err
 
-    def pre_commit(self, txn: _Txn, checkpoint_id: int) -> Any:
+    def pre_commit(self, txn: _Txn, checkpoint_id: int) -> Handle:
         from psycopg import sql
 
         if not self.exactly_once or txn.rows == 0:
@@ -265,7 +270,7 @@ class PostgresSink(TwoPhaseCommitSink):
         self._conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(txn.gid)))
         return txn.gid
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def commit(self, checkpoint_id: int, handle: Handle) -> None:
         if handle is None:
             return
         if self._commit_conn is None or self._commit_conn.closed:
@@ -313,15 +318,12 @@ class PostgresSink(TwoPhaseCommitSink):
         ).fetchall()
         return [gid for (gid,) in rows if TxnId.parse(gid) is not None]
 
-    def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
-        first = checkpoint_id is None and self.ctx.attempt == 0  # a restart is the same run
-        if first and self.mode == "append" and self.if_exists == "fail":
-            self._refuse_earlier_rows()
+    def abort_uncovered(self, restored: SinkSnapshot) -> None:
+        """Roll back this subtask's other prepared transactions; settle staged upserts."""
         if not self.exactly_once:
             return
+        checkpoint_id, pending = restored.checkpoint, restored.pending
         keep = [str(h) for _, h in pending if isinstance(h, str)]
-        for n, handle in pending:  # in checkpoint order: commit, and merge upserts
-            self.commit(n, handle)
         conn = self.connect(autocommit=True)
         try:
             lingering = [gid for gid in self.prepared(conn) if gid not in keep]
@@ -356,21 +358,25 @@ class PostgresSink(TwoPhaseCommitSink):
             else:
                 pg_sql.drop_staged(conn, self.staging, gid)
 
-    def _refuse_earlier_rows(self) -> None:
+    def other_runs_output(self) -> OtherRunsOutput | None:
+        """Append mode with ``if_exists="fail"``: any row. Rows of this run's earlier
+        attempts are not another run's (a restart without a checkpoint: at-least-once
+        rows may be in before any checkpoint); upserts overwrite by key."""
+        if self.ctx.attempt > 0 or self.mode != "append" or self.if_exists != "fail":
+            return None
         conn = self.connect(autocommit=True)
         try:
             earlier = pg_sql.has_rows(conn, self.table)
         finally:
             conn.close()
-        if earlier:
-            raise ConnectorError(
-                f"PostgreSQL sink '{self.ctx.step_name}': table {self.table!r} in "
-                f"{self.where()} already holds rows (from an earlier run or another job) "
-                f"and job {self.ctx.job!r} starts fresh (no checkpoint restored), so its "
-                f"rows would mix with them. Empty the table (TRUNCATE {self.table}), write "
-                f"to another table, restore the job from its checkpoint "
-                f"(run(restore_from=...)), or pass if_exists='append' to add to them"
-            )
+        if not earlier:
+            return None
+        return OtherRunsOutput(
+            f"PostgreSQL table {self.table!r} in {self.where()} already holds rows (from an "
+            f"earlier run or another job)",
+            f"empty the table (TRUNCATE {self.table}), write to another table, or pass "
+            f"if_exists='append' to add to them",
+        )
 
     def close(self) -> None:
         try:

@@ -27,9 +27,9 @@ from typing import Any
 
 import zmq
 
-from channels import control as P
 from channels import messages as M
-from channels import superstep_control as S
+from runtime import control as P
+from runtime import superstep_control as S
 from runtime.iterations.api import IterationError, IterationSpec
 from runtime.iterations.loop_plan import LoopChannels, iteration_plan
 from runtime.iterations.partition import PartitionCompute, encode_state
@@ -103,6 +103,7 @@ def run_worker(
                     P.Failed(
                         wctx.index,
                         wctx.attempt,
+                        P.TaskFailureCause.USER_FUNCTION_RAISED,
                         spec.step.name,
                         wctx.index,
                         str(err),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import _thread
 import logging
-import time
 from typing import Any
 
 import pytest
@@ -31,7 +30,6 @@ class CtrlCTwice(logging.Handler):
 def test_a_second_ctrl_c_cancels_the_job_and_cleans_up(caplog: Any) -> None:
     presses = CtrlCTwice()
     logging.getLogger("absflow").addHandler(presses)
-    started = time.monotonic()
     try:
         with (
             caplog.at_level(logging.INFO, logger="absflow"),
@@ -40,7 +38,6 @@ def test_a_second_ctrl_c_cancels_the_job_and_cleans_up(caplog: Any) -> None:
             pipeline(400_000, checkpoint_interval=0.2).run()  # ~50 s if left alone
     finally:
         logging.getLogger("absflow").removeHandler(presses)
-    assert time.monotonic() - started < 30
     assert info.value.__cause__ is None and info.value.__suppress_context__
     assert "cancelled" in str(info.value)
     messages = [r.getMessage() for r in caplog.records]

@@ -1,6 +1,7 @@
-"""The dashboard against running jobs on local Spark: the REST API and /metrics agree
-with the job's own result, and the page in a real headless Chromium shows the graph, a
-checkpoint while the job runs and a restart after a kill (screenshots kept: the
+"""The dashboard against running jobs: the REST API and /metrics agree with the job's own
+result (on the test harness: task processes, no Spark; the launcher is not the point),
+and the page in a real headless Chromium shows the graph, a checkpoint while the job
+runs and a restart after a kill (on local Spark; screenshots kept: the
 directory in ``ABSFLOW_TEST_ARTIFACTS``, else pytest's tmp_path)."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from jobmanager.result import JobResult
 from jobmanager.web import DashboardServer, close_all, serve
 from tests.integration.topologies import pipeline
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
+pytestmark = [pytest.mark.harness]
 
 TASKS = 7  # pipeline(): numbers x2, square x2, count x2, out x1
 
@@ -101,7 +102,7 @@ def test_rest_api_and_metrics_agree_with_the_jobs_result(server: DashboardServer
     assert (final["records_in"], final["records_out"]) == (result.records_in, result.records_out)
     assert final["records_in"] == n
     assert final["checkpoints_completed"] == result.checkpoints_completed
-    ids = [c["checkpoint_id"] for c in result.checkpoints]
+    ids = [c.checkpoint_id for c in result.checkpoints]
     cps = api(server, "checkpoints?limit=1000")
     assert [c["checkpoint_id"] for c in cps["completed"]] == ids
     assert live_cp[0]["checkpoint_id"] in ids
@@ -183,6 +184,9 @@ def artifacts(tmp_path: Path) -> Path:
     return root
 
 
+# On local Spark: the job must still run when the browser first shows a checkpoint, and a
+# job on the harness (no Spark start-up) can end before a busy machine's browser polls.
+@pytest.mark.integration
 @pytest.mark.slow
 def test_the_dashboard_in_chromium_shows_graph_checkpoints_and_a_restart(
     server: DashboardServer, tmp_path: Path

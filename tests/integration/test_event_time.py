@@ -1,4 +1,5 @@
-"""Event time on local Spark: keyed timers across a real SIGKILL fire exactly once (output
+"""Event time on the test harness (task processes, no Spark: the launcher is not the
+point): keyed timers across a real SIGKILL fire exactly once (output
 equal to a direct computation, record for record), and the companion: restoring
 without the timers and watermarks (``debug_drop_event_time``) loses output."""
 
@@ -14,7 +15,7 @@ from runtime import Dataflow
 from runtime.sources import GeneratorSource
 from tests.integration.test_examples import load_example
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 N = 12_000
 KEYS = 7

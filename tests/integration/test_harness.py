@@ -24,7 +24,7 @@ from runtime.api.testing import ABORT, EOF, ListSink, TestingSource, TestingSour
 from runtime.errors import AbsflowError
 from runtime.sources import GeneratorSource, Source, SourceReader
 from statebackend import CheckpointStorage
-from tests.conftest import child_processes
+from tests.conftest import child_processes, session_socket_inodes
 
 pytestmark = [pytest.mark.harness]  # the harness fixture: see tests/conftest.py
 
@@ -171,11 +171,16 @@ def test_without_checkpoints_a_kill_is_not_survived() -> None:
 
 
 def _abstract_sockets() -> collections.Counter[str]:
-    """The abstract Unix sockets of absflow gates on this host, by name: the listening one
-    and one per accepted connection (the path is /proc/net/unix's last column)."""
+    """The abstract Unix sockets of absflow gates that this test session's processes hold,
+    by name: the listening one and one per accepted connection (the path is
+    /proc/net/unix's last column, the inode its seventh). Another xdist worker's or test
+    session's gates on the same host are not counted."""
+    ours = session_socket_inodes()
     with open("/proc/net/unix") as f:
-        names = (line.split()[-1] for line in f)
-        return collections.Counter(n for n in names if n.startswith("@absflow-"))
+        rows = (line.split() for line in f)
+        return collections.Counter(
+            r[-1] for r in rows if len(r) >= 8 and r[-1].startswith("@absflow-") and r[6] in ours
+        )
 
 
 def _run_watching_sockets(flow: Dataflow) -> tuple[JobResult, collections.Counter[str]]:

@@ -91,9 +91,9 @@ def test_a_kill_restores_base_and_deltas_exactly(
     assert same is not drop
     if not drop:
         assert chained(root), "the run restored and retained no chained checkpoint"
-        steady = [c for c in killed.checkpoints if not c["final"]][2:]
-        written = sum(c["state_bytes"] for c in steady)
-        full = sum(c["full_state_bytes"] for c in steady)
+        steady = [c for c in killed.checkpoints if not c.final][2:]
+        written = sum(c.summary.state_bytes for c in steady)
+        full = sum(c.summary.full_state_bytes for c in steady)
         assert 0 < written < full  # deltas: less than the whole state each time
 
 
@@ -115,11 +115,7 @@ def test_rescaling_from_an_incremental_checkpoint_keeps_every_key(
     )
     assert first.restarts == []
     # a chained checkpoint taken while the source still had records to read
-    midway = {
-        c["checkpoint_id"]
-        for c in first.checkpoints
-        if (c.get("committed_records_in") or N) < N * 0.9
-    }
+    midway = {c.checkpoint_id for c in first.checkpoints if (c.committed_records_in or N) < N * 0.9}
     candidates = [n for n in chained(root) if n in midway]
     assert candidates, "no retained checkpoint with a chain before the end of the input"
     restore_from = str(root / f"chk-{candidates[-1]}")

@@ -42,7 +42,7 @@ def duration_share(**config: object) -> tuple[float, JobResult]:
     assert check(result, N), result.outputs
     # every checkpoint, the final one included: with fixed queues the first periodic
     # checkpoint can take the whole run and complete as the final one
-    durations = [c["duration_ms"] / 1000 for c in result.checkpoints]
+    durations = [c.duration_ms / 1000 for c in result.checkpoints]
     assert durations, result.summary()
     return statistics.median(durations) / base, result
 

@@ -30,7 +30,7 @@ def out(result: Any) -> collections.Counter[Any]:
 
 
 def logged(result: Any) -> int:
-    return sum(c.get("backedge_records", 0) for c in result.checkpoints if not c["final"])
+    return sum(c.summary.backedge_records for c in result.checkpoints if not c.final)
 
 
 @pytest.mark.integration  # also on local Spark
@@ -83,8 +83,8 @@ def test_the_back_edge_log_matters() -> None:
     fault = Kill("loop[0]", during="backedge_log", after_checkpoint=2)
     kept = collatz(N, rate=RATE, **CHK).run(faults=[fault])
     restored = kept.restarts[0].restored_checkpoint
-    chk = next(c for c in kept.checkpoints if c["checkpoint_id"] == restored)
-    assert chk["backedge_records"] > 0, kept.checkpoints
+    chk = next(c for c in kept.checkpoints if c.checkpoint_id == restored)
+    assert chk.summary.backedge_records > 0, kept.checkpoints
     assert out(kept) == collatz_expected(N)
     dropped = collatz(N, rate=RATE, debug_drop_in_flight_log=True, **CHK).run(faults=[fault])
     assert len(dropped.restarts) == 1

@@ -34,7 +34,7 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 def channel_state(result: Any) -> int:
-    return sum(c.get("channel_state_records", 0) for c in result.checkpoints)
+    return sum(c.summary.channel_state_records for c in result.checkpoints)
 
 
 def exact(result: Any, n: int) -> bool:
@@ -81,9 +81,9 @@ def test_the_channel_state_matters() -> None:
         restored = result.restarts[0].restored_checkpoint if result.restarts else None
         logged = next(
             (
-                c.get("channel_state_records", 0)
+                c.summary.channel_state_records
                 for c in result.checkpoints
-                if c["checkpoint_id"] == restored
+                if c.checkpoint_id == restored
             ),
             0,
         )
@@ -100,7 +100,7 @@ def test_an_unaligned_checkpoint_refuses_another_parallelism(tmp_path: Path) -> 
     result = flow.run(checkpoint_dir=chk, retained_checkpoints=50)
     assert exact(result, n)
     # Some retained checkpoint logged channel state for 'per_key' at parallelism 2.
-    with_state = [c["checkpoint_id"] for c in result.checkpoints if c["channel_state_records"]]
+    with_state = [c.checkpoint_id for c in result.checkpoints if c.summary.channel_state_records]
     assert with_state, result.summary()
     rescaled = diamond(n, checkpoint_interval=0.1, snapshot_mode="unaligned")
     for step in rescaled.graph.steps:
@@ -198,7 +198,8 @@ def test_no_task_processes_a_record_during_a_synchronous_snapshot(tmp_path: Path
     assert sorted(result.output("out")) == list(range(n))
     checked, moved = snapshots_after_the_drain(tmp_path)
     assert checked >= 4 and moved == 0, (checked, moved, result.summary())
-    assert all(c["halt_ms"] >= c["drain_ms"] for c in result.checkpoints if not c["final"])
+    halts = [(c.summary.halt_ms, c.summary.drain_ms) for c in result.checkpoints if not c.final]
+    assert all(h is not None and d is not None and h >= d for h, d in halts), halts
 
 
 def test_without_the_drain_tasks_snapshot_while_records_move(tmp_path: Path) -> None:

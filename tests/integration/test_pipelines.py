@@ -47,14 +47,16 @@ def test_wordcount_at_parallelism_three_with_checkpoints(tmp_path: Any) -> None:
     ).run()
     # every running count exactly once: a duplicate or a lost record would show here
     assert collections.Counter(result.output("counts")) == running_counts(corpus_counts(paths))
-    assert result.checkpoints[-1]["final"]
-    metadata = tmp_path / "chk" / f"chk-{result.checkpoints[-1]['checkpoint_id']}" / "_metadata"
+    assert result.checkpoints[-1].final
+    metadata = tmp_path / "chk" / f"chk-{result.checkpoints[-1].checkpoint_id}" / "_metadata"
     assert os.path.exists(metadata)
     # Each checkpoint says where every task's barriers were: the same figures as its
     # _metadata, for all six tasks (3 sources with their splitters, 3 counters).
-    tasks = result.checkpoints[-1]["tasks"]
-    assert tasks == json.loads(metadata.read_text())["task_metrics"]
-    assert len(tasks) == 6 and all(len(c["tasks"]) == 6 for c in result.checkpoints)
+    tasks = result.checkpoints[-1].tasks
+    assert {t: m.encode() for t, m in tasks.items()} == json.loads(metadata.read_text())[
+        "task_metrics"
+    ]
+    assert len(tasks) == 6 and all(len(c.tasks) == 6 for c in result.checkpoints)
 
 
 def test_diamond_gives_exact_output() -> None:

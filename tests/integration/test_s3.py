@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -109,10 +108,8 @@ def test_storage_a_task_cannot_write_fails_the_job_naming_the_url_and_host(
 
     monkeypatch.setattr(runner, "open_checkpoint_storage", unprobed)
     url = "s3://absflow-no-such-bucket/chk"
-    started = time.monotonic()
     with pytest.raises(TaskFailedError) as info:
         pipeline(N, **on_s3(s3, url), state_inline_threshold=0, timeout=90).run()
-    assert time.monotonic() - started < 30  # ~6 s here: one attempt, no restarts
     message = str(info.value)
     assert f"checkpoint storage {url!r}" in message and " on host " in message
     assert "not retried" in message and "restart(s)" not in message

@@ -20,7 +20,9 @@ from jobmanager.cli import main as cli
 from statebackend.storage import CheckpointStorage
 from tests.integration import savepoint_job
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
+# On the test harness (ABSFLOW_LAUNCHER=local, inherited by the drivers started here):
+# stopping with a savepoint is the job manager's, whatever launches the tasks.
+pytestmark = [pytest.mark.harness]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N = 200_000  # the bounded resumed run ends here; the first run is stopped long before

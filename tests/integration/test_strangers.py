@@ -33,13 +33,14 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from channels import control as P
 from channels.messages import encode_data
 from channels.security import ChannelKeys
 from jobmanager.result import JobResult
 from jobmanager.web import DashboardServer, close_all, serve
 from runtime import Dataflow
+from runtime import control as P
 from runtime.api.testing import ListSink, TestingSource, run_local
+from statebackend.metrics import AckMetrics
 
 pytestmark = [
     pytest.mark.harness,
@@ -235,7 +236,9 @@ class RunningJob:
     def forge_acks(self) -> None:
         """(b) an ack of the pending checkpoint from every task, (c) garbage: to the job
         manager."""
-        acks = [P.encode(P.Ack(t["index"], 0, self.pending, None, {})) for t in self.tasks]
+        acks = [
+            P.encode(P.Ack(t["index"], 0, self.pending, None, AckMetrics())) for t in self.tasks
+        ]
         self.stranger.send(zmq.DEALER, self.host, self.jm_port(), [*acks, *GARBAGE])
 
     def figures(self) -> dict[str, Any]:
@@ -362,8 +365,8 @@ def stranger_gets_nowhere(running: RunningJob) -> None:
     result = running.release()
     assert sorted(result.output("out")) == list(range(N))  # record for record, none injected
     assert not result.restarts
-    assert running.pending in [c["checkpoint_id"] for c in result.checkpoints] or any(
-        c["checkpoint_id"] > running.pending for c in result.checkpoints
+    assert running.pending in [c.checkpoint_id for c in result.checkpoints] or any(
+        c.checkpoint_id > running.pending for c in result.checkpoints
     )
 
 

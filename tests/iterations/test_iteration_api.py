@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from channels import control as P
 from channels import messages as M
-from channels import superstep_control as S
+from runtime import control as P
+from runtime import superstep_control as S
 from runtime.iterations import (
     BulkIteration,
     DeltaIteration,

@@ -4,7 +4,7 @@ that show compensation and the rescue read matter, and a slow task."""
 
 from __future__ import annotations
 
-import time
+import threading
 from typing import Any
 
 import pytest
@@ -143,22 +143,53 @@ def test_a_step_that_changes_the_key_set_fails_the_run_naming_the_step() -> None
         components(step=_Escaping()).run(recovery=Recovery("none"), launcher="threads")
 
 
-class _SlowCC(ConnectedComponentsStep):
-    """Partition 0's task needs 50 ms more per superstep than the others."""
+def test_superstep_barriers_wait_for_a_slow_task_without_deadlock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Partition 0 updates each superstep only after every other partition has updated
+    it (it is the slowest, by construction, not by a sleep): no task may start superstep
+    k + 1 before partition 0's update of k is over. The order is read from one event
+    log of the in-process tasks (launcher="threads"), not from a clock."""
+    from runtime.iterations import worker
+    from runtime.iterations.partition import PartitionCompute
 
-    name = "slow_cc"
+    log: list[tuple[str, int, int]] = []  # ("start" | "updated", partition, superstep)
+    cond = threading.Condition()
+    superstep_of: dict[int, int] = {}  # partition -> the superstep its thread is in
+    run_superstep, update = worker._Head._superstep, PartitionCompute.update
 
-    def update(self, key: Any, value: int, inbox: Any, side: Any, total: float) -> Any:
-        if key == 0:
-            time.sleep(0.05)
-        return super().update(key, value, inbox, side, total)
+    def logged_superstep(self: Any, k: int) -> None:
+        with cond:
+            superstep_of[self.wctx.index] = k
+            log.append(("start", self.wctx.index, k))
+        run_superstep(self, k)
 
+    def slowest_update(self: Any, total: float, sink: Any = None) -> Any:
+        k = superstep_of[self.index]
+        if self.index == 0:  # wait until every other partition has updated k
+            others = range(1, self.spec.parallelism)
+            with cond:
+                assert cond.wait_for(
+                    lambda: all(("updated", j, k) in log for j in others), timeout=60
+                ), f"partitions {sorted(others)} never finished superstep {k}"
+        outcome = update(self, total, sink)
+        with cond:
+            log.append(("updated", self.index, k))
+            cond.notify_all()
+        return outcome
 
-def test_superstep_barriers_wait_for_a_slow_task_without_deadlock() -> None:
-    result: IterationResult = components(step=_SlowCC()).run(launcher="threads")
+    monkeypatch.setattr(worker._Head, "_superstep", logged_superstep)
+    monkeypatch.setattr(PartitionCompute, "update", slowest_update)
+    result: IterationResult = components().run(launcher="threads")
     assert result.solution == CC_REF and result.attempts == 1
-    # every superstep where vertex 0 heard something waited for the slow task
-    assert max(s for _, s in result.superstep_seconds) >= 0.05
+    p = len({i for _, i, _ in log})
+    assert p > 1 and result.supersteps > 1
+    for k in range(1, result.supersteps):
+        slow_done = log.index(("updated", 0, k))
+        # partition 0 was the last to update k: the others had to wait for it ...
+        assert all(log.index(("updated", j, k)) < slow_done for j in range(1, p))
+        # ... and none started k + 1 before it was done
+        assert all(log.index(("start", j, k + 1)) > slow_done for j in range(p))
 
 
 def test_optimistic_falls_back_to_its_fallback_checkpoints() -> None:
@@ -176,23 +207,45 @@ def test_optimistic_falls_back_to_its_fallback_checkpoints() -> None:
     assert result.solution == CC_REF
 
 
+_rescue_over = threading.Event()
+
+
 class _BusyPageRank(PageRankStep):
-    """Vertex 0's task spends 0.5 s in every superstep's send phase: it cannot answer
-    a rescue read quickly."""
+    """Vertex 0's task is stuck in the send phase of superstep 2 (its second) until the
+    job manager's rescue read is over: it cannot answer the rescue read in time."""
 
     name = "busy_pagerank"
+    calls = 0
 
     def messages(self, key: Any, value: float, side: Any) -> Any:
         if key == 0:
-            time.sleep(0.5)
+            type(self).calls += 1
+            if type(self).calls == 2:
+                assert _rescue_over.wait(60), "the rescue read never ended"
         return super().messages(key, value, side)
 
 
-def test_a_survivor_that_cannot_answer_the_rescue_read_in_time_counts_as_lost() -> None:
+def test_a_survivor_that_cannot_answer_the_rescue_read_in_time_counts_as_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobmanager.iteration_attempt import IterationAttempt
     from runtime.iterations import BulkIteration
     from runtime.iterations.graphs import adjacency
     from tests.iterations.graphs import N_PR, PR_EDGES
 
+    rescue = IterationAttempt.rescue
+    rescued: list[dict[int, bytes]] = []
+
+    def rescue_then_release(self: Any, superstep: int, timeout: float) -> dict[int, bytes]:
+        try:
+            rescued.append(rescue(self, superstep, timeout))
+            return rescued[-1]
+        finally:
+            _rescue_over.set()
+
+    monkeypatch.setattr(IterationAttempt, "rescue", rescue_then_release)
+    monkeypatch.setattr(_BusyPageRank, "calls", 0)
+    _rescue_over.clear()
     it = BulkIteration(
         "busy",
         {v: 1.0 / N_PR for v in range(N_PR)},
@@ -201,11 +254,18 @@ def test_a_survivor_that_cannot_answer_the_rescue_read_in_time_counts_as_lost() 
         parallelism=3,
         max_supersteps=3,
     )
-    recovery = Recovery("optimistic", compensation=pagerank_compensation, rescue_timeout=0.1)
-    result = it.run(recovery=recovery, kills=[(1, 2)], launcher="threads")
+    # partition 2 answers within the time-out, partition 0 (busy) cannot, 1 is killed
+    recovery = Recovery("optimistic", compensation=pagerank_compensation, rescue_timeout=1.0)
+    try:
+        result = it.run(recovery=recovery, kills=[(1, 2)], launcher="threads")
+    finally:
+        _rescue_over.set()
+    assert [sorted(r) for r in rescued] == [[2]]
     (rec,) = result.recoveries
-    assert rec.kind == "start" and "falling back to the start" in rec.note
-    assert 0 in rec.lost_partitions or "no surviving task answered" in rec.note
+    assert rec.kind == "start" and rec.lost_partitions == (0, 1)
+    assert rec.note == (
+        "2 of 3 partitions lost: more than compensation should rebuild; falling back to the start"
+    )
     assert result.supersteps == 3 and sum(result.solution.values()) == pytest.approx(1.0)
 
 

@@ -60,10 +60,14 @@ def test_kill_then_pessimistic_restore_from_s3_gives_the_exact_components(
 
 
 def test_unreachable_storage_fails_naming_the_url_and_the_cause(s3: FakeS3, s3_root: str) -> None:
-    with socket.socket() as sock:  # a loopback port nobody listens on
+    # a loopback port nobody listens on: bound (not listening) for the whole test, so no
+    # other test or xdist worker can take it meanwhile; a connect to it is refused
+    with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    options = {**s3.options, "endpoint_url": f"http://127.0.0.1:{port}"}
-    recovery = Recovery("blocking", interval=2, checkpoint_dir=s3_root, storage_options=options)
-    with pytest.raises(OSError, match=r"superstep checkpoint s3://.*failed: .*(onnect|refused)"):
-        components().run(recovery=recovery, launcher="threads")
+        options = {**s3.options, "endpoint_url": f"http://127.0.0.1:{port}"}
+        recovery = Recovery("blocking", interval=2, checkpoint_dir=s3_root, storage_options=options)
+        with pytest.raises(
+            OSError, match=r"superstep checkpoint s3://.*failed: .*(onnect|refused)"
+        ):
+            components().run(recovery=recovery, launcher="threads")

@@ -189,7 +189,7 @@ def test_a_superstep_past_spill_threshold_spills_its_feedback_and_stays_exact() 
 
     def spilled(result: IterationRun) -> int:
         return sum(
-            int(m.get("spilled_bytes", 0))
+            m.spilled_bytes
             for task, m in result.job.task_metrics.items()
             if task.startswith("bulk_components[")
         )

@@ -7,7 +7,7 @@ import queue
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from channels import control as P
+from runtime import control as P
 from runtime.api.dataflow import Dataflow
 from runtime.plan import JobPlan
 from runtime.sources import GeneratorSource

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from channels import control as P
 from jobmanager.attempt import Attempt
 from jobmanager.failures import FailureCause
 from jobmanager.fault_schedule import FaultSchedule
@@ -16,7 +15,10 @@ from jobmanager.faults import DriverKill
 from jobmanager.liveness import Liveness
 from jobmanager.metrics import CommittedOutputs, RecordCounts, RunMetrics
 from jobmanager.services import RunServices
+from runtime import control as P
 from runtime.config import JobConfig
+from runtime.control import TaskFailureCause
+from statebackend.metrics import AckMetrics, TaskMetrics
 from tests.jobmanager.fakes import (
     Clock,
     FakeMonitor,
@@ -81,8 +83,19 @@ def registers(attempt: int = 0, host: str = "h") -> list[P.Message]:
     ]
 
 
+USER, TASK = TaskFailureCause.USER_FUNCTION_RAISED, TaskFailureCause.TASK_ERROR
+
+
+def beat(
+    records_in: int = 0, records_out: int = 0, rss: int = 0, first: float = 0.0
+) -> TaskMetrics:
+    return TaskMetrics(
+        records_in=records_in, records_out=records_out, rss_bytes=rss, first_record_at=first
+    )
+
+
 def ack(i: int, n: int, records_in: int, records_out: int) -> P.Ack:
-    return P.Ack(i, 0, n, None, {"records_in": records_in, "records_out": records_out})
+    return P.Ack(i, 0, n, None, AckMetrics(records_in=records_in, records_out=records_out))
 
 
 # -- dispatch ---------------------------------------------------------------------------------
@@ -92,7 +105,7 @@ def test_register_and_heartbeat_fill_the_task_table_and_are_answered() -> None:
         assert h.attempt.on_message(msg) is None
     assert h.attempt.registered == {0, 1, 2, 3}
     assert h.attempt.tasks[3].pid == 103 and h.attempt.tasks[3].operator == "count"
-    h.attempt.on_message(P.Heartbeat(0, 0, 500, 500, 2**20, 4991.5))
+    h.attempt.on_message(P.Heartbeat(0, 0, beat(500, 500, 2**20, 4991.5)))
     t = h.attempt.tasks[0]
     assert (t.records_in, t.records_out, t.peak_rss, t.first_record_at) == (500, 500, 2**20, 4991.5)
     assert h.link.sent_of(P.Alive) == [(0, P.Alive())]
@@ -101,7 +114,7 @@ def test_register_and_heartbeat_fill_the_task_table_and_are_answered() -> None:
 def test_a_user_function_error_names_operator_subtask_and_exception() -> None:
     h = harness()
     failure = h.attempt.on_message(
-        P.Failed(3, 0, "count", 1, "ValueError: bad line", "Traceback ...", False)
+        P.Failed(3, 0, USER, "count", 1, "ValueError: bad line", "Traceback ...", False)
     )
     assert failure is not None
     assert failure.cause is FailureCause.USER_FUNCTION_RAISED
@@ -113,10 +126,12 @@ def test_a_user_function_error_names_operator_subtask_and_exception() -> None:
 
 def test_a_task_error_and_a_fatal_one() -> None:
     h = harness()
-    task_error = h.attempt.on_message(P.Failed(0, 0, "src[0]", 0, "OSError: disk", "tb", False))
+    task_error = h.attempt.on_message(
+        P.Failed(0, 0, TASK, "src[0]", 0, "OSError: disk", "tb", False)
+    )
     assert task_error is not None and task_error.cause is FailureCause.TASK_ERROR
     fatal = h.attempt.on_message(
-        P.Failed(0, 0, "src[0]", 0, "RuntimeError: cannot restore", "tb", True)
+        P.Failed(0, 0, TASK, "src[0]", 0, "RuntimeError: cannot restore", "tb", True)
     )
     assert fatal is not None and fatal.permanent is not None
     assert "restart cannot fix" in fatal.permanent
@@ -133,13 +148,15 @@ def test_sink_output_and_acks_feed_outputs_and_metrics() -> None:
 
 # -- the loop ---------------------------------------------------------------------------------
 def finished(i: int, records_in: int, records_out: int) -> P.Finished:
-    return P.Finished(i, 0, {"records_in": records_in, "records_out": records_out})
+    return P.Finished(i, 0, TaskMetrics(records_in=records_in, records_out=records_out))
 
 
 def test_an_attempt_runs_to_the_end_with_committed_counts() -> None:
     h = harness()
     h.link.then(*registers())
-    h.link.then(P.Heartbeat(0, 0, 4, 4, 1, 4991.25), P.Failed(0, 1, "x", 0, "E: old", "", False))
+    h.link.then(
+        P.Heartbeat(0, 0, beat(4, 4, 1, 4991.25)), P.Failed(0, 1, USER, "x", 0, "E: old", "", False)
+    )
     h.link.then(P.SourceEnded(0, 0), P.SourceEnded(1, 0))
     h.link.then(ack(0, 1, 5, 5), ack(1, 1, 5, 5), ack(2, 1, 6, 6), ack(3, 1, 4, 4))
     h.link.then(P.SinkOutput(2, 0, "out", 0, 1, list(range(6))))
@@ -186,7 +203,7 @@ def test_a_task_report_that_arrives_after_its_process_is_gone_wins() -> None:
         return []
 
     h.link.then(*registers()).then(die).then()
-    h.link.then(P.Failed(0, 0, "src[0]", 0, "CheckpointStorageError: no bucket", "tb", True))
+    h.link.then(P.Failed(0, 0, TASK, "src[0]", 0, "CheckpointStorageError: no bucket", "tb", True))
     failure = h.attempt.run(h.stage)
     assert failure is not None and failure.cause is FailureCause.TASK_ERROR
     assert failure.permanent is not None and "no bucket" in failure.describe()
@@ -205,7 +222,7 @@ def test_a_silent_task_is_a_lost_heartbeat() -> None:
     h = harness(JobConfig(heartbeat_timeout=1.0), tick=0.4)
     h.link.then(*registers())
     for _ in range(4):
-        h.link.then(*[P.Heartbeat(i, 0, 0, 0, 1, 0.0) for i in (0, 1, 2)])
+        h.link.then(*[P.Heartbeat(i, 0, beat(rss=1)) for i in (0, 1, 2)])
     failure = h.attempt.run(h.stage)
     assert failure is not None and failure.cause is FailureCause.HEARTBEAT_LOST
     assert (failure.operator, failure.subtask) == ("count", 1)
@@ -261,7 +278,7 @@ def test_a_registration_timeout_is_left_to_the_restart_strategy_a_job_timeout_is
     h = harness(JobConfig(timeout=1.0), tick=0.3)
     h.link.then(*registers())
     for _ in range(5):
-        h.link.then(*[P.Heartbeat(i, 0, 0, 0, 1, 0.0) for i in range(4)])
+        h.link.then(*[P.Heartbeat(i, 0, beat(rss=1)) for i in range(4)])
     failure = h.attempt.run(h.stage)
     assert failure is not None and failure.cause is FailureCause.JOB_TIMEOUT
     assert failure.permanent == "the job ran longer than timeout=1.0 s"
@@ -351,7 +368,7 @@ def test_checks_run_at_most_every_few_ms_and_checkpoints_every_turn() -> None:
 
     for _ in range(1, turns):
         h.link.then(ack_pending)
-    h.link.then(P.Failed(0, 0, "src", 0, "E: stop here", "", False))
+    h.link.then(P.Failed(0, 0, USER, "src", 0, "E: stop here", "", False))
     assert h.attempt.run(h.stage) is not None
     span = turns * 0.0005
     assert counts["tick"] >= turns - 2

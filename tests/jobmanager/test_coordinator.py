@@ -9,18 +9,20 @@ from typing import Any
 
 import pytest
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
 from jobmanager.coordinator import (
     CheckpointCoordinator,
     CompletedCheckpoint,
 )
+from runtime import control as P
 from runtime.api.dataflow import Dataflow
 from runtime.config import JobConfig
+from runtime.control import CheckpointFailureReason
+from runtime.control import CheckpointFailureReason as R
 from runtime.plan import JobPlan
 from runtime.sources import GeneratorSource
 from statebackend.errors import StorageAccessError
-from statebackend.metadata import CheckpointMetadata, StepState, TaskStateHandle
+from statebackend.metadata import CheckpointMetadata, OperatorLayout, StepState, TaskStateHandle
+from statebackend.metrics import AckMetrics
 from statebackend.storage import CheckpointStorage
 
 SOURCES = [0, 1]
@@ -102,16 +104,16 @@ class Harness:
     def ack(self, n: int, *tasks: int, state: bool = True) -> CompletedCheckpoint | None:
         done = None
         for index in tasks or ALL:
-            info = {"file": f"t{index}.state", "size": 10, "crc32": 1} if state else None
-            metrics = {
-                "alignment_ms": float(index),
-                "sync_ms": 1.0,
-                "async_ms": 2.0,
-                "state_bytes": 100,
-                "spilled_bytes": 0,
-                "keys": index,
-                "start_delay_ms": 0.5,
-            }
+            info = TaskStateHandle(f"t{index}.state", 10, 1) if state else None
+            metrics = AckMetrics(
+                alignment_ms=float(index),
+                sync_ms=1.0,
+                async_ms=2.0,
+                state_bytes=100,
+                spilled_bytes=0,
+                keys=index,
+                start_delay_ms=0.5,
+            )
             done = self.coord.on_ack(P.Ack(index, 0, n, info, metrics)) or done
         return done
 
@@ -210,11 +212,9 @@ def test_metadata_records_the_steps_whose_state_it_holds(tmp_path: Path) -> None
     for index, (op, groups) in enumerate(
         [("src", None), ("src", None), ("count", (0, 64)), ("count", (64, 128))]
     ):
-        layout: dict[str, Any] = {"subtask": index % 2, "parallelism": 2}
-        if groups is not None:
-            layout["key_groups"] = list(groups)
-        state = {"file": f"t{index}.state", "size": 10, "crc32": 1, "operators": {op: layout}}
-        h.coord.on_ack(P.Ack(index, 0, 1, state, {}))
+        layout = OperatorLayout(index % 2, 2, groups)
+        state = TaskStateHandle(f"t{index}.state", 10, 1, {op: layout})
+        h.coord.on_ack(P.Ack(index, 0, 1, state, AckMetrics()))
     meta = h.storage.read_metadata(1)
     # "out" (the collect sink) is not listed: no task acked state for it
     assert meta.steps == (
@@ -243,7 +243,7 @@ def test_timeout_aborts_expired(tmp_path: Path) -> None:
     open(os.path.join(h.storage.root, "chk-1", "src[0].state"), "wb").close()
     assert h.tick(5.0) == []  # exactly the timeout: not yet
     sent = h.tick(0.1)
-    assert of_type(sent, P.Abort) == [(i, P.Abort(1, "EXPIRED")) for i in ALL]
+    assert of_type(sent, P.Abort) == [(i, P.Abort(1, R.EXPIRED)) for i in ALL]
     assert 1 not in h.coord.pending
     assert triggers(sent) == []  # the interval runs from the last trigger (t=10): due at 20
     (failed,) = h.coord.failed
@@ -260,13 +260,13 @@ def test_timeout_aborts_expired(tmp_path: Path) -> None:
 def test_decline_aborts_declined(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.tick(10)
-    h.coord.on_decline(P.Decline(2, 0, 1, "STATE_WRITE_FAILED", "disk full"))
-    assert of_type(h.sent.new(), P.Abort) == [(i, P.Abort(1, "STATE_WRITE_FAILED")) for i in ALL]
+    h.coord.on_decline(P.Decline(2, 0, 1, R.STATE_WRITE_FAILED, "disk full"))
+    assert of_type(h.sent.new(), P.Abort) == [(i, P.Abort(1, R.STATE_WRITE_FAILED)) for i in ALL]
     (failed,) = h.coord.failed
     assert failed.reason is CheckpointFailureReason.STATE_WRITE_FAILED
     assert failed.detail == "declined by task count[0]: disk full"
     assert h.coord.consecutive_failures == 1
-    h.coord.on_decline(P.Decline(3, 0, 1, "DECLINED", "again"))  # already aborted: nothing
+    h.coord.on_decline(P.Decline(3, 0, 1, R.DECLINED, "again"))  # already aborted: nothing
     assert h.sent.new() == [] and len(h.coord.failed) == 1
 
 
@@ -280,7 +280,7 @@ def test_completing_n_subsumes_older_pending(tmp_path: Path) -> None:
     h.ack(2)
     assert set(h.coord.pending) == {3}
     sent = h.sent.new()
-    assert of_type(sent, P.Abort) == [(i, P.Abort(1, "SUBSUMED")) for i in ALL]
+    assert of_type(sent, P.Abort) == [(i, P.Abort(1, R.SUBSUMED)) for i in ALL]
     assert of_type(sent, P.Complete) == [(i, P.Complete(2)) for i in SINK_TASKS]
     assert [f.reason for f in h.coord.failed] == [CheckpointFailureReason.SUBSUMED]
     assert h.coord.consecutive_failures == 0  # subsumption is not a failure
@@ -291,7 +291,7 @@ def test_consecutive_failures_beyond_tolerable(tmp_path: Path) -> None:
     h = Harness(tmp_path, tolerable_checkpoint_failures=2, checkpoint_timeout=1.0)
     for n in (1, 2, 3):
         h.tick(10)
-        h.coord.on_decline(P.Decline(0, 0, n, "DECLINED", "no"))
+        h.coord.on_decline(P.Decline(0, 0, n, R.DECLINED, "no"))
         assert h.coord.too_many_failures is (n > 2)
     assert h.coord.consecutive_failures == 3
 
@@ -299,12 +299,12 @@ def test_consecutive_failures_beyond_tolerable(tmp_path: Path) -> None:
 def test_a_completion_resets_the_failure_count(tmp_path: Path) -> None:
     h = Harness(tmp_path, tolerable_checkpoint_failures=1)
     h.tick(10)
-    h.coord.on_decline(P.Decline(0, 0, 1, "DECLINED", "no"))
+    h.coord.on_decline(P.Decline(0, 0, 1, R.DECLINED, "no"))
     h.tick(10)
     h.ack(2)
     assert h.coord.consecutive_failures == 0
     h.tick(10)
-    h.coord.on_decline(P.Decline(0, 0, 3, "DECLINED", "no"))
+    h.coord.on_decline(P.Decline(0, 0, 3, R.DECLINED, "no"))
     assert not h.coord.too_many_failures
 
 
@@ -382,10 +382,10 @@ def test_checkpoint_ids_start_at_first_id(tmp_path: Path) -> None:
     h.clock.advance(10)
     coord.on_tick()
     assert {m.checkpoint_id for _, m in h.sent.new() if isinstance(m, P.Trigger)} == {17}
-    done = coord.on_ack(P.Ack(0, 2, 17, None, {}))
+    done = coord.on_ack(P.Ack(0, 2, 17, None, AckMetrics()))
     assert done is None
     for i in (1, 2, 3):
-        done = coord.on_ack(P.Ack(i, 2, 17, None, {})) or done
+        done = coord.on_ack(P.Ack(i, 2, 17, None, AckMetrics())) or done
     assert done is not None and done.path is None  # no storage: nothing written
 
 
@@ -402,7 +402,7 @@ def test_a_failed_metadata_write_is_a_failed_checkpoint_not_an_error(tmp_path: P
     assert failed.reason is CheckpointFailureReason.METADATA_WRITE_FAILED
     assert "No space left" in failed.detail
     assert h.coord.consecutive_failures == 1 and h.completed == []
-    assert of_type(h.sent.new(), P.Abort) == [(i, P.Abort(1, "METADATA_WRITE_FAILED")) for i in ALL]
+    assert of_type(h.sent.new(), P.Abort) == [(i, P.Abort(1, R.METADATA_WRITE_FAILED)) for i in ALL]
 
 
 def test_a_failed_deletion_is_logged_not_an_error(
@@ -416,7 +416,7 @@ def test_a_failed_deletion_is_logged_not_an_error(
     h.storage.discard = unreachable  # type: ignore[method-assign,assignment]
     h.storage.retain = unreachable  # type: ignore[method-assign,assignment]
     h.tick(10)
-    h.coord.on_decline(P.Decline(2, 0, 1, "STATE_WRITE_FAILED", "disk full"))
+    h.coord.on_decline(P.Decline(2, 0, 1, R.STATE_WRITE_FAILED, "disk full"))
     assert [f.checkpoint_id for f in h.coord.failed] == [1]  # aborted all the same
     h.tick(10)
     assert h.ack(2) is not None and h.coord.completed[-1].checkpoint_id == 2

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from jobmanager.failures import Failure, FailureCause, FailureHistory, classify_stage_error
+from jobmanager.failures import (
+    Failure,
+    FailureCause,
+    FailureHistory,
+    classify_stage_error,
+    reported_failure,
+)
+from runtime import control as P
 
 RAISED = Failure(FailureCause.USER_FUNCTION_RAISED, "split", 1, "ValueError: bad line\nmore")
 
@@ -53,3 +60,13 @@ def test_stage_errors_are_classified() -> None:
     )
     assert classify_stage_error("... PythonException: ...") is FailureCause.TASK_ERROR
     assert classify_stage_error("barrier stage failed") is FailureCause.STAGE_FAILED
+
+
+def test_a_reported_cause_maps_to_the_failure_cause_of_its_name() -> None:
+    """``Failed.cause`` travels as a task-side enum; the job manager takes the
+    FailureCause of the same name (every task-side cause has one)."""
+    for cause in P.TaskFailureCause:
+        msg = P.Failed(0, 0, cause, "count", 1, "E: x", "tb", False)
+        failure = reported_failure(msg)
+        assert failure.cause is FailureCause[cause.name]
+        assert failure.cause.message == cause.value

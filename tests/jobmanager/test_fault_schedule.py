@@ -7,7 +7,7 @@ import pytest
 from jobmanager.fault_schedule import FaultSchedule
 from jobmanager.faults import DriverKill, Kill, RandomKills, relative_to_run, resolve_faults
 from runtime.errors import GraphError
-from runtime.task_environment import TaskFault
+from runtime.task_environment import FaultKind, TaskFault
 from tests.jobmanager.fakes import small_plan
 
 
@@ -111,7 +111,10 @@ def test_explicit_kills_are_labelled_as_written() -> None:
 
 
 def test_task_faults_count_checkpoints_from_the_runs_first() -> None:
-    faults = [TaskFault("kill_during_snapshot", 2, 0, 2), TaskFault("raise_at_record", 1, 0)]
+    faults = [
+        TaskFault(FaultKind.KILL_DURING_SNAPSHOT, 2, 0, 2),
+        TaskFault(FaultKind.RAISE_AT_RECORD, 1, 0),
+    ]
     assert relative_to_run(faults, 1) == faults
     shifted = relative_to_run(faults, 41)
     assert shifted[0].checkpoint_id == 42 and shifted[1].checkpoint_id is None

@@ -103,11 +103,11 @@ def test_result_and_summary_use_the_committed_figures() -> None:
     assert (r.records_in, r.records_out, r.replayed_in, r.replayed_out) == (1000, 1000, 50, 20)
     assert r.records_per_second == 500.0
     assert r.checkpoints_completed == 1
-    assert r.checkpoints[0]["committed_records_in"] == 100
+    assert r.checkpoints[0].committed_records_in == 100
     # each task's part of each checkpoint, as its ack reported it
-    tasks = r.checkpoints[1]["tasks"]
+    tasks = r.checkpoints[1].tasks
     assert sorted(tasks) == ["t0", "t1", "t2", "t3"]
-    assert (tasks["t3"]["start_delay_ms"], tasks["t3"]["alignment_ms"]) == (5.0, 0.5)
+    assert (tasks["t3"].start_delay_ms, tasks["t3"].alignment_ms) == (5.0, 0.5)
     text = r.summary()
     assert "1,000 records in, 1,000 out (committed)" in text
     assert "replayed after restores: 50 records in, 20 out" in text

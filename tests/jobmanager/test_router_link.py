@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import zmq
 
-from channels import control as P
 from jobmanager.router_link import RouterLink, open_router
+from runtime import control as P
+from statebackend.metrics import TaskMetrics
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def test_garbage_is_dropped_and_the_real_messages_arrive(
     caplog.set_level(logging.WARNING, "absflow.jobmanager")
     peer = zctx.socket(zmq.DEALER)
     peer.connect(f"tcp://127.0.0.1:{port}")
-    hello = P.Heartbeat(0, 0, 1, 1, 0, 0.0)
+    hello = P.Heartbeat(0, 0, TaskMetrics(records_in=1, records_out=1))
     garbage = [b"", b"\xc1", os.urandom(40), P.encode(hello)[:3], b"\x93\x63\x01\x02"]
     for frame in garbage:
         peer.send(frame)

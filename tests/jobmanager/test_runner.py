@@ -23,6 +23,7 @@ from runtime.errors import (
     JobCancelledError,
     TaskFailedError,
 )
+from statebackend.storage import CheckpointStorage
 from tests.conftest import FakeS3
 from tests.jobmanager.fakes import small_plan
 
@@ -51,12 +52,27 @@ def _writable(path: str) -> bool:
         return False
 
 
-def test_a_read_only_checkpoint_dir_fails_at_once_with_the_fix(tmp_path: Path) -> None:
+def counted_probes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The roots ``CheckpointStorage.probe`` is called for, from now on."""
+    probes: list[str] = []
+    probe = CheckpointStorage.probe
+
+    def counted(self: CheckpointStorage) -> None:
+        probes.append(self.root)
+        probe(self)
+
+    monkeypatch.setattr(CheckpointStorage, "probe", counted)
+    return probes
+
+
+def test_a_read_only_checkpoint_dir_fails_at_once_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = read_only_dir(tmp_path)
-    started = time.monotonic()
-    with pytest.raises(CheckpointStorageError) as info:
+    probes = counted_probes(monkeypatch)
+    with pytest.raises(CheckpointStorageError) as info:  # no launcher: nothing started
         JobManager(small_plan(), JobConfig(checkpoint_interval=0.1, checkpoint_dir=root), None, [])
-    assert time.monotonic() - started < 1.0
+    assert len(probes) == 1  # at once: one probe, no retry (a restart cannot fix it)
     message = str(info.value)
     assert root in message and "not writable" in message
     assert "Error" in message and "writable for the user" in message
@@ -104,16 +120,18 @@ def test_a_missing_bucket_fails_on_the_driver_naming_the_url(s3: FakeS3) -> None
     assert "storage_options" in message  # the fix
 
 
-def test_a_refusing_endpoint_fails_on_the_driver_at_once(s3: FakeS3) -> None:
+def test_a_refusing_endpoint_fails_on_the_driver_at_once(
+    s3: FakeS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
     options = {
         **s3.options,
         "endpoint_url": "http://127.0.0.1:9",  # nothing listens on the discard port
         "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2},
     }
-    started = time.monotonic()
+    probes = counted_probes(monkeypatch)
     with pytest.raises(CheckpointStorageError, match=r"s3://b/chk.*EndpointConnectionError"):
         open_checkpoint_storage("s3://b/chk", options)
-    assert time.monotonic() - started < 10.0
+    assert len(probes) <= 1  # at once: no retry (the root's existence check may fail first)
 
 
 def test_storage_options_are_a_dict_and_stay_out_of_the_repr() -> None:

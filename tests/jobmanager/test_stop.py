@@ -16,8 +16,6 @@ from typing import Any
 
 import pytest
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
 from jobmanager import stop_command
 from jobmanager.cli import main
 from jobmanager.stop import (
@@ -29,6 +27,8 @@ from jobmanager.stop import (
     running_jobs,
     stop_signals,
 )
+from runtime import control as P
+from runtime.control import CheckpointFailureReason
 from tests.jobmanager.fakes import Clock
 from tests.jobmanager.test_attempt import ack, finished, harness, registers
 from tests.jobmanager.test_coordinator import Harness, triggers

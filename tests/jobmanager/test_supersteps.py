@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from channels import control as P
 from jobmanager.result import IterationProgress, SuperstepRecovery
 from jobmanager.supersteps import IterationPhase, SuperstepDriver, superstep_step
+from runtime import control as P
 from runtime.api.iterations import iteration_dataflow
 from runtime.iterations import l1_below
 from runtime.iterations.library import ConnectedComponentsStep, PageRankStep

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
+from runtime import control as P
+from runtime.control import CheckpointFailureReason
 from tests.jobmanager.test_coordinator import ALL, SOURCES, Harness, of_type, triggers
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from channels import control as P
 from jobmanager.termination import LoopTermination, Wave
+from runtime import control as P
 
 
 class Probes:

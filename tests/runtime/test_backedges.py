@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Sequence
 
 import pytest
 
-from channels.control import CheckpointFailureReason
 from runtime.barriers import (
     BackEdgeLogger,
     BarrierAligner,
@@ -22,6 +21,7 @@ from runtime.barriers import (
     LoggingBackEdges,
     NotLogging,
 )
+from runtime.control import CheckpointFailureReason
 from tests.runtime.test_barriers import (
     EOI,
     Abort,

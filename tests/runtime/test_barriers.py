@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from channels.control import CheckpointFailureReason
 from channels.messages import Barrier, CancelBarrier
 from runtime.barriers import (
     NO_CHECKPOINT,
@@ -28,6 +27,7 @@ from runtime.barriers import (
     CheckpointActions,
     WaitingForBarrier,
 )
+from runtime.control import CheckpointFailureReason
 
 # --- recorded actions ----------------------------------------------------------------
 

@@ -8,9 +8,10 @@ from collections import deque
 
 import pytest
 
-from channels import control as P
+from runtime import control as P
 from runtime.control_client import ControlClient
 from runtime.errors import TaskCancelled
+from statebackend.metrics import TaskMetrics
 
 
 class FakeSocket:
@@ -75,7 +76,7 @@ def test_cancel_ends_the_task_at_once() -> None:
 
 def test_a_silent_job_manager_ends_the_task() -> None:
     c, sock, _, clock = client()
-    beat = P.Heartbeat(0, 0, 0, 0, 0, 0.0)
+    beat = P.Heartbeat(0, 0, TaskMetrics())
     c.heartbeat(clock.now, lambda: beat)
     sock.tell(P.Alive())
     c.read()

@@ -105,7 +105,7 @@ def test_processing_time_timers_do_not_fire_while_the_job_is_halted() -> None:
     """Synchronous snapshots: from the Halt until its checkpoint ends, a task fires no
     processing-time timer (the snapshot must capture a state that does not change under
     it); once the checkpoint ends (here: aborted), the due window fires."""
-    from channels import control as P
+    from runtime import control as P
     from runtime.window_kinds import TumblingProcessingTime
 
     flow = Dataflow("pt", parallelism=1)
@@ -131,7 +131,7 @@ def test_processing_time_timers_do_not_fire_while_the_job_is_halted() -> None:
         task._housekeeping(0.0)  # the wall clock is far past 1001: the window is due
         assert len(op.state) == (1 if synchronous else 0)  # type: ignore[attr-defined]
         if synchronous:
-            io.jm.tell(P.Abort(3, "EXPIRED"))
+            io.jm.tell(P.Abort(3, P.CheckpointFailureReason.EXPIRED))
             task._serve_control()
             task._housekeeping(0.0)
             assert len(op.state) == 0  # type: ignore[attr-defined]

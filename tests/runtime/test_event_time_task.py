@@ -98,9 +98,9 @@ def test_a_task_forwards_the_min_watermark_on_every_output_channel(tmp_path: Pat
     assert marks == [m for m in (2, 4, 9) for _ in range(2)]
     assert task.input_side.watermark == float("inf") and task.chain.watermark == 9
     # the task's watermark at the (final) checkpoint is in its ack: checkpoints --show
-    from channels import control as P
+    from runtime import control as P
 
-    assert io.jm.of_type(P.Ack)[0].metrics["watermark"] == 9
+    assert io.jm.of_type(P.Ack)[0].metrics.watermark == 9
     task.close(graceful=True)
 
 
@@ -211,14 +211,14 @@ def test_build_time_errors_name_the_step() -> None:
 def test_an_abort_from_the_job_manager_reaches_the_operators(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from channels import control as P
+    from runtime import control as P
     from runtime.operators import Operator
 
     told: list[int] = []
     monkeypatch.setattr(Operator, "notify_checkpoint_aborted", lambda self, n: told.append(n))
     task, io = merge_task(tmp_path)
     task.open()
-    io.jm.tell(P.Abort(5, "EXPIRED"))
+    io.jm.tell(P.Abort(5, P.CheckpointFailureReason.EXPIRED))
     task._serve_control()
     assert told == [5] * len(task.chain.operators)
     task.close(graceful=False)
@@ -287,7 +287,7 @@ def test_explain_shows_where_watermarks_are_generated() -> None:
 
 def test_a_bad_timestamp_at_a_source_fails_the_job_naming_the_step(tmp_path: Path) -> None:
     """Fatal: a restart would replay the same record into the same error."""
-    from channels import control as P
+    from runtime import control as P
     from runtime.errors import TaskCancelled
 
     flow = Dataflow("bad_ts")

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from channels.control import CheckpointFailureReason
 from channels.messages import (
     Barrier,
     CancelBarrier,
@@ -19,6 +18,7 @@ from channels.messages import (
     encode_event,
 )
 from runtime.barriers import UnalignedHandler
+from runtime.control import CheckpointFailureReason
 from runtime.overtaking import QUEUE_FRAMES, OvertakingInput
 from tests.runtime.test_task import FakeGate
 

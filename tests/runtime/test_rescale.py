@@ -200,7 +200,8 @@ def sealed_at(sink_type: type, parallelism: int, driver: Driver, **kw: Any) -> l
         states.append(sink.snapshot_state(5))
         sink.write_batch([f"late{i}"])
         if isinstance(sink, FileSink):
-            sink.current["fh"].flush()  # a crash: the staging file stays
+            assert sink.current is not None
+            sink.current.fh.flush()  # a crash: the staging file stays
     return states
 
 

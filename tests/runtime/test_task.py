@@ -7,6 +7,7 @@ checkpoint it is acked, and says Alive to heartbeats).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import zlib
 from collections import deque
@@ -17,8 +18,6 @@ from typing import Any
 
 import pytest
 
-from channels import control as P
-from channels.control import CheckpointFailureReason
 from channels.messages import (
     Barrier,
     CancelBarrier,
@@ -27,11 +26,13 @@ from channels.messages import (
     encode_data,
     encode_event,
 )
+from runtime import control as P
 from runtime.api.dataflow import Dataflow
 from runtime.barriers import BarrierAligner, BarrierProtocolError
 from runtime.chain import Capture
 from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.config import JobConfig
+from runtime.control import CheckpointFailureReason
 from runtime.errors import CheckpointStorageError, RecordSerializationError, TaskCancelled
 from runtime.inputs import BlockedChannels
 from runtime.plan import JobPlan
@@ -39,8 +40,9 @@ from runtime.sources import CollectionSource
 from runtime.task import Task
 from runtime.task_environment import TaskEnvironment
 from runtime.task_faults import TaskFaults
-from statebackend.metadata import OperatorLayout, TaskStateHandle
-from statebackend.metrics import TaskMetrics, decode
+from statebackend.errors import IncompatibleCheckpointError
+from statebackend.metadata import CheckpointMetadata, OperatorLayout, TaskStateHandle
+from statebackend.metrics import AckMetrics, CheckpointSummary
 from statebackend.snapshot import OperatorSnapshot
 from statebackend.storage import CheckpointStorage
 
@@ -236,8 +238,8 @@ def test_blocked_frames_are_replayed_in_order_before_newer_ones(tmp_path: Path) 
     acks = io.jm.of_type(P.Ack)
     assert [a.checkpoint_id for a in acks] == [1, 2]
     assert acks[0].state is None  # no checkpoint storage
-    assert set(acks[0].metrics) >= {"start_delay_ms", "alignment_ms", "sync_ms", "async_ms"}
-    finished = decode(TaskMetrics, io.jm.of_type(P.Finished)[0].metrics)
+    assert isinstance(acks[0].metrics, AckMetrics)
+    finished = io.jm.of_type(P.Finished)[0].metrics
     assert finished.records_in == 5 and finished.uptime_seconds > 0
     assert finished.bytes_in > 0  # counted per frame received
     task.close(graceful=True)
@@ -262,8 +264,8 @@ def test_unaligned_barriers_overtake_queued_input_which_becomes_channel_state(
     assert io.log[:2] == [("priority", b1), ("forward", b1)]
     assert [r for kind, part in io.log if kind == "write" for r in part] == [2, 4, 20, 6, 22]
     ack = io.jm.of_type(P.Ack)[0]
-    assert ack.checkpoint_id == 1 and ack.metrics["channel_state_records"] == 3  # 1, 2, 10
-    assert ack.metrics["records_in"] == 0
+    assert ack.checkpoint_id == 1 and ack.metrics.channel_state_records == 3  # 1, 2, 10
+    assert ack.metrics.records_in == 0
     task.close(graceful=True)
 
 
@@ -277,7 +279,8 @@ def _final_ack_handle(tmp_path: Path, **settings: Any) -> tuple[P.Ack, TaskState
     task.run()
     (ack,) = io.jm.of_type(P.Ack)
     task.close(graceful=True)
-    return ack, TaskStateHandle.decode(ack.state)
+    assert ack.state is not None
+    return ack, ack.state
 
 
 def test_state_files_are_written_through_the_storage(tmp_path: Path) -> None:
@@ -285,13 +288,13 @@ def test_state_files_are_written_through_the_storage(tmp_path: Path) -> None:
     assert handle.file == "merge[0].state" and handle.operators == {}  # nothing stateful
     assert handle.inline is None
     assert (tmp_path / "chk" / "chk-1" / "merge[0].state").stat().st_size == handle.size
-    assert ack.metrics["state_bytes"] == handle.size
+    assert ack.metrics.state_bytes == handle.size
 
 
 def test_a_small_state_travels_inline_in_the_ack(tmp_path: Path) -> None:
     ack, handle = _final_ack_handle(tmp_path)  # the default threshold, 20 KiB
     assert handle.file == "" and handle.inline is not None
-    assert len(handle.inline) == handle.size == ack.metrics["state_bytes"]
+    assert len(handle.inline) == handle.size == ack.metrics.state_bytes
     assert zlib.crc32(handle.inline) == handle.crc32
     assert not (tmp_path / "chk" / "chk-1" / "merge[0].state").exists()
 
@@ -304,10 +307,10 @@ def test_an_abort_from_the_job_manager_reaches_the_handler_with_its_reason(
     io.gate.frames.extend([event(0, Barrier(1, 0.0)), data(0, 5)])
     task.turn()
     assert task.inputs is not None and task.inputs.buffered(0) == 1  # aligning, 0 blocked
-    io.jm.tell(P.Abort(1, CheckpointFailureReason.EXPIRED.name))
+    io.jm.tell(P.Abort(1, CheckpointFailureReason.EXPIRED))
     task.turn()
     (decline,) = io.jm.of_type(P.Decline)
-    assert (decline.checkpoint_id, decline.reason) == (1, "EXPIRED")
+    assert (decline.checkpoint_id, decline.reason) == (1, CheckpointFailureReason.EXPIRED)
     assert decline.detail == CheckpointFailureReason.EXPIRED.message
     assert ("forward", CancelBarrier(1)) in io.log
     task.turn()  # channel 0 is unblocked: its buffered batch is replayed
@@ -342,6 +345,7 @@ def test_an_unserializable_record_is_a_fatal_failure_naming_its_step(tmp_path: P
         task.run()
     (failed,) = io.jm.of_type(P.Failed)
     assert failed.fatal and failed.operator == "double"
+    assert failed.cause is P.TaskFailureCause.USER_FUNCTION_RAISED
     assert "step 'double' emitted a record that cannot cross tasks" in failed.error
     assert "convert the set to a list/tuple" in failed.error
     task.close(graceful=False)
@@ -489,8 +493,8 @@ def test_a_small_state_is_acked_in_the_barriers_own_step_without_the_writer(
     cp.trigger_source(P.Trigger(3, 0.0, False))
     assert [kind for kind, _ in log] == ["capture", "forward", "ack"]
     assert writer.submitted == 0 and not cp.writes_pending
-    handle = TaskStateHandle.decode(log[-1][1].state)
-    assert handle.inline is not None and handle.size == log[-1][1].metrics["state_bytes"]
+    handle = log[-1][1].state
+    assert handle.inline is not None and handle.size == log[-1][1].metrics.state_bytes
     assert storage.read_operator_state(3, handle, "op") == b"\x01"
 
 
@@ -503,7 +507,7 @@ def test_a_state_over_the_threshold_goes_to_the_writer(tmp_path: Path) -> None:
     assert [kind for kind, _ in log] == ["capture", "forward"] and writer.submitted == 1
     writer.run()
     cp.collect_writes()
-    assert log[-1][0] == "ack" and TaskStateHandle.decode(log[-1][1].state).file
+    assert log[-1][0] == "ack" and log[-1][1].state.file
 
 
 def test_a_small_state_waits_behind_an_older_write_so_acks_stay_in_order(tmp_path: Path) -> None:
@@ -519,7 +523,7 @@ def test_a_small_state_waits_behind_an_older_write_so_acks_stay_in_order(tmp_pat
     cp.collect_writes()
     acks = [msg for kind, msg in log if kind == "ack"]
     assert [a.checkpoint_id for a in acks] == [3, 4]
-    assert TaskStateHandle.decode(acks[1].state).inline is not None
+    assert acks[1].state.inline is not None
 
 
 def test_a_barrier_sequence_captures_forwards_writes_and_acks_in_order(tmp_path: Path) -> None:
@@ -538,11 +542,8 @@ def test_a_barrier_sequence_captures_forwards_writes_and_acks_in_order(tmp_path:
     cp.collect_writes()
     assert [kind for kind, _ in log] == ["capture", "forward", "write", "ack"]
     ack = log[-1][1]
-    assert TaskStateHandle.decode(ack.state) == TaskStateHandle(
-        "merge[0].state", 42, 7, {"op": OperatorLayout(0, 1)}
-    )
-    assert ack.metrics["keys"] == 3 and ack.metrics["state_bytes"] == 42
-    assert {"sync_ms", "async_ms", "alignment_ms", "start_delay_ms"} <= set(ack.metrics)
+    assert ack.state == TaskStateHandle("merge[0].state", 42, 7, {"op": OperatorLayout(0, 1)})
+    assert ack.metrics.keys == 3 and ack.metrics.state_bytes == 42
 
 
 def test_a_failed_state_write_after_a_good_one_declines_the_checkpoint() -> None:
@@ -557,7 +558,7 @@ def test_a_failed_state_write_after_a_good_one_declines_the_checkpoint() -> None
     assert [kind for kind, _ in log][-4:] == ["capture", "forward", "write", "decline"]
     decline = log[-1][1]
     assert decline.checkpoint_id == 4
-    assert decline.reason == CheckpointFailureReason.STATE_WRITE_FAILED.name
+    assert decline.reason == CheckpointFailureReason.STATE_WRITE_FAILED
     assert "No space left" in decline.detail
 
 
@@ -665,3 +666,36 @@ def test_the_task_process_never_imports_the_job_manager() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_checkpoint_that_does_not_fit_is_a_fatal_task_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restoring fails before the first record: the task reports its own error (not a
+    user function's), fatal, and ends."""
+    task, io = merge_task(tmp_path)
+    metadata = CheckpointMetadata(
+        checkpoint_id=3,
+        job="merge",
+        attempt=0,
+        final=False,
+        trigger_time=0.0,
+        completed_time=1.0,
+        duration_ms=1.0,
+        max_parallelism=128,
+        tasks={},
+        task_metrics={},
+        metrics=CheckpointSummary(),
+    )
+    task.env = dataclasses.replace(task.env, restore_metadata=metadata, restore_root=str(tmp_path))
+
+    def refuse(*args: Any) -> None:
+        raise IncompatibleCheckpointError("step 'double' changed its parallelism")
+
+    monkeypatch.setattr("runtime.task.plan_restore", refuse)
+    with pytest.raises(TaskCancelled, match=r"restoring checkpoint 3 .* failed"):
+        task.open()
+    (failed,) = io.jm.of_type(P.Failed)
+    assert failed.cause is P.TaskFailureCause.TASK_ERROR and failed.operator == "merge[0]"
+    assert failed.fatal and "changed its parallelism" in failed.error
+    task.close(graceful=False)

@@ -9,8 +9,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from runtime.sinks import SinkContext, TwoPhaseCommitSink
+from runtime.errors import ConnectorError
+from runtime.sinks import OtherRunsOutput, SinkContext, SinkSnapshot, TwoPhaseCommitSink
 from runtime.transactions import CommitFailedError, TxnId
+from statebackend.errors import CorruptCheckpointError
+from statebackend.restore import RescaledState
 
 
 class Ledger:
@@ -20,13 +23,15 @@ class Ledger:
         self.committed: list[tuple[int, list[Any]]] = []
         self.begun: list[str] = []
         self.aborted: list[int] = []
+        self.recovered: list[tuple[str, int, int]] = []  # (what, subtask, checkpoint id)
+        self.other_run: dict[int, str] = {}  # subtask -> output another run left
         self.gate = threading.Event()
         self.gate.set()
         self.fail_next = 0
         self.commit_threads: set[str] = set()
 
 
-class LedgerSink(TwoPhaseCommitSink):
+class LedgerSink(TwoPhaseCommitSink[list[Any], list[Any]]):
     def __init__(self, ledger: Ledger, off_loop: bool = True) -> None:
         self.ledger = ledger
         self.commit_off_loop = off_loop
@@ -41,7 +46,7 @@ class LedgerSink(TwoPhaseCommitSink):
     def pre_commit(self, txn: Any, checkpoint_id: int) -> Any:
         return list(txn)
 
-    def commit(self, checkpoint_id: int, handle: Any) -> None:
+    def _commit(self, checkpoint_id: int, handle: Any) -> None:
         self.ledger.commit_threads.add(threading.current_thread().name)
         self.ledger.gate.wait(10)
         if self.ledger.fail_next:
@@ -50,9 +55,18 @@ class LedgerSink(TwoPhaseCommitSink):
         if checkpoint_id not in [n for n, _ in self.ledger.committed]:  # idempotent
             self.ledger.committed.append((checkpoint_id, list(handle)))
 
-    def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
-        super().recover(pending, checkpoint_id)
-        self.ledger.aborted.append(-1 if checkpoint_id is None else checkpoint_id)
+    def commit(self, checkpoint_id: int, handle: Any) -> None:
+        self.ledger.recovered.append(("commit", self.ctx.subtask, checkpoint_id))
+        self._commit(checkpoint_id, handle)
+
+    def abort_uncovered(self, restored: SinkSnapshot) -> None:
+        n = -1 if restored.checkpoint is None else restored.checkpoint
+        self.ledger.aborted.append(n)
+        self.ledger.recovered.append(("abort", self.ctx.subtask, n))
+
+    def other_runs_output(self) -> OtherRunsOutput | None:
+        found = self.ledger.other_run.get(self.ctx.subtask)
+        return None if found is None else OtherRunsOutput(found, "use another ledger")
 
 
 def ctx(subtask: int = 0, attempt: int = 0) -> SinkContext:
@@ -94,11 +108,11 @@ def test_the_id_of_a_transaction_is_known_when_it_begins() -> None:
     ]
 
 
-def test_snapshot_holds_pending_and_the_next_id() -> None:
+def test_snapshot_holds_pending_and_its_checkpoint() -> None:
     sink = opened(Ledger(), off_loop=False)
     sink.write_batch(["a"])
     state = sink.snapshot_state(3)
-    assert state == {"pending": [[3, ["a"]]], "checkpoint": 3, "next": 4}
+    assert state == {"pending": [[3, ["a"]]], "checkpoint": 3}
 
 
 def test_commits_run_off_the_task_loop_and_never_block_records() -> None:
@@ -205,3 +219,60 @@ def test_sink_operator_tells_the_sink_of_an_aborted_checkpoint() -> None:
     op.open(op_ctx)
     op.notify_checkpoint_aborted(4)
     assert sink.told == 4
+
+
+# -- the skeleton's recovery policy -------------------------------------------------------
+def test_sink_snapshot_round_trips_and_reads_what_older_sinks_wrote() -> None:
+    snap = SinkSnapshot(7, ((6, ["a"]), (7, ["b"])))
+    assert SinkSnapshot.decode(msgpack.unpackb(msgpack.packb(snap.encode()))) == snap
+    older = {"pending": [[7, "b"]], "checkpoint": 7, "next": 8}  # as sinks wrote it before
+    assert SinkSnapshot.decode(older) == SinkSnapshot(7, ((7, "b"),))
+    assert SinkSnapshot.decode(None) == SinkSnapshot.decode({}) == SinkSnapshot()
+    # No "checkpoint" key: the newest pending one is the restored checkpoint.
+    assert SinkSnapshot.decode({"pending": [[3, "x"]]}) == SinkSnapshot(3, ((3, "x"),))
+
+
+def test_a_malformed_sink_snapshot_is_named() -> None:
+    with pytest.raises(CorruptCheckpointError, match=r"sink snapshot .* is malformed"):
+        SinkSnapshot.decode({"pending": [["three", "x"]], "checkpoint": 3})
+
+
+def test_recover_commits_the_covered_transactions_in_order_before_aborting_the_rest() -> None:
+    ledger = Ledger()
+    sink = LedgerSink(ledger, off_loop=False)
+    sink.open(ctx(attempt=1))
+    sink.restore_state(SinkSnapshot(5, ((4, ["a"]), (5, ["b"]))).encode())
+    assert ledger.recovered == [("commit", 0, 4), ("commit", 0, 5), ("abort", 0, 5)]
+    assert ledger.committed == [(4, ["a"]), (5, ["b"])]
+
+
+def test_a_fresh_start_refuses_a_target_holding_another_runs_output() -> None:
+    ledger = Ledger()
+    ledger.other_run[0] = "the ledger already holds entries of job 'clicks'"
+    sink = LedgerSink(ledger, off_loop=False)
+    sink.open(ctx())
+    with pytest.raises(ConnectorError) as info:
+        sink.restore_state(None)
+    message = str(info.value)
+    assert "sink 'out': the ledger already holds entries of job 'clicks'" in message
+    assert "restore_from" in message and "use another ledger" in message
+    assert ledger.recovered == []  # nothing committed or aborted
+    # A restore is no fresh start: the same target is recovered, not refused.
+    restored = LedgerSink(ledger, off_loop=False)
+    restored.open(ctx(attempt=1))
+    restored.restore_state(SinkSnapshot(3).encode())
+    assert ledger.recovered == [("abort", 0, 3)]
+
+
+def test_a_rescaled_restore_recovers_each_old_subtask_once_and_none_is_a_fresh_start() -> None:
+    """New subtask 0 of 2 owns old subtasks 0 and 2 of 3: it recovers 2 as subtask 2
+    (2 left no snapshot: it still aborts after the restored checkpoint, and another
+    run's output at index 2 is not refused), then restores its own old snapshot."""
+    ledger = Ledger()
+    ledger.other_run = {0: "old output", 2: "old output"}
+    old = {0: SinkSnapshot(8, ((8, ["x"]),)).encode(), 1: SinkSnapshot(8).encode(), 2: None}
+    sink = LedgerSink(ledger, off_loop=False)
+    sink.open(ctx())
+    sink.restore_state(RescaledState(tuple(old.items()), 3))
+    assert ledger.recovered == [("abort", 2, 8), ("commit", 0, 8), ("abort", 0, 8)]
+    assert ledger.begun[-1] == "absflow:clicks:out:0:9"

@@ -16,7 +16,8 @@ from runtime.connectors.postgres import PostgresSink
 from runtime.sources import GeneratorSource
 from tests.conftest import Postgres
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
+# the harness fixture's checks (no task, port or temp dir left); no Spark session
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 N, USERS = 2_000, 13
 

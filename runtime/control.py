@@ -2,22 +2,48 @@
 
 Every message is a frozen, slotted dataclass; ``encode`` packs it as a msgpack
 array ``[code, *fields]`` and ``decode`` rebuilds it. Tasks and the job manager
-both import this module; it imports nothing of ``runtime`` or ``jobmanager``.
-The data plane (batches, barriers, end of input, cancel) is ``channels.messages``.
+both import this module. It sits on the task side, not in ``channels``: its messages
+carry ``statebackend`` records (a task's state handle, its metrics), so it is above
+``statebackend``, which ``channels`` is below; it imports nothing else of ``runtime``
+and nothing of ``jobmanager``. The data plane (batches, barriers, end of input,
+cancel) is ``channels.messages``.
 
 ``CheckpointFailureReason`` is the one vocabulary of why a checkpoint failed: the
-barrier handlers abort with it, tasks decline with its name, the coordinator
-records and broadcasts it.
+barrier handlers abort with it, tasks decline with it, the coordinator records and
+broadcasts it; ``TaskFailureCause`` says whose error a ``Failed`` reports.
+
+Fields are typed: an enum travels by its name, a record (``TaskMetrics``,
+``AckMetrics``, ``TaskStateHandle``) as its own ``encode()`` map, rebuilt by its
+``decode``. A frame that does not fit (an unknown enum name, a malformed record)
+raises ValueError naming the message and the field: never a silent default.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import msgpack
+
+from statebackend.metadata import TaskStateHandle
+from statebackend.metrics import AckMetrics, MetricsRecord, TaskMetrics
+
+E = TypeVar("E", bound=enum.Enum)
+M = TypeVar("M", bound="Message")
+
+
+def from_wire(kind: type[E], name: object) -> E:
+    """The member of ``kind`` named ``name``; ValueError naming the known ones if there is
+    none (a peer of another version, or a corrupt frame: never guessed)."""
+    if not isinstance(name, str) or name not in kind.__members__:
+        known = ", ".join(kind.__members__)
+        raise ValueError(f"{name!r} is no {kind.__name__} (known: {known})")
+    return kind[name]
 
 
 class CheckpointFailureReason(enum.Enum):
@@ -38,13 +64,13 @@ class CheckpointFailureReason(enum.Enum):
     def message(self) -> str:
         return self.value
 
-    @classmethod
-    def from_wire(cls, name: str) -> CheckpointFailureReason:
-        """The reason named ``name``; an unknown name (a newer peer) counts as DECLINED."""
-        try:
-            return cls[name]
-        except KeyError:
-            return cls.DECLINED
+
+class TaskFailureCause(enum.Enum):
+    """Whose error a task's ``Failed`` reports; the value is the human message (the job
+    manager's ``FailureCause`` has a member of the same name for each)."""
+
+    USER_FUNCTION_RAISED = "a user function raised"
+    TASK_ERROR = "a task failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,39 +95,32 @@ class Heartbeat(Message):
     CODE: ClassVar[int] = 2
     task_index: int
     attempt: int
-    records_in: int
-    records_out: int
-    rss_bytes: int
-    first_record_at: float  # wall clock of the first record this attempt processed, 0 if none
-    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """``statebackend.metrics.TaskMetrics.encode()`` (empty from an older task)."""
+    metrics: TaskMetrics
+    """The task's figures since its attempt started (records, RSS, first record, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Ack(Message):
-    """Task's part of checkpoint ``checkpoint_id`` is durable.
-
-    ``state`` is ``statebackend.metadata.TaskStateHandle.encode()`` of the task's state
-    file (decode it with ``TaskStateHandle.decode``), or None without checkpoint storage.
-    """
+    """Task's part of checkpoint ``checkpoint_id`` is durable: ``state`` is the handle of
+    its state (None without checkpoint storage), ``metrics`` its figures."""
 
     CODE: ClassVar[int] = 3
     task_index: int
     attempt: int
     checkpoint_id: int
-    state: dict[str, Any] | None
-    metrics: dict[str, Any]
+    state: TaskStateHandle | None
+    metrics: AckMetrics
 
 
 @dataclass(frozen=True, slots=True)
 class Decline(Message):
-    """The task gives up ``checkpoint_id``: ``reason`` is a CheckpointFailureReason name."""
+    """The task gives up ``checkpoint_id`` for ``reason`` (``detail``: the specifics)."""
 
     CODE: ClassVar[int] = 4
     task_index: int
     attempt: int
     checkpoint_id: int
-    reason: str
+    reason: CheckpointFailureReason
     detail: str
 
 
@@ -133,16 +152,19 @@ class Finished(Message):
     CODE: ClassVar[int] = 7
     task_index: int
     attempt: int
-    metrics: dict[str, Any]
+    metrics: TaskMetrics
 
 
 @dataclass(frozen=True, slots=True)
 class Failed(Message):
-    """A user function raised (or the task hit an error it cannot go on from)."""
+    """A user function raised (``cause`` USER_FUNCTION_RAISED, ``operator`` names its
+    step) or the task hit an error it cannot go on from (TASK_ERROR, ``operator`` is the
+    task id)."""
 
     CODE: ClassVar[int] = 8
     task_index: int
     attempt: int
+    cause: TaskFailureCause
     operator: str
     subtask: int
     error: str
@@ -225,11 +247,9 @@ class Complete(Message):
 
 @dataclass(frozen=True, slots=True)
 class Abort(Message):
-    """``reason`` is a CheckpointFailureReason name."""
-
     CODE: ClassVar[int] = 22
     checkpoint_id: int
-    reason: str
+    reason: CheckpointFailureReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +317,48 @@ class EmitSolution(Message):
     superstep: int
 
 
+Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]
+_RECORDS = (MetricsRecord, TaskStateHandle)  # typed records: their own encode/decode
+
+
+def _codec(hint: Any) -> Codec | None:
+    """How a field of type ``hint`` goes on the wire and back; None: as it is."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        codec = _codec(inner[0]) if len(inner) == 1 else None
+        if codec is None:
+            return None
+        to_wire, back = codec
+        return (
+            lambda v: None if v is None else to_wire(v),
+            lambda w: None if w is None else back(w),
+        )
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        kind: type[enum.Enum] = hint
+        return (lambda v: v.name, lambda w: from_wire(kind, w))
+    if isinstance(hint, type) and issubclass(hint, _RECORDS):
+        record: Any = hint
+        return (lambda v: v.encode(), record.decode)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Wire:
+    """A message class's fields in order, with the codec of each typed one."""
+
+    names: tuple[str, ...]
+    codecs: tuple[Codec | None, ...]
+    plain: bool  # no typed field: packed as it is
+
+
+def _wire(cls: type[Message]) -> _Wire:
+    hints = typing.get_type_hints(cls)
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    codecs = tuple(_codec(hints[name]) for name in names)
+    return _Wire(names, codecs, all(c is None for c in codecs))
+
+
 _TYPES: dict[int, type[Message]] = {
     cls.CODE: cls
     for cls in (
@@ -324,18 +386,51 @@ _TYPES: dict[int, type[Message]] = {
         EmitSolution,
     )
 }
+_WIRES: dict[type[Message], _Wire] = {}
+
+
+def _wire_of(cls: type[Message]) -> _Wire:
+    """The wire layout of ``cls`` (computed once per class)."""
+    wire = _WIRES.get(cls)
+    if wire is None:
+        wire = _WIRES[cls] = _wire(cls)
+    return wire
 
 
 def encode(msg: Message) -> bytes:
-    fields = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
+    wire = _wire_of(type(msg))
+    fields = [getattr(msg, name) for name in wire.names]
+    if not wire.plain:
+        fields = [v if c is None else c[0](v) for v, c in zip(fields, wire.codecs, strict=True)]
     packed: bytes = msgpack.packb([msg.CODE, *fields], use_bin_type=True)
     return packed
 
 
 def decode(frame: bytes) -> Message:
+    """The message in ``frame``; ValueError if it is none (unknown code, fields that do
+    not fit the message's types)."""
     code, *fields = msgpack.unpackb(frame, raw=False, strict_map_key=False, use_list=False)
     try:
         cls = _TYPES[code]
-    except KeyError:
+    except (KeyError, TypeError):
         raise ValueError(f"unknown control message code {code!r}") from None
-    return cls(*fields)
+    return build(cls, fields)
+
+
+def build(cls: type[M], fields: list[Any]) -> M:
+    """A ``cls`` from its decoded wire ``fields`` (see `decode`)."""
+    wire = _wire_of(cls)
+    if not wire.plain:
+        if len(fields) > len(wire.codecs):
+            raise ValueError(f"{cls.__name__}: {len(fields)} fields, expected {len(wire.names)}")
+        out = []
+        for name, value, codec in zip(wire.names, fields, wire.codecs, strict=False):
+            try:
+                out.append(value if codec is None else codec[1](value))
+            except Exception as err:
+                raise ValueError(f"{cls.__name__}.{name}: {err}") from err
+        fields = out
+    try:
+        return cls(*fields)
+    except TypeError as err:
+        raise ValueError(f"{cls.__name__}: {err}") from None

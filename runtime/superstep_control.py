@@ -10,9 +10,9 @@ One superstep, seen from the job manager::
     JM  -> every task   SuperstepGo(k + 1, ...) or SuperstepGo(k, stop=True)
     task -> JM          PartitionState(k, state)         (after stop, or a RescueRequest)
 
-The encoding is the control plane's (``channels.control.encode``: a msgpack array
+The encoding is the control plane's (``runtime.control.encode``: a msgpack array
 ``[code, *fields]``); ``decode`` knows these codes and falls back to
-``channels.control.decode`` for the shared ones (Register, Failed, Cancel, KillSelf).
+``runtime.control.decode`` for the shared ones (Register, Failed, Cancel, KillSelf).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import msgpack
 
-from channels import control as P
+from runtime import control as P
 
 __all__ = ["PartitionState", "RescueRequest", "SuperstepDone", "SuperstepGo", "decode"]
 
@@ -90,4 +90,4 @@ def decode(frame: bytes) -> P.Message:
     cls = _TYPES.get(code)
     if cls is None:
         return P.decode(frame)
-    return cls(*fields)
+    return P.build(cls, fields)
