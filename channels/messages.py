@@ -106,7 +106,17 @@ class Watermark:
     idle: bool = False
 
 
-Event = Barrier | EndOfInput | CancelBarrier | Watermark
+@dataclass(frozen=True, slots=True)
+class SuperstepMarker:
+    """The sender has sent everything of ``superstep`` of an iteration on this channel
+    (FIFO: every message of that superstep is ahead of it); ``contribution`` is the
+    sender's share of the superstep's in-band global sum (PageRank: dangling rank)."""
+
+    superstep: int
+    contribution: float = 0.0
+
+
+Event = Barrier | EndOfInput | CancelBarrier | Watermark | SuperstepMarker
 
 
 def encode_data(channel: int, records: list[Any], compress_min_bytes: int = 65536) -> bytes:
@@ -158,6 +168,8 @@ def encode_event(channel: int, event: Event) -> bytes:
     if isinstance(event, Watermark):
         mark = (event.timestamp, event.idle)
         return _header_pack(channel, KIND_WATERMARK) + _packb(mark, use_bin_type=True)
+    if isinstance(event, SuperstepMarker):
+        return encode_superstep(channel, event.superstep, event.contribution)
     raise TypeError(f"not a data-plane event: {event!r}")
 
 
@@ -253,7 +265,7 @@ def count_records(frame: bytes | memoryview) -> int:
 
 
 def decode_event(frame: bytes | memoryview) -> Event:
-    """Decode a control frame (barrier, end-of-input, cancel or watermark).
+    """Decode a control frame (barrier, end-of-input, cancel, watermark or superstep marker).
 
     Raises:
         MalformedFrameError: the frame is a data frame, has an unknown kind, or its body
@@ -287,6 +299,10 @@ def _decode_event_body(kind: int, view: memoryview) -> Event | None:
         timestamp, idle = _unpackb(view, use_list=False)
         _check_types(timestamp, (int, float), idle, bool)
         return Watermark(timestamp, idle)
+    if kind == KIND_SUPERSTEP:
+        superstep, contribution = _unpackb(view, use_list=False)
+        _check_types(superstep, int, contribution, (int, float))
+        return SuperstepMarker(superstep, float(contribution))
     return None
 
 

@@ -31,6 +31,7 @@ from jobmanager.faults import Kill, RandomKills
 from jobmanager.result import JobResult
 from runtime import Dataflow
 from runtime.errors import JobCancelledError
+from runtime.graph import StepKind
 from runtime.iterations.api import RECOVERY_MODES, Compensation, Recovery
 from runtime.plan import JobPlan
 from runtime.task_environment import FaultKind
@@ -47,7 +48,7 @@ class When:
     seconds: float | None = None
     checkpoint: int | None = None
     during: str | None = None
-    superstep: int | None = None  # iterations only (runtime.iterations)
+    superstep: int | None = None  # iterations only (runtime.superstep)
 
 
 def parse_when(text: str) -> When:
@@ -124,7 +125,8 @@ def faults_from(
             known = ", ".join(t.task_id for t in plan.tasks)
             parser.error(f"--kill-task {args.kill_task}: {err}; the job's tasks are: {known}")
         when: When = args.after or When(seconds=1.0)
-        if when.superstep is not None:
+        iteration = any(s.kind is StepKind.SUPERSTEP for s in plan.steps)
+        if when.superstep is not None and not iteration:
             parser.error("--after superstep:K applies to iterations (examples/pagerank.py)")
         during = None if when.during is None else FaultKind.kill_during(when.during)
         if during is FaultKind.KILL_DURING_BACKEDGE_LOG and not task.back_edge_inputs:
@@ -144,6 +146,7 @@ def faults_from(
                 after_seconds=when.seconds,
                 after_checkpoint=when.checkpoint,
                 during=when.during,
+                after_superstep=when.superstep,
             )
         )
     if args.chaos:

@@ -25,6 +25,7 @@ from jobmanager.faults import DriverKill
 from jobmanager.liveness import ctrl_c_deferred
 from jobmanager.services import RunServices, Stage, TaskInfo
 from jobmanager.stop import begin_stop
+from jobmanager.supersteps import SuperstepDriver, superstep_step
 from jobmanager.termination import LoopTermination
 from runtime import control as P
 from runtime.config import JobConfig
@@ -63,7 +64,10 @@ class Attempt:
         run: RunServices,
         job_started: float,
         submit_wall: float,
+        restored_superstep: int = 0,
     ) -> None:
+        """``restored_superstep``: an iteration restored from the checkpoint at that
+        superstep's boundary goes on with the next one."""
         self.number, self.plan, self.config, self.run_services = number, plan, config, run
         self.clock = run.clock
         self.job_started = job_started
@@ -95,6 +99,24 @@ class Attempt:
             if plan.has_loops
             else None
         )
+        # An iteration: supersteps start once the loop termination proved its input loaded.
+        step = superstep_step(plan)
+        progress = run.metrics.iteration
+        self.supersteps = (
+            SuperstepDriver(
+                plan,
+                step,
+                self.send,
+                self.coordinator,
+                progress,
+                config.superstep_checkpoint_interval,
+                0 if config.debug_restart_supersteps else restored_superstep,
+                clock=run.clock,
+                starting=self._superstep_starting,
+            )
+            if step is not None and progress is not None
+            else None
+        )
 
     @property
     def all_finished(self) -> bool:
@@ -117,6 +139,8 @@ class Attempt:
         finally:
             self.failure = failure
             finished = failure is None and self.all_finished
+            if not finished and self.supersteps is not None:
+                self.supersteps.on_failed()
             if not finished:
                 with ctrl_c_deferred():
                     self.coordinator.abort_all(CheckpointFailureReason.TASK_FAILURE)
@@ -190,8 +214,16 @@ class Attempt:
         """A stop with savepoint was requested: act once every task registered."""
         if self.stopping_with is None and self.all_registered_at is not None:
             stop = self.run_services.stop
-            if stop.requested:
+            if not stop.requested:
+                return
+            if self.supersteps is None:
                 self.stopping_with = begin_stop(self.coordinator, stop, self.number)
+            else:  # an iteration stops at a superstep boundary, recorded in the savepoint
+                self.supersteps.request_stop(self._stop_at_superstep)
+
+    def _stop_at_superstep(self, superstep: int) -> None:
+        stop = self.run_services.stop
+        self.stopping_with = begin_stop(self.coordinator, stop, self.number, superstep)
 
     def _check(self, now: float, stage: Stage) -> Failure | None:
         """Everything that can end the attempt besides a task's own report."""
@@ -237,8 +269,16 @@ class Attempt:
 
     def _check_checkpoints(self) -> Failure | None:
         coordinator = self.coordinator
+        supersteps = self.supersteps
         if self.termination is not None and self.termination.on_tick():
-            coordinator.on_sources_ended()  # no record left in any loop: the final checkpoint
+            if supersteps is None:
+                coordinator.on_sources_ended()  # no record left in any loop: the final checkpoint
+            else:
+                supersteps.on_loaded()  # an iteration's input is in: its supersteps start
+        if supersteps is not None:
+            supersteps.on_tick()
+            if supersteps.ended:  # its result is on the way to the sinks: commit it
+                coordinator.on_sources_ended()
         coordinator.on_tick()
         if coordinator.final_failed is not None:
             f = coordinator.final_failed
@@ -344,14 +384,7 @@ class Attempt:
             case P.SinkOutput():
                 self.run_services.outputs.add(msg.step, msg.subtask, msg.checkpoint_id, msg.records)
             case P.SourceEnded():
-                self.sources_ended.add(msg.task_index)
-                if self.sources_ended >= self.sources:
-                    if self.termination is not None:
-                        self.termination.start()
-                    else:
-                        self.coordinator.on_sources_ended()
-                    faults = self.run_services.faults
-                    self._fire(faults.on_sources_ended(self._periodic_pending, self._can_kill))
+                self._on_source_ended(msg)
             case P.Finished():
                 t = self.tasks[msg.task_index]
                 t.finished = True
@@ -364,10 +397,41 @@ class Attempt:
                     self.coordinator.on_status(msg)
                 elif self.termination is not None:
                     self.termination.on_status(msg)
+            case P.SuperstepDone() | P.SolutionEmitted():
+                return self._on_superstep_message(msg)
             case P.Failed():
                 return reported_failure(msg)
             case _:
                 log.debug("attempt %d: unexpected control message %r", self.number, msg)
+        return None
+
+    def _superstep_starting(self, superstep: int) -> None:
+        self._fire(self.run_services.faults.on_superstep(superstep, self._can_kill))
+
+    def _on_source_ended(self, msg: P.SourceEnded) -> None:
+        self.sources_ended.add(msg.task_index)
+        if self.sources_ended >= self.sources:
+            if self.termination is not None:
+                self.termination.start()
+            else:
+                self.coordinator.on_sources_ended()
+            faults = self.run_services.faults
+            self._fire(faults.on_sources_ended(self._periodic_pending, self._can_kill))
+
+    def _on_superstep_message(self, msg: P.SuperstepDone | P.SolutionEmitted) -> Failure | None:
+        """An iteration's loop head reports (``jobmanager.supersteps``)."""
+        if self.supersteps is None:
+            log.debug("attempt %d: %r, but the job is no iteration", self.number, msg)
+        elif isinstance(msg, P.SolutionEmitted):
+            self.supersteps.on_emitted(msg)
+        else:
+            error = self.supersteps.on_done(msg)
+            if error is not None:
+                return Failure(
+                    FailureCause.TASK_ERROR,
+                    error=error,
+                    permanent="a superstep that does not balance is a bug, not a fault",
+                )
         return None
 
     def _on_heartbeat(self, msg: P.Heartbeat, now: float) -> None:

@@ -136,13 +136,14 @@ def storage_option(text: str) -> tuple[str, Any]:
 def _row(info: CheckpointInfo) -> list[Any]:
     meta = info.metadata
     if meta is None:
-        return [info.checkpoint_id, info.status.value, *([None] * 13)]
+        return [info.checkpoint_id, info.status.value, *([None] * 14)]
     metrics = meta.metrics
     return [
         info.checkpoint_id,
         info.status.value,
         meta.final,
         meta.savepoint,
+        meta.superstep,
         metrics.mode or None,
         meta.attempt,
         _time(meta.trigger_time),
@@ -171,6 +172,7 @@ def list_checkpoints(directory: str, out: TextIO, options: dict[str, Any] | None
                 "status",
                 "final",
                 "savepoint",
+                "superstep",
                 "mode",
                 "attempt",
                 "triggered",
@@ -203,7 +205,8 @@ def _print_metadata(meta: CheckpointMetadata, path: str, out: TextIO) -> None:
     out.write(
         f"  attempt {_cell(meta.attempt)}, final {_cell(meta.final)}, "
         f"savepoint {_cell(meta.savepoint)}, "
-        f"max parallelism {_cell(meta.max_parallelism)}\n"
+        + (f"superstep {meta.superstep}, " if meta.superstep is not None else "")
+        + f"max parallelism {_cell(meta.max_parallelism)}\n"
     )
     out.write(f"  triggered {_time(meta.trigger_time)}, completed {_time(meta.completed_time)}\n\n")
     out.write("summary\n")

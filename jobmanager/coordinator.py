@@ -40,6 +40,7 @@ class PendingCheckpoint:
     """Synchronous snapshots: the waves proving the halted job drained (then triggered)."""
     drained_mono: float | None = None
     savepoint: bool = False  # the final checkpoint of a stop: kept, never retired
+    superstep: int | None = None  # an iteration's checkpoint at this superstep's boundary
 
 
 @dataclass
@@ -52,6 +53,7 @@ class CompletedCheckpoint:
     trigger_time: float = 0.0  # wall clock
     task_metrics: Mapping[str, AckMetrics] = field(default_factory=dict)
     savepoint: bool = False
+    superstep: int | None = None
 
 
 _COUNTED = frozenset(
@@ -138,13 +140,27 @@ class CheckpointCoordinator:
             return
         self.trigger(final=False)
 
-    def trigger(self, final: bool, savepoint: bool = False, drain: bool = False) -> int:
+    def trigger(
+        self,
+        final: bool,
+        savepoint: bool = False,
+        drain: bool = False,
+        superstep: int | None = None,
+    ) -> int:
+        """Trigger checkpoint ``next_id`` at the sources; ``superstep``: an iteration's
+        checkpoint at the boundary after that superstep (recorded in its metadata)."""
         n = self.next_id
         self.next_id += 1
         now = time.time()
         self.last_trigger = self.clock()
         cp = PendingCheckpoint(
-            n, now, self.last_trigger, final, set(self.all_tasks), savepoint=savepoint
+            n,
+            now,
+            self.last_trigger,
+            final,
+            set(self.all_tasks),
+            savepoint=savepoint,
+            superstep=superstep,
         )
         self.pending[n] = cp
         if final:
@@ -203,7 +219,7 @@ class CheckpointCoordinator:
             if cp.drain is not None and cp.drained_mono is None:
                 self.abort(cp.checkpoint_id, CheckpointFailureReason.SUBSUMED, why)
 
-    def stop_with_savepoint(self, drain: bool = False) -> int | None:
+    def stop_with_savepoint(self, drain: bool = False, superstep: int | None = None) -> int | None:
         """A graceful stop: the sources end at one consistent point (the final barrier,
         exactly as at the end of their input), the sinks commit on its completion, and the
         checkpoint is kept as a savepoint. Its id, or None when the final checkpoint was
@@ -218,7 +234,7 @@ class CheckpointCoordinator:
                 cp.savepoint = cp.savepoint or cp.final
             return None
         self._abort_undrained("a stop with savepoint: the final checkpoint follows")
-        return self.trigger(final=True, savepoint=True, drain=drain)
+        return self.trigger(final=True, savepoint=True, drain=drain, superstep=superstep)
 
     # -- acks ------------------------------------------------------------------------------
     def on_ack(self, ack: P.Ack) -> CompletedCheckpoint | None:
@@ -285,6 +301,7 @@ class CheckpointCoordinator:
                 metrics=metrics,
                 steps=self._steps_with_state(tasks),
                 savepoint=cp.savepoint,
+                superstep=cp.superstep,
             )
             try:
                 path = self.storage.write_metadata(metadata)
@@ -309,6 +326,7 @@ class CheckpointCoordinator:
             cp.trigger_time,
             per_task,
             savepoint=cp.savepoint,
+            superstep=cp.superstep,
         )
         self.completed.append(completed)
         self.last_completion = done

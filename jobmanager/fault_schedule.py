@@ -25,6 +25,8 @@ class FaultSchedule:
       registered.
     * ``Kill(after_checkpoint=n, attempt=a)``: due in attempt ``a`` when a (non-final)
       checkpoint completes and ``n`` or more checkpoints completed in the run.
+    * ``Kill(after_superstep=k, attempt=a)``: due in attempt ``a`` as an iteration starts
+      superstep ``k`` or a later one.
     * Random kills (``attempt`` None), one at a time in order: armed once the running
       attempt processed its first record and completed a checkpoint since its restore;
       due ``after_seconds`` after that. An attempt about to finish (its sources ended)
@@ -97,6 +99,24 @@ class FaultSchedule:
             self.planned.remove(k)
         if self.ending:  # the checkpoint an ending attempt's random kill waited for
             due += self._random_due(now, can_fire, ending=True)
+        return due
+
+    def on_superstep(
+        self, superstep: int, can_fire: Callable[[int], bool] = lambda _i: True
+    ) -> list[DriverKill]:
+        """An iteration starts ``superstep`` in the running attempt: the kills due as it
+        starts (``after_superstep`` reached: at it, or the first superstep after it an
+        attempt restored past it runs). Returns them (removed from the schedule)."""
+        due = [
+            k
+            for k in self.planned
+            if k.attempt == self.attempt
+            and k.after_superstep is not None
+            and superstep >= k.after_superstep
+            and can_fire(k.task_index)
+        ]
+        for k in due:
+            self.planned.remove(k)
         return due
 
     def on_sources_ended(

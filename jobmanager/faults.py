@@ -3,6 +3,7 @@
     flow.run(faults=[Kill("count[1]", after_seconds=2.0)])
     flow.run(faults=[Kill("count[0]", after_checkpoint=3)])
     flow.run(faults=[Kill("count[0]", during="alignment")])
+    flow.run(faults=[Kill("pagerank[1]", after_superstep=5)])  # an iteration
     flow.run(faults=[RaiseAt("split", record=5000)])
     flow.run(faults=[RandomKills(3, seed=7)])
 
@@ -20,6 +21,7 @@ import signal
 from dataclasses import dataclass
 
 from runtime.errors import GraphError
+from runtime.graph import StepKind
 from runtime.plan import JobPlan
 from runtime.task_environment import FaultKind, TaskFault
 
@@ -31,7 +33,9 @@ class Kill:
     ``after_checkpoint`` checkpoints completed in this run (counted over all attempts;
     ids keep increasing across restores), or ``during`` "alignment" (when it starts
     aligning the ``after_checkpoint``-th checkpoint of the run or a later one, default the
-    first) or "snapshot" (half way through writing its state file)."""
+    first) or "snapshot" (half way through writing its state file); in an iteration
+    (``runtime.superstep``) also ``after_superstep``: as superstep K (or the first one
+    after it) starts, before any loop head is told to start it."""
 
     task: str
     after_seconds: float | None = None
@@ -39,6 +43,7 @@ class Kill:
     during: str | None = None
     attempt: int = 0
     signal: int = signal.SIGKILL  # SIGSTOP freezes the task instead: it stops heart-beating
+    after_superstep: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class DriverKill:
     after_checkpoint: int | None
     signal: int = signal.SIGKILL
     label: str = ""
+    after_superstep: int | None = None
 
 
 def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill], list[TaskFault]]:
@@ -96,10 +102,7 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
         if isinstance(fault, Kill):
             t = _task(plan, fault.task)
             if fault.during is None:
-                if fault.after_seconds is None and fault.after_checkpoint is None:
-                    raise GraphError(
-                        f"Kill({fault.task!r}) needs after_seconds, after_checkpoint or during."
-                    )
+                _check_kill_moment(fault, plan)
                 driver.append(
                     DriverKill(
                         t,
@@ -108,6 +111,7 @@ def resolve_faults(plan: JobPlan, faults: list[object]) -> tuple[list[DriverKill
                         fault.after_checkpoint,
                         fault.signal,
                         label=_kill_label(fault),
+                        after_superstep=fault.after_superstep,
                     )
                 )
             else:
@@ -162,6 +166,22 @@ def relative_to_run(faults: list[TaskFault], first_checkpoint_id: int) -> list[T
     ]
 
 
+def _check_kill_moment(fault: Kill, plan: JobPlan) -> None:
+    """A driver kill names when it fires; ``after_superstep`` only in an iteration."""
+    if (fault.after_seconds, fault.after_checkpoint, fault.after_superstep) == (None, None, None):
+        raise GraphError(
+            f"Kill({fault.task!r}) needs after_seconds, after_checkpoint, "
+            "after_superstep (iterations) or during."
+        )
+    if fault.after_superstep is not None and not any(
+        s.kind is StepKind.SUPERSTEP for s in plan.steps
+    ):
+        raise GraphError(
+            f"Kill({fault.task!r}, after_superstep=...): job '{plan.name}' is no "
+            "iteration (it has no supersteps); use after_seconds or after_checkpoint."
+        )
+
+
 def _kill_during(fault: Kill, plan: JobPlan, t: int) -> FaultKind:
     """The task-side kill ``fault`` asks for (``during`` set), checked against task ``t``."""
     kind = FaultKind.kill_during(str(fault.during))
@@ -186,11 +206,12 @@ def _kill_during(fault: Kill, plan: JobPlan, t: int) -> FaultKind:
 
 
 def _kill_label(fault: Kill) -> str:
-    when = (
-        f"after_seconds={fault.after_seconds}"
-        if fault.after_seconds is not None
-        else f"after_checkpoint={fault.after_checkpoint}"
-    )
+    if fault.after_seconds is not None:
+        when = f"after_seconds={fault.after_seconds}"
+    elif fault.after_superstep is not None:
+        when = f"after_superstep={fault.after_superstep}"
+    else:
+        when = f"after_checkpoint={fault.after_checkpoint}"
     sig = "" if fault.signal == signal.SIGKILL else f", {signal.Signals(fault.signal).name}"
     return f"Kill({fault.task!r}, {when}{sig}, attempt={fault.attempt})"
 

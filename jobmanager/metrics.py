@@ -22,7 +22,13 @@ from typing import Any, Protocol
 import msgpack
 
 from jobmanager.coordinator import CompletedCheckpoint
-from jobmanager.result import CheckpointStats, FailedCheckpoint, JobResult, Restart
+from jobmanager.result import (
+    CheckpointStats,
+    FailedCheckpoint,
+    IterationProgress,
+    JobResult,
+    Restart,
+)
 from runtime.graph import StepKind
 from runtime.plan import JobPlan
 from runtime.sinks import CollectSink
@@ -72,6 +78,10 @@ class RunMetrics:
     completed checkpoints and the first record, then ``end_attempt``."""
 
     def __init__(self, plan: JobPlan) -> None:
+        self.iteration: IterationProgress | None = (
+            IterationProgress() if any(s.kind is StepKind.SUPERSTEP for s in plan.steps) else None
+        )
+        """An iteration's supersteps over the run (``jobmanager.supersteps``)."""
         self.source_tasks = {t.index for t in plan.source_tasks}
         self.sink_tasks = sink_task_indexes(plan)
         self.completed: list[CompletedCheckpoint] = []  # every attempt's, in order
@@ -197,6 +207,7 @@ class RunMetrics:
             checkpoint_dir=checkpoint_dir,
             task_metrics=self.task_metrics,
             unfired_faults=unfired_faults,
+            iteration=self.iteration,
         )
 
     def _checkpoint_figures(self, c: CompletedCheckpoint) -> CheckpointStats:

@@ -28,6 +28,42 @@ class Restart:
         return None if self.resumed_at is None else self.resumed_at - self.failed_at
 
 
+@dataclass(frozen=True)
+class SuperstepRecovery:
+    """An iteration's attempt failed during superstep ``failed_during``; the next one went
+    on after superstep ``resumed_from`` (its checkpoint's; 0: from the start)."""
+
+    failed_during: int
+    resumed_from: int
+
+    @property
+    def rerun(self) -> int:
+        """Supersteps that ran again because of the failure."""
+        return self.failed_during - self.resumed_from
+
+
+@dataclass
+class IterationProgress:
+    """What an iteration did over the whole run (all attempts): ``supersteps`` agreed
+    (the last one), whether it ``converged`` (else it stopped at max_supersteps), the
+    convergence aggregate and time of each superstep, its superstep checkpoints as
+    ``(superstep, checkpoint id)``, and its recoveries."""
+
+    supersteps: int = 0
+    converged: bool = False
+    supersteps_started: int = 0
+    aggregates: list[tuple[int, float]] = field(default_factory=list)
+    superstep_seconds: list[tuple[int, float]] = field(default_factory=list)
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)
+    recoveries: list[SuperstepRecovery] = field(default_factory=list)
+    failed_during: int | None = None
+    """The superstep a failed attempt was in, until the next attempt records its recovery."""
+
+    @property
+    def rerun(self) -> int:
+        return sum(r.rerun for r in self.recoveries)
+
+
 @dataclass(frozen=True, slots=True)
 class FailedCheckpoint:
     """A checkpoint aborted in attempt ``attempt``, for ``reason`` (``detail``: the specifics)."""
@@ -101,6 +137,7 @@ class JobResult:
     ui_url: str | None = None  # the job on the dashboard (up until the driver exits)
     stopped: bool = False  # ended by a stop request (SIGTERM, Ctrl-C, `jobmanager stop`)
     savepoint: str | None = None  # the savepoint the stop left: run(restore_from=savepoint)
+    iteration: IterationProgress | None = None  # an iteration's supersteps (runtime.superstep)
 
     def output(self, name: str | None = None) -> list[Any]:
         """Records of the collect sink ``name`` (may be omitted when there is one)."""

@@ -363,6 +363,7 @@ class JobManager:
             self.services,
             job_started=started,
             submit_wall=time.time(),
+            restored_superstep=(restore.metadata.superstep or 0) if restore else 0,
         )
         stage = launcher.start(plan, env, f"absflow-{self.run_id}-{attempt}")
         try:

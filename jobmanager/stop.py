@@ -73,7 +73,12 @@ class StopRequest:
         return self.reason is not None
 
 
-def begin_stop(coordinator: CheckpointCoordinator, stop: StopRequest, attempt: int) -> int:
+def begin_stop(
+    coordinator: CheckpointCoordinator,
+    stop: StopRequest,
+    attempt: int,
+    superstep: int | None = None,
+) -> int:
     """Act on a stop request in a running attempt (every task registered): trigger the
     final checkpoint kept as a savepoint. Returns its id, or -1 when the input had ended
     first (that final checkpoint becomes the savepoint).
@@ -82,8 +87,11 @@ def begin_stop(coordinator: CheckpointCoordinator, stop: StopRequest, attempt: i
     ends the sources, each loop head snapshots on it and logs what comes back on its
     back-edges until the barrier has gone round the loop, and that log is part of the
     savepoint; the resumed job's loop heads replay it first. Records processed after
-    the barrier only reach transactions the savepoint does not commit."""
-    n = coordinator.stop_with_savepoint(stop.drain)
+    the barrier only reach transactions the savepoint does not commit.
+
+    An iteration stops at a superstep boundary (``jobmanager.supersteps``): ``superstep``
+    is recorded in the savepoint, and the resumed job goes on after it."""
+    n = coordinator.stop_with_savepoint(stop.drain, superstep)
     log.warning(
         "attempt %d: stopping with a savepoint (%s): %s",
         attempt,

@@ -43,6 +43,13 @@ class JobConfig:
         default=None,
         metadata={"help": "Seconds between checkpoint triggers; None turns checkpointing off."},
     )
+    superstep_checkpoint_interval: int | None = field(
+        default=None,
+        metadata={
+            "help": "Iterations: a checkpoint at the boundary after every k-th superstep "
+            "(a restart goes on from the latest); None: none (a restart starts over)."
+        },
+    )
     checkpoint_dir: str | None = field(
         default=None,
         metadata={
@@ -274,6 +281,13 @@ class JobConfig:
         default=False,
         metadata={"help": "Tests only: restore loops without their back-edge log."},
     )
+    debug_restart_supersteps: bool = field(
+        default=False,
+        metadata={
+            "help": "Tests only: a restored iteration forgets the superstep of its "
+            "checkpoint and counts from 1 again (the companion of superstep checkpoints)."
+        },
+    )
     debug_drop_event_time: bool = field(
         default=False,
         metadata={"help": "Tests only: restore without timers and watermarks."},
@@ -353,6 +367,12 @@ class JobConfig:
                 f"max_inflight_time must be > 0 seconds (or None for fixed batches), "
                 f"got {self.max_inflight_time!r}."
             )
+        k = self.superstep_checkpoint_interval
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise GraphError(
+                f"superstep_checkpoint_interval must be a whole number of supersteps >= 1 "
+                f"(or None for off), got {k!r}."
+            )
         if self.checkpoint_interval is not None and not self.checkpoint_interval > 0:
             raise GraphError(
                 f"checkpoint_interval must be > 0 seconds (or None for off), got {self.checkpoint_interval!r}."
@@ -388,7 +408,9 @@ class JobConfig:
 
     @property
     def checkpointing(self) -> bool:
-        return self.checkpoint_interval is not None
+        return (
+            self.checkpoint_interval is not None or self.superstep_checkpoint_interval is not None
+        )
 
     def replace(self, **changes: Any) -> JobConfig:
         names = {f.name for f in dataclasses.fields(self)}

@@ -195,6 +195,38 @@ class LoopStatus(Message):
     tag: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SuperstepDone(Message):
+    """An iteration's loop head finished superstep ``superstep``: the marker of it came on
+    every feedback channel and it updated its keys. ``aggregate``: its share of the
+    convergence aggregate (bulk: e.g. the L1 change; delta: keys changed); ``active``:
+    its keys in the next workset (bulk: keys updated); ``sent``/``received``: messages
+    it sent on the feedback edge in this superstep and absorbed for it (the job manager
+    checks the superstep's totals balance); ``seconds``: the superstep's time here."""
+
+    CODE: ClassVar[int] = 11
+    task_index: int
+    attempt: int
+    superstep: int
+    aggregate: float
+    active: int
+    sent: int
+    received: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class SolutionEmitted(Message):
+    """The answer to ``EmitSolution``: the loop head wrote its ``records`` keys' values
+    to the iteration's result edge (ahead of any later barrier)."""
+
+    CODE: ClassVar[int] = 12
+    task_index: int
+    attempt: int
+    superstep: int
+    records: int
+
+
 # -- job manager -> task ------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Trigger(Message):
@@ -265,6 +297,26 @@ class KillSelf(Message):
     label: str
 
 
+@dataclass(frozen=True, slots=True)
+class SuperstepGo(Message):
+    """Iteration loop heads only: start superstep ``superstep`` (send its messages on the
+    feedback edge, then its marker on every feedback channel). Sent once every head
+    reported ``SuperstepDone`` of the one before (and its checkpoint, if any, completed)."""
+
+    CODE: ClassVar[int] = 28
+    superstep: int
+
+
+@dataclass(frozen=True, slots=True)
+class EmitSolution(Message):
+    """Iteration loop heads only: the iteration ended after ``superstep``; write your keys'
+    values to the result edge and answer ``SolutionEmitted`` (the final checkpoint,
+    which commits them, follows)."""
+
+    CODE: ClassVar[int] = 29
+    superstep: int
+
+
 Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]
 _RECORDS = (MetricsRecord, TaskStateHandle)  # typed records: their own encode/decode
 
@@ -320,6 +372,8 @@ _TYPES: dict[int, type[Message]] = {
         Failed,
         Closed,
         LoopStatus,
+        SuperstepDone,
+        SolutionEmitted,
         Trigger,
         Complete,
         Abort,
@@ -328,6 +382,8 @@ _TYPES: dict[int, type[Message]] = {
         LoopProbe,
         KillSelf,
         Halt,
+        SuperstepGo,
+        EmitSolution,
     )
 }
 _WIRES: dict[type[Message], _Wire] = {}

@@ -89,6 +89,12 @@ class TaskCancelled(AbsflowError):
     """The job manager told this task to stop (or went silent): end the task quietly."""
 
 
+class IterationError(GraphError):
+    """An iteration is built or used wrongly (the message names the step and the fix);
+    raised in a task (a message to a key the solution set lacks) it fails the run
+    without restarts, like any GraphError at run time."""
+
+
 class OperatorFailure(AbsflowError):
     """A user function of step ``operator`` raised ``cause`` (reported to the job manager)."""
 
@@ -110,6 +116,7 @@ __all__ = [
     "GraphError",
     "IncompatibleCheckpointError",
     "InsufficientSlotsError",
+    "IterationError",
     "JobCancelledError",
     "PackagingError",
     "RecordSerializationError",

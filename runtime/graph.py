@@ -48,6 +48,7 @@ class StepKind(enum.Enum):
     CO_PROCESS = "co_process"  # two keyed streams, shared state and timers (runtime.joins)
     INTERVAL_JOIN = "interval_join"
     WINDOW_JOIN = "window_join"
+    SUPERSTEP = "superstep"  # an iteration's loop head logic, chained after its ITERATE
 
     @property
     def keyed(self) -> bool:
@@ -63,6 +64,7 @@ _KEYED = frozenset(
         StepKind.CO_PROCESS,
         StepKind.INTERVAL_JOIN,
         StepKind.WINDOW_JOIN,
+        StepKind.SUPERSTEP,
     }
 )
 
@@ -272,9 +274,36 @@ class LogicalGraph:
                     )
                 if edge.partitioning is Partitioning.HASH and edge.key_fn is None:
                     raise GraphError(f"hash edge into '{step.name}' has no key function.")
-            if step.kind.keyed and any(
+            if step.kind is StepKind.SUPERSTEP:
+                self._check_superstep(step)
+            elif step.kind.keyed and any(
                 e.partitioning is not Partitioning.HASH for e in step.inputs
             ):
                 raise GraphError(
                     f"keyed step '{step.name}' must follow .key_by(...) on every input."
                 )
+
+    def _check_superstep(self, step: Step) -> None:
+        """An iteration's superstep step (``runtime.superstep``) holds its keys' state in
+        key groups and routes its output itself: it follows its loop head (an ITERATE
+        whose entry and feedback are both hashed by key) on a forward edge, closes that
+        loop with a hashed feedback edge, and has one more output, the result."""
+        where = f"superstep step '{step.name}'"
+        head = self.steps[step.inputs[0].source] if len(step.inputs) == 1 else None
+        if (
+            head is None
+            or head.kind is not StepKind.ITERATE
+            or (step.inputs[0].partitioning is not Partitioning.FORWARD)
+        ):
+            raise GraphError(f"{where} must directly follow its loop's iterate step.")
+        if any(e.partitioning is not Partitioning.HASH for e in head.inputs):
+            raise GraphError(
+                f"{where}: the entry and the feedback of loop '{head.name}' must be hashed "
+                "by key (key_by), so that every key's records meet its state."
+            )
+        feedback = [e for e in step.outputs if e.kind is EdgeKind.FEEDBACK and e.target == head.id]
+        if len(feedback) != 1 or len(step.outputs) != 2:
+            raise GraphError(
+                f"{where} needs exactly two outputs: the feedback into loop '{head.name}' "
+                f"and the result stream; it has {len(step.outputs)}."
+            )

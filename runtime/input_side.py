@@ -10,6 +10,7 @@ into what the task acts on:
 * a **data batch** with its **side** (which logical input edge of the task's head step
   the channel belongs to: a join's left or right input, a union's n-th input);
 * a **barrier**, a **cancel** marker, an **end of input** (per channel);
+* a **superstep marker** of an iteration (``runtime.superstep``);
 * a **watermark**: folded into the task's input watermark (`WatermarkValve`); the task
   hears of it only when that advances (or when every live input went idle).
 
@@ -32,10 +33,12 @@ from channels.messages import (
     KIND_CANCEL,
     KIND_DATA,
     KIND_END_OF_INPUT,
+    KIND_SUPERSTEP,
     KIND_WATERMARK,
     Barrier,
     CancelBarrier,
     MalformedFrameError,
+    SuperstepMarker,
     Watermark,
     decode_event,
     decode_records,
@@ -56,6 +59,9 @@ class InputElements(Protocol):
     def on_cancel(self, channel: int, cancel: CancelBarrier) -> None: ...
 
     def on_end_of_input(self, channel: int) -> None: ...
+
+    def on_superstep(self, channel: int, marker: SuperstepMarker) -> None:
+        """The marker of an iteration's superstep came on ``channel`` (`runtime.superstep`)."""
 
     def on_watermark(self, watermark: float) -> None:
         """The task's input watermark advanced to ``watermark``."""
@@ -130,6 +136,9 @@ class InputSide:
         elif kind == KIND_WATERMARK:
             assert isinstance(event, Watermark)
             self._on_watermark(channel, event)
+        elif kind == KIND_SUPERSTEP:
+            assert isinstance(event, SuperstepMarker)
+            target.on_superstep(channel, event)
         else:  # decode_event raised already; kept for a new kind added without a branch
             raise MalformedFrameError(f"frame kind {kind} has no input-side element")
 

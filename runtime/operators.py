@@ -124,6 +124,7 @@ OPERATOR_MODULES = (
     "runtime.keyed_process",
     "runtime.windows",
     "runtime.joins",
+    "runtime.superstep",
 )
 """Modules whose operators register themselves (imported by ``build_operator``)."""
 _REGISTRY: dict[StepKind, OperatorFactory] = {}

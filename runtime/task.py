@@ -26,7 +26,15 @@ import time
 import traceback
 from typing import Any
 
-from channels.messages import HEADER, KIND_MASK, Barrier, CancelBarrier, Watermark, decode_records
+from channels.messages import (
+    HEADER,
+    KIND_MASK,
+    Barrier,
+    CancelBarrier,
+    SuperstepMarker,
+    Watermark,
+    decode_records,
+)
 from runtime import control as P
 from runtime.barriers import BarrierHandler, BarrierProtocolError
 from runtime.chain import OperatorChain
@@ -50,6 +58,7 @@ from runtime.plan import JobPlan, TaskSpec
 from runtime.scratch import ScratchDir
 from runtime.snapshot_modes import handler_for, in_flight_log_for, overtaking_input_for
 from runtime.sources import SourceReader
+from runtime.superstep import SuperstepHead, SuperstepOperator
 from runtime.task_environment import TaskEnvironment
 from runtime.task_faults import TaskFaults
 from runtime.task_io import TaskIO
@@ -142,6 +151,7 @@ class Task:
                 self._handler, io, self.checkpointer, self.inputs.on_frame, self.scratch, cfg
             )
         self._replay: list[bytes] = []  # restored in-flight records, replayed before new input
+        self.supersteps: SuperstepHead | None = None  # an iteration's loop head (open())
 
         self.counters = TaskCounters()  # metrics, and the counts of loop termination
 
@@ -154,6 +164,7 @@ class Task:
         self.control.open()
         self.out.open(self.io, self.plan, self.spec, self._on_backpressure)
         self.chain.open()
+        self.supersteps = self._superstep_head()
         self.checkpointer.start()
         gate = self.io.gate
         spec, env = self.spec, self.env
@@ -185,6 +196,38 @@ class Task:
         self.chain.apply_operator_states(states)
         self.input_side.valve.restore(self.chain.restore_watermark(env.restore_metadata))
 
+    def _superstep_head(self) -> SuperstepHead | None:
+        """The superstep protocol, if this task is an iteration's loop head: its feedback
+        edge (the output into its own loop head), its result edge (the other output) and
+        the feedback channels it aligns superstep markers on."""
+        op = next((o for o in self.chain.operators if isinstance(o, SuperstepOperator)), None)
+        if op is None:
+            return None
+        plan, spec = self.plan, self.spec
+        loop_head = self.head_step.id
+        into_head = [
+            i
+            for i, out in enumerate(spec.outputs)
+            if plan.channels[out.channels[0]].target_step == loop_head
+        ]
+        if len(into_head) != 1 or len(spec.outputs) != 2:
+            raise GraphError(
+                f"task {spec.task_id}: superstep step '{op.name}' needs its feedback edge "
+                "and one result edge as the outputs of its task"
+            )
+        feedback_edge = into_head[0]
+        feedback_channels = [c for c in spec.inputs if plan.channels[c].source_step == op.step.id]
+        return SuperstepHead(
+            op,
+            self.identity.index,
+            self.identity.attempt,
+            self.out,
+            feedback_edge,
+            1 - feedback_edge,
+            feedback_channels,
+            self.control.send,
+        )
+
     # -- control plane -----------------------------------------------------------------
     def _send_sink_output(
         self, step: str, subtask: int, checkpoint: int, records: list[Any] | bytes
@@ -208,6 +251,10 @@ class Task:
                 self.chain.notify_aborted(msg.checkpoint_id)
                 if self._handler is not None:
                     self._handler.abort(msg.checkpoint_id, msg.reason)
+            elif isinstance(msg, P.SuperstepGo):
+                self._superstep_head_of(msg).go(msg.superstep)
+            elif isinstance(msg, P.EmitSolution):
+                self._superstep_head_of(msg).emit_solution(msg.superstep)
             elif isinstance(msg, P.LoopProbe):
                 t = self.identity
                 received = 0 if self.chain.reader is not None else self.counters.records_in
@@ -292,6 +339,21 @@ class Task:
 
     def on_end_of_input(self, channel: int) -> None:
         self._event_handler(channel).on_end_of_input(channel)
+
+    def on_superstep(self, channel: int, marker: SuperstepMarker) -> None:
+        if self.supersteps is None:
+            raise BarrierProtocolError(
+                f"task {self.spec.task_id}: a superstep marker on channel {channel}, but the "
+                "task is no iteration's loop head"
+            )
+        self.supersteps.on_marker(channel, marker)
+
+    def _superstep_head_of(self, msg: P.Message) -> SuperstepHead:
+        if self.supersteps is None:
+            raise BarrierProtocolError(
+                f"task {self.spec.task_id}: {msg!r}, but the task is no iteration's loop head"
+            )
+        return self.supersteps
 
     def on_watermark(self, watermark: float) -> None:
         if self.chain.advance_watermark(watermark):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from channels.messages import Watermark
+from channels.messages import Event, Watermark
 from channels.partitioners import Partitioner
 from runtime.plan import JobPlan, TaskSpec
 from runtime.task_io import Output, TaskIO
@@ -52,6 +52,21 @@ class TaskOutputs:
                 chans[target].write(part)
                 sent += len(part)
         self.records_sent += sent
+
+    def emit_to(self, edge: int, batch: list[Any]) -> None:
+        """Partition a batch over output edge ``edge`` only (a step that routes its
+        output itself: an iteration's superstep step, ``runtime.superstep``)."""
+        partitioner, chans = self.edges[edge]
+        sent = 0
+        for target, part in partitioner.partition(batch):
+            chans[target].write(part)
+            sent += len(part)
+        self.records_sent += sent
+
+    def send_event_on(self, edge: int, event: Event) -> None:
+        """``event`` on every channel of output edge ``edge``, behind its records."""
+        for ch in self.edges[edge][1]:
+            ch.send_event(event)
 
     def send_watermark(self, event: Watermark) -> None:
         for ch in self.channels:

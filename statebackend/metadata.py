@@ -247,6 +247,9 @@ class CheckpointMetadata:
     """The steps whose state the checkpoint holds, by name."""
     savepoint: bool = False
     """Taken by a stop with savepoint: retention never deletes it."""
+    superstep: int | None = None
+    """An iteration's checkpoint: taken at the boundary after this superstep (a restore
+    goes on with the next one); None for other checkpoints."""
 
     def step(self, name: str) -> StepState | None:
         return next((s for s in self.steps if s.name == name), None)
@@ -271,6 +274,7 @@ class CheckpointMetadata:
             "metrics": self.metrics.encode(),
             "steps": [s.encode() for s in self.steps],
             "savepoint": self.savepoint,
+            "superstep": self.superstep,
         }
 
     def to_json(self) -> str:
@@ -327,6 +331,7 @@ class CheckpointMetadata:
                 if steps is None
                 else tuple(StepState.decode(s) for s in steps),
                 savepoint=bool(body.get("savepoint", False)),
+                superstep=None if body.get("superstep") is None else int(body["superstep"]),
             )
         except KeyError as err:
             raise CorruptCheckpointError(

@@ -16,6 +16,7 @@ from channels.messages import (
     KIND_CANCEL,
     KIND_DATA,
     KIND_END_OF_INPUT,
+    KIND_SUPERSTEP,
     KIND_WATERMARK,
     TEXT_PREFIX,
     Barrier,
@@ -23,6 +24,7 @@ from channels.messages import (
     EndOfInput,
     Event,
     MalformedFrameError,
+    SuperstepMarker,
     Watermark,
     count_records,
     decode_event,
@@ -181,6 +183,8 @@ def test_channel_id_range() -> None:
         (Watermark(12.5, idle=True), KIND_WATERMARK),
         (Watermark(float("inf")), KIND_WATERMARK),
         (Watermark(float("-inf"), idle=True), KIND_WATERMARK),
+        (SuperstepMarker(7, 0.25), KIND_SUPERSTEP),
+        (SuperstepMarker(1), KIND_SUPERSTEP),
     ],
 )
 def test_event_round_trip(event: Event, kind: int) -> None:

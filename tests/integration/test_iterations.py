@@ -3,6 +3,8 @@ of a task's Python worker, the rescue read of the survivors before they are ende
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from runtime.iterations import Recovery
@@ -40,3 +42,23 @@ def test_sigkill_then_blocking_restore_from_s3_on_spark(s3: FakeS3, s3_root: str
     (rec,) = result.recoveries
     assert rec.kind == "checkpoint" and rec.resumed_from == 4 and "died" in rec.reason
     assert result.checkpoint_root is not None and result.checkpoint_root.startswith("s3://")
+
+
+def test_streaming_runtime_iteration_on_spark_resumes_from_its_superstep_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The iteration as a Dataflow on the streaming runtime (``runtime.superstep``): one
+    barrier stage per attempt, a SIGKILLed Python worker, the next stage restores the
+    superstep checkpoint through the checkpoint storage and ends with union-find's labels."""
+    from jobmanager.faults import Kill
+    from runtime.api.iterations import run_on_streaming
+
+    result = run_on_streaming(
+        components(),
+        Recovery("blocking", interval=1, checkpoint_dir=str(tmp_path)),
+        faults=[Kill("components[1]", after_checkpoint=2)],
+        launcher="spark",
+    )
+    assert result.solution == union_find_labels(N_CC, CC_EDGES)
+    (rec,) = result.recoveries
+    assert rec.resumed_from == 2 and len(result.job.restarts) == 1

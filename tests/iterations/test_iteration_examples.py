@@ -115,3 +115,23 @@ def test_storage_options_must_be_a_json_object(capsys: Any) -> None:
         cc.main([*SMALL_CC, "--storage-options", "[1, 2]"])
     assert exc.value.code == 2
     assert "--storage-options must be a JSON object" in capsys.readouterr().err
+
+
+@pytest.mark.harness
+def test_examples_run_on_the_streaming_runtime_with_kills(capsys: Any) -> None:
+    cc = load_example("connected_components_bulk")
+    args = [*SMALL_CC, "--streaming", "--recovery", "blocking", "--interval", "2"]
+    assert cc.main([*args, "--kill-task", "connected_components[0]", "--after", "superstep:3"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: equal to union-find" in out and "resumed after superstep 2" in out
+    pagerank = load_example("pagerank")
+    assert pagerank.main([*SMALL_PR, "--streaming", "--recovery", "none", "--chaos", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: matches networkx" in out and "resumed after superstep 0" in out
+
+
+def test_streaming_refuses_optimistic_recovery_with_the_fix(capsys: Any) -> None:
+    cc = load_example("connected_components_bulk")
+    with pytest.raises(SystemExit):
+        cc.main([*SMALL_CC, "--streaming"])  # the default recovery is optimistic
+    assert "--recovery none, blocking, tail or head" in capsys.readouterr().err

@@ -99,6 +99,7 @@ def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "status",
         "final",
         "savepoint",
+        "superstep",
         "mode",
         "attempt",
         "triggered",
@@ -119,8 +120,9 @@ def test_list(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ]  # newest last: 12 is a savepoint
     assert "37.5" in rows[0] and "243" in rows[0] and "7.2" in rows[0] and "128" in rows[0]
     assert "150.0" in rows[1] and "252" in rows[1]
-    assert rows[0].split()[4] == "unaligned" and rows[0].split()[-1] == "4096"
-    assert rows[1].split()[4] == "exactly_once" and rows[1].split()[-1] == "0"
+    assert rows[0].split()[4] == "-"  # no iteration's checkpoint
+    assert rows[0].split()[5] == "unaligned" and rows[0].split()[-1] == "4096"
+    assert rows[1].split()[5] == "exactly_once" and rows[1].split()[-1] == "0"
     # Aligned: every column starts at the same offset on every line.
     starts = {line.index(part) for line in lines[3:5] for part in [line.split()[1]]}
     assert len(starts) == 1

@@ -156,3 +156,20 @@ def test_an_ending_attempt_whose_periodic_checkpoint_failed_gets_its_kill() -> N
     s.start_attempt(0)
     assert s.on_sources_ended(True) == []
     assert s.due(3.0, periodic_pending=False) == [k]  # it was aborted: no reason to wait
+
+
+def test_a_superstep_kill_fires_as_that_superstep_or_a_later_one_starts() -> None:
+    first = DriverKill(1, 0, None, None, label="a", after_superstep=4)
+    second = DriverKill(2, 1, None, None, label="b", after_superstep=3)
+    s = FaultSchedule([first, second])
+    s.start_attempt(0)
+    assert s.on_superstep(3) == []
+    assert s.on_superstep(4, can_fire=lambda i: False) == []  # not killable now
+    assert s.on_superstep(5) == [first]
+    s.start_attempt(1)  # restored after superstep 4: superstep 3 never starts again
+    assert s.on_superstep(5) == [second] and s.on_superstep(6) == []
+
+
+def test_a_superstep_kill_needs_an_iteration() -> None:
+    with pytest.raises(GraphError, match="is no iteration"):
+        resolve_faults(small_plan(), [Kill("src[0]", after_superstep=2)])

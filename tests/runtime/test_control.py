@@ -83,6 +83,11 @@ MESSAGES: list[P.Message] = [
     P.LoopProbe(8, 42),
     P.Halt(42),
     P.KillSelf(9, "Kill('count[1]', after_checkpoint=2)"),
+    P.SuperstepDone(2, 1, 7, 0.125, 40, 1_000, 1_000, 0.5),
+    P.SuperstepDone(0, 0, 1, 0.0, 0, 0, 0, 0.0),
+    P.SolutionEmitted(2, 1, 7, 40),
+    P.SuperstepGo(8),
+    P.EmitSolution(7),
 ]
 
 

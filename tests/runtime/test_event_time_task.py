@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from channels.messages import Barrier, EndOfInput, Watermark, header_of
+from channels.messages import Barrier, EndOfInput, SuperstepMarker, Watermark, header_of
 from runtime.api.dataflow import Dataflow
 from runtime.config import JobConfig
 from runtime.errors import GraphError
@@ -138,6 +138,9 @@ class Recorder:
     def on_idle(self) -> None:
         self.got.append(("idle",))
 
+    def on_superstep(self, channel: int, marker: SuperstepMarker) -> None:
+        self.got.append(("superstep", channel, marker.superstep, marker.contribution))
+
 
 def test_the_input_side_hands_typed_elements_in_channel_order() -> None:
     target = Recorder()
@@ -147,6 +150,7 @@ def test_the_input_side_hands_typed_elements_in_channel_order() -> None:
         event(3, Watermark(10)),
         event(4, Barrier(7, 0.0)),
         event(4, Watermark(20)),
+        event(4, SuperstepMarker(2, 0.5)),
         event(3, EndOfInput()),
     ]:
         side.dispatch(frame[0], frame[4] & 0x0F, frame)
@@ -154,6 +158,7 @@ def test_the_input_side_hands_typed_elements_in_channel_order() -> None:
         ("batch", 4, 1, ["x"]),
         ("barrier", 4, 7),
         ("watermark", 10),
+        ("superstep", 4, 2, 0.5),
         ("watermark", 20),  # channel 3 ended: channel 4 alone
         ("end", 3),
     ]

@@ -1,0 +1,237 @@
+"""The job manager's side of an iteration (``runtime.superstep``): the superstep
+agreement of all loop heads, checkpoints at superstep boundaries, and the end.
+
+One attempt of an iteration, as phases of one explicit state::
+
+    LOADING     the input enters the loop heads; over when the loop termination's waves
+                (Mattern's counters, ``jobmanager.termination``) prove nothing is left in
+                flight after every source ended: the heads hold all their input
+    SUPERSTEP k SuperstepGo(k) went to every head; the job manager waits for every
+                head's SuperstepDone(k) (never for a time-out), checks the superstep's
+                message totals balance, then decides:
+                  converged / workset empty / max_supersteps -> EMITTING
+                  a checkpoint due at this boundary           -> CHECKPOINT
+                  else                                        -> SUPERSTEP k + 1
+    CHECKPOINT  checkpoint n, triggered at the boundary after k (the channels are empty,
+                so the heads' keyed state is the whole snapshot; its metadata records
+                k); once it completed or failed -> SUPERSTEP k + 1
+    EMITTING    EmitSolution(k) went to every head; once each answered SolutionEmitted
+                (its result records are on the result edge) -> ENDED
+    ENDED       the attempt's final checkpoint commits the result and the job ends
+    STOPPED     a stop with savepoint was requested: the savepoint is taken while loading
+                or at the next boundary (never inside a superstep, whose inbox is no
+                state) and records the superstep; no superstep starts after it
+
+A restored attempt starts at the superstep after the one its checkpoint was taken at.
+Driver side, job-manager thread only.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from jobmanager.result import IterationProgress, SuperstepRecovery
+from jobmanager.termination import Wave
+from runtime import control as P
+from runtime.graph import Step, StepKind
+from runtime.plan import JobPlan
+
+log = logging.getLogger("absflow.jobmanager")
+
+__all__ = ["IterationPhase", "SuperstepDriver", "superstep_step"]
+
+
+class _Completed(Protocol):
+    @property
+    def checkpoint_id(self) -> int: ...
+
+
+class Checkpoints(Protocol):
+    """What the driver needs of the ``CheckpointCoordinator``."""
+
+    @property
+    def pending(self) -> Mapping[int, Any]: ...
+    @property
+    def completed(self) -> Sequence[_Completed]: ...
+    def trigger(self, final: bool, *, superstep: int | None = None) -> int: ...
+
+
+class IterationPhase(enum.Enum):
+    LOADING = "loading"
+    SUPERSTEP = "superstep"
+    CHECKPOINT = "checkpoint"
+    EMITTING = "emitting"
+    ENDED = "ended"
+    STOPPED = "stopped"
+
+
+def superstep_step(plan: JobPlan) -> Step | None:
+    """The plan's superstep step (an iteration's loop head logic), if it has one."""
+    return next((s for s in plan.steps if s.kind is StepKind.SUPERSTEP), None)
+
+
+class SuperstepDriver:
+    """Drives one attempt of an iteration through the phases above. ``send(task, msg)``
+    reaches one task; ``progress`` is the run's record (kept across attempts)."""
+
+    def __init__(
+        self,
+        plan: JobPlan,
+        step: Step,
+        send: Callable[[int, P.Message], None],
+        coordinator: Checkpoints,
+        progress: IterationProgress,
+        checkpoint_every: int | None,
+        restored: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+        starting: Callable[[int], None] = lambda _k: None,
+    ) -> None:
+        """``starting(k)``: called as superstep k starts, before any head hears of it
+        (fault injection: ``Kill(after_superstep=k)``)."""
+        self.starting = starting
+        self._stop: Callable[[int], None] | None = None
+        chain = next(c.id for c in plan.chains if step.id in c.step_ids)
+        self.heads = sorted(t.index for t in plan.tasks if t.chain == chain)
+        self.step, self.send, self.coordinator = step, send, coordinator
+        self.progress, self.checkpoint_every, self.clock = progress, checkpoint_every, clock
+        args: dict[str, Any] = step.args
+        self.delta: bool = bool(args["delta"])
+        self.max_supersteps: int | None = args.get("max_supersteps")
+        self.converged: Callable[[float], bool] | None = args.get("converged")
+        self.phase = IterationPhase.LOADING
+        self.current = restored  # the newest superstep started (or restored)
+        self.done: dict[int, P.SuperstepDone] = {}
+        self.emitted: set[int] = set()
+        self.checkpoint_id: int | None = None
+        self.started_at = 0.0
+        if progress.failed_during is not None:  # this attempt recovers a failed one
+            progress.recoveries.append(SuperstepRecovery(progress.failed_during, restored))
+            progress.failed_during = None
+
+    @property
+    def where(self) -> str:
+        return f"iteration step '{self.step.name}'"
+
+    @property
+    def ended(self) -> bool:
+        return self.phase is IterationPhase.ENDED
+
+    # -- events ----------------------------------------------------------------------------
+    def on_loaded(self) -> None:
+        """The loop is proven empty after every source ended: the heads hold their input."""
+        if self.phase is IterationPhase.LOADING:
+            log.info("%s: input loaded, superstep %d starts", self.where, self.current + 1)
+            self._go(self.current + 1)
+
+    def on_done(self, msg: P.SuperstepDone) -> str | None:
+        """A head finished a superstep; returns why the run must fail, if it must."""
+        if self.phase is not IterationPhase.SUPERSTEP or msg.superstep != self.current:
+            return None
+        self.done[msg.task_index] = msg
+        if len(self.done) < len(self.heads):
+            return None
+        return self._decide()
+
+    def on_emitted(self, msg: P.SolutionEmitted) -> None:
+        if self.phase is IterationPhase.EMITTING:
+            self.emitted.add(msg.task_index)
+            if len(self.emitted) == len(self.heads):
+                self.phase = IterationPhase.ENDED
+
+    def on_tick(self) -> None:
+        """Checks the boundary checkpoint: completed or failed, the next superstep starts."""
+        if self.phase is not IterationPhase.CHECKPOINT or self.checkpoint_id is None:
+            return
+        n = self.checkpoint_id
+        if n in self.coordinator.pending:
+            return
+        if any(c.checkpoint_id == n for c in self.coordinator.completed):
+            self.progress.checkpoints.append((self.current, n))
+        else:
+            log.warning(
+                "%s: the checkpoint at superstep %d failed; the iteration goes on",
+                self.where,
+                self.current,
+            )
+        self.checkpoint_id = None
+        self._next()
+
+    def request_stop(self, savepoint: Callable[[int], None]) -> None:
+        """A stop with savepoint: ``savepoint(k)`` takes it (the final checkpoint, recording
+        superstep k) now while the input loads, or at the next superstep boundary; never
+        once the result is on its way (the job ends anyway)."""
+        if self._stop is not None or self.phase in (IterationPhase.EMITTING, IterationPhase.ENDED):
+            return
+        self._stop = savepoint
+        if self.phase is IterationPhase.LOADING:
+            self._stop_here()
+
+    def _stop_here(self) -> None:
+        assert self._stop is not None
+        self.phase = IterationPhase.STOPPED
+        log.info("%s: stopping with a savepoint after superstep %d", self.where, self.current)
+        self._stop(self.current)
+
+    def on_failed(self) -> None:
+        """The attempt failed: the next one records how it recovered."""
+        if self.phase is not IterationPhase.LOADING or self.current:
+            self.progress.failed_during = self.current
+
+    # -- decisions -------------------------------------------------------------------------
+    def _go(self, k: int) -> None:
+        self.phase = IterationPhase.SUPERSTEP
+        self.current, self.done = k, {}
+        self.started_at = self.clock()
+        self.progress.supersteps_started += 1
+        self.starting(k)
+        for index in self.heads:
+            self.send(index, P.SuperstepGo(k))
+
+    def _decide(self) -> str | None:
+        k, dones = self.current, list(self.done.values())
+        progress = self.progress
+        progress.superstep_seconds.append((k, self.clock() - self.started_at))
+        wave = Wave(k, sum(d.sent for d in dones), sum(d.received for d in dones))
+        if not wave.balanced:
+            return (
+                f"{self.where}: superstep {k} is not balanced: {wave.sent} messages sent, "
+                f"{wave.received} received (a message lost or counted twice); not deciding "
+                "on a partial superstep"
+            )
+        aggregate = sum(d.aggregate for d in dones)
+        progress.aggregates.append((k, aggregate))
+        progress.supersteps = k
+        if self.delta:
+            converged = sum(d.active for d in dones) == 0  # balanced: nothing of k in flight
+        else:
+            converged = self.converged is not None and bool(self.converged(aggregate))
+        if converged or (self.max_supersteps is not None and k >= self.max_supersteps):
+            progress.converged = converged
+            log.info(
+                "%s: %s after superstep %d",
+                self.where,
+                "converged" if converged else "max_supersteps reached",
+                k,
+            )
+            self.phase = IterationPhase.EMITTING
+            for index in self.heads:
+                self.send(index, P.EmitSolution(k))
+            return None
+        every = self.checkpoint_every
+        if every is not None and k % every == 0 and self._stop is None:
+            self.phase = IterationPhase.CHECKPOINT
+            self.checkpoint_id = self.coordinator.trigger(final=False, superstep=k)
+            return None
+        self._next()
+        return None
+
+    def _next(self) -> None:
+        """At the boundary after ``current``: the next superstep, or the stop's savepoint."""
+        if self._stop is not None:
+            self._stop_here()
+        else:
+            self._go(self.current + 1)

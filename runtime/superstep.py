@@ -1,0 +1,241 @@
+"""Superstep iterations on the streaming task: the loop head's operator and protocol.
+
+An iteration (``runtime.api.iterations``) is a Dataflow with a loop::
+
+    source --hash by key--> ITERATE --forward, chained--> SUPERSTEP --> result (a sink)
+                              ^                               |
+                              +--- feedback, hash by target --+
+
+`SuperstepOperator` (registered for ``StepKind.SUPERSTEP``) holds its key groups of the
+solution set, the side input and (delta iterations) the workset in keyed state, so they
+are snapshotted, restored and rescaled like any keyed state. Records reach it from its
+loop head: the entry's ``(key, tag, payload)`` triples while the input loads (``tag``
+says solution value, side input or workset), then ``(target key, message)`` pairs on
+the feedback edge. A batch comes from one channel, so it is one or the other.
+
+`SuperstepHead` is the task's side of the protocol with the job manager:
+
+1. ``SuperstepGo(k)``: the operator computes superstep k's messages (combined per
+   target), they go out on the feedback edge, then the marker of k on every feedback
+   channel, in band behind them;
+2. messages are absorbed into the inbox as they arrive (the feedback gate is drained
+   and spills past ``spill_threshold`` like any loop head's);
+3. `SuperstepAligner`: once the marker of k came on every feedback channel, the keys
+   update from their inboxes and the head reports ``SuperstepDone(k)``;
+4. the job manager decides on the control plane (next superstep, a checkpoint at the
+   boundary, or ``EmitSolution``: the keys' values go out on the result edge).
+
+At a superstep boundary every channel is empty and the inbox too, so a checkpoint
+triggered there holds exactly the keyed state. Threading: task-loop thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from channels.messages import SuperstepMarker
+from runtime import control as P
+from runtime.barriers.superstep import SuperstepAligner
+from runtime.errors import IterationError, OperatorFailure
+from runtime.graph import Step, StepKind
+from runtime.operators import KeyedOperator, OperatorContext, register
+from runtime.task_outputs import TaskOutputs
+
+__all__ = ["SIDE", "SOLUTION", "WORKSET", "SuperstepHead", "SuperstepOperator", "entry_key"]
+
+SOLUTION, SIDE, WORKSET = 0, 1, 2
+"""Tags of the entry's ``(key, tag, payload)`` records."""
+_MISSING = object()
+
+
+def entry_key(record: Any) -> Any:
+    """The key of an entry record or a message: its first field."""
+    return record[0]
+
+
+@register(StepKind.SUPERSTEP)
+class SuperstepOperator(KeyedOperator):
+    """One subtask's key groups of an iteration. ``step.fn`` is the user's step object
+    (``runtime.api.iterations.Step``: ``messages``, ``combine``, ``contribution``,
+    ``update``, ``aggregate``); ``step.args["delta"]``: a delta iteration (only workset
+    keys send; keys whose value changed form the next workset)."""
+
+    def __init__(self, step: Step, ctx: OperatorContext) -> None:
+        super().__init__(step, ctx)
+        self.logic = step.fn
+        self.delta: bool = bool(step.args["delta"])
+        keyed = self.keyed_state
+        assert keyed is not None
+        # Declared now: the live dicts stay the same objects across a restore.
+        self.solution = keyed.value_state("solution")
+        self.side = keyed.value_state("side")
+        self.workset = keyed.value_state("workset")
+        self.inbox: dict[Any, Any] = {}
+        self.received = 0
+        """Messages absorbed since the last update (all of the current superstep's)."""
+
+    # -- the per-record path -------------------------------------------------------------
+    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
+        if batch and len(batch[0]) == 3:
+            self._load(batch)
+        else:
+            self._absorb(batch)
+        return []
+
+    def _load(self, batch: list[Any]) -> None:
+        solution, side_input, workset = self.solution, self.side, self.workset
+        for key, tag, payload in batch:
+            if tag == SOLUTION:
+                solution[key] = payload
+            elif tag == SIDE:
+                side_input[key] = payload
+            else:
+                workset[key] = True
+
+    def _absorb(self, batch: list[Any]) -> None:
+        inbox, solution, combine = self.inbox, self.solution, self.logic.combine
+        for key, msg in batch:
+            if key not in solution:
+                raise IterationError(
+                    f"step '{self.logic.name}' of iteration '{self.name}' sent a message to "
+                    f"key {key!r}, which the solution set does not have: a step may not "
+                    "change the key set (add the key to the initial data set)"
+                )
+            if key in inbox:
+                inbox[key] = combine(inbox[key], msg) if combine else inbox[key] + list(msg)
+            else:
+                inbox[key] = msg if combine else list(msg)
+        self.received += len(batch)
+
+    # -- supersteps ----------------------------------------------------------------------
+    def check_loaded(self) -> None:
+        """Before the first superstep: every workset and side key has a solution value."""
+        for name, keys in (("workset", self.workset), ("side input", self.side)):
+            unknown = [k for k in keys if k not in self.solution]
+            if unknown:
+                raise IterationError(
+                    f"iteration '{self.name}': the {name} holds keys the solution set does "
+                    f"not have, e.g. {sorted(map(repr, unknown))[:3]}"
+                )
+
+    def start(self) -> tuple[list[tuple[Any, Any]], float]:
+        """This superstep's messages ``(target, message)`` (combined per target), and
+        this subtask's contribution to the superstep's global sum."""
+        logic, solution, side = self.logic, self.solution, self.side
+        combine, messages, contribute = logic.combine, logic.messages, logic.contribution
+        keys = self.workset if self.delta else solution
+        out: dict[Any, Any] = {}
+        contribution = 0.0
+        for key in keys:
+            value = solution[key]
+            s = side.get(key)
+            contribution += contribute(key, value, s)
+            for target, msg in messages(key, value, s):
+                if combine is not None:
+                    prev = out.get(target, _MISSING)
+                    out[target] = msg if prev is _MISSING else combine(prev, msg)
+                elif target in out:
+                    out[target].append(msg)
+                else:
+                    out[target] = [msg]
+        return list(out.items()), contribution
+
+    def end(self, total: float) -> tuple[float, int, int]:
+        """Update every key from its inbox (bulk), or the keys that got messages (delta);
+        returns ``(aggregate, active keys, messages received)``."""
+        logic, solution, side, inbox = self.logic, self.solution, self.side, self.inbox
+        update = logic.update
+        received, self.received, self.inbox = self.received, 0, {}
+        if not self.delta:
+            aggregate_of = logic.aggregate
+            aggregate = 0.0
+            for key, value in solution.items():  # values change in place, not the key set
+                new = update(key, value, inbox.get(key), side.get(key), total)
+                aggregate += aggregate_of(key, value, new)
+                solution[key] = new
+            return aggregate, len(solution), received
+        changed: dict[Any, Any] = {}
+        for key, msgs in inbox.items():
+            new = update(key, solution[key], msgs, side.get(key), total)
+            if new is not None:
+                changed[key] = new
+        solution.update(changed)
+        self.workset.clear()
+        self.workset.update(dict.fromkeys(changed, True))
+        return float(len(changed)), len(changed), received
+
+    def solution_records(self) -> list[tuple[Any, Any]]:
+        return list(self.solution.items())
+
+
+class SuperstepHead:
+    """The superstep protocol of one iteration task (see the module docstring): acts on
+    the job manager's ``SuperstepGo`` / ``EmitSolution`` and on markers from the input
+    side; reports ``SuperstepDone`` / ``SolutionEmitted``."""
+
+    def __init__(
+        self,
+        operator: SuperstepOperator,
+        task_index: int,
+        attempt: int,
+        outputs: TaskOutputs,
+        feedback_edge: int,
+        result_edge: int,
+        feedback_channels: list[int],
+        send: Callable[[P.Message], None],
+    ) -> None:
+        self.operator, self.outputs = operator, outputs
+        self.task_index, self.attempt = task_index, attempt
+        self.feedback_edge, self.result_edge = feedback_edge, result_edge
+        self.send = send
+        self.aligner = SuperstepAligner(feedback_channels, self._aligned)
+        self.checked = False
+        self._sent = 0
+        self._started_at = 0.0
+
+    def go(self, superstep: int) -> None:
+        """Send superstep ``superstep``'s messages, then its marker on every feedback channel."""
+        self._started_at = time.perf_counter()
+        try:
+            if not self.checked:
+                self.operator.check_loaded()
+                self.checked = True
+            records, contribution = self.operator.start()
+        except Exception as err:
+            raise OperatorFailure(self.operator.name, err) from err
+        self._sent = len(records)
+        out = self.outputs
+        out.emit_to(self.feedback_edge, records)
+        out.send_event_on(self.feedback_edge, SuperstepMarker(superstep, contribution))
+        self.aligner.go(superstep)
+
+    def on_marker(self, channel: int, marker: SuperstepMarker) -> None:
+        self.aligner.on_marker(channel, marker)
+
+    def _aligned(self, superstep: int, total: float) -> None:
+        try:
+            aggregate, active, received = self.operator.end(total)
+        except Exception as err:
+            raise OperatorFailure(self.operator.name, err) from err
+        self.send(
+            P.SuperstepDone(
+                self.task_index,
+                self.attempt,
+                superstep,
+                aggregate,
+                active,
+                self._sent,
+                received,
+                time.perf_counter() - self._started_at,
+            )
+        )
+
+    def emit_solution(self, superstep: int) -> None:
+        """The iteration ended after ``superstep``: the keys' values go out on the result
+        edge (before any later barrier: the final checkpoint commits them)."""
+        records = self.operator.solution_records()
+        self.outputs.emit_to(self.result_edge, records)
+        self.outputs.flush()
+        self.send(P.SolutionEmitted(self.task_index, self.attempt, superstep, len(records)))
