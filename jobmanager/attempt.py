@@ -80,6 +80,7 @@ class Attempt:
         self.killed_at: float | None = None  # wall clock of an injected kill
         self.stage_done_at: float | None = None
         self.stopping_with: int | None = None  # the savepoint's checkpoint id while stopping
+        self.stale_messages = 0  # of other attempts' tasks, dropped (`on_message`)
         self.coordinator = CheckpointCoordinator(
             plan,
             config,
@@ -128,8 +129,6 @@ class Attempt:
         checks_due = 0.0
         while True:
             for msg in self.run_services.link.receive(20):
-                if getattr(msg, "attempt", self.number) != self.number:
-                    continue  # a straggler of a failed attempt
                 failure = self.on_message(msg)
                 if failure is not None:
                     return failure
@@ -159,10 +158,9 @@ class Attempt:
     def _read_waiting(self) -> Failure | None:
         """Handle the control messages already waiting (without waiting for more)."""
         for msg in self.run_services.link.receive(0):
-            if getattr(msg, "attempt", self.number) == self.number:
-                failure = self.on_message(msg)
-                if failure is not None:
-                    return failure
+            failure = self.on_message(msg)
+            if failure is not None:
+                return failure
         return None
 
     def _observe(self, now: float) -> None:
@@ -228,7 +226,7 @@ class Attempt:
         deadline = self.clock() + REPORT_GRACE
         while self.clock() < deadline:
             for msg in self.run_services.link.receive(20):
-                if getattr(msg, "attempt", None) != self.number:
+                if not P.of_attempt(msg, self.number):
                     continue
                 if isinstance(msg, P.Failed):
                     return reported_failure(msg, self.tasks[msg.task_index].task_id)
@@ -323,7 +321,13 @@ class Attempt:
 
     # -- dispatch --------------------------------------------------------------------------
     def on_message(self, msg: P.Message) -> Failure | None:
-        """Handle one control message of this attempt; a Failure when it ends the attempt."""
+        """Handle one control message; a Failure when it ends the attempt. A message of
+        another attempt's task (one that outlived its attempt) is dropped here, whatever
+        it is: it must not register, report, fail this attempt or hand over sink output."""
+        if not P.of_attempt(msg, self.number):
+            self.stale_messages += 1
+            log.debug("attempt %d: dropped %r of another attempt", self.number, msg)
+            return None
         now = self.clock()
         match msg:
             case P.Register():

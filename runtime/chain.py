@@ -75,8 +75,9 @@ class OperatorChain:
         send_sink_output: SinkOutputSender,
         faults: TaskFaults,
         config: JobConfig | None = None,
+        run_id: str = "run",
     ) -> None:
-        self.plan, self.spec, self.attempt = plan, spec, attempt
+        self.plan, self.spec, self.attempt, self.run_id = plan, spec, attempt, run_id
         cfg = config if config is not None else JobConfig()
         self._drop_event_time = cfg.debug_drop_event_time
         self.changelog = KeyedChangelog(
@@ -131,6 +132,7 @@ class OperatorChain:
                     producer=self._producer(position),
                     job=self.plan.name,
                     send_as=functools.partial(self._send_sink_output, step.name),
+                    run=self.run_id,
                 )
             op = build_operator(
                 step, spec.subtask, self.plan.max_parallelism, ctx, self._drop_event_time

@@ -8,24 +8,30 @@ committed, in order; commits are idempotent, so a lost or repeated completion
 notice is harmless. On restore, the pending transactions of the restored
 snapshot are committed again (idempotently) and everything after it is rolled
 back: the sources replay it.
+
+Every seal and commit is fenced by attempt: an attempt claims its sink subtasks when
+it restores them, and a subtask of an older attempt (alive behind a partition) can no
+longer seal or commit (`runtime.transactions.Epoch`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
 
 from channels.errors import RecordSerializationError
 from runtime.sink_rescale import recover_rescaled
-from runtime.transactions import Committer, TxnId
+from runtime.transactions import Committer, Epoch, StaleAttemptError, TxnId
 from statebackend.restore import RescaledState
 
 log = logging.getLogger("absflow.sinks")
@@ -47,6 +53,11 @@ class SinkContext:
     # (subtask, checkpoint id, records): send_to_driver on behalf of an old subtask
     # index, when a rescaled restore recovers that subtask's transactions.
     send_as: Callable[[int, int, list[Any] | bytes], None] | None = None
+    run: str = "run"  # the run's id: with ``attempt``, the sink's `Epoch`
+
+    @property
+    def epoch(self) -> Epoch:
+        return Epoch(self.run, self.attempt)
 
 
 def _first(item: tuple[int, Any]) -> int:
@@ -133,7 +144,7 @@ class TwoPhaseCommitSink(Sink):
         self._finished = False
         self.committer: Committer | None = None
         if self.commit_off_loop:
-            self.committer = Committer(self.commit, self._mark_committed, ctx.step_name)
+            self.committer = Committer(self._commit_fenced, self._mark_committed, ctx.step_name)
 
     def txn_id(self, checkpoint_id: int) -> TxnId:
         ctx = self.ctx
@@ -151,7 +162,8 @@ class TwoPhaseCommitSink(Sink):
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
         txn = self.current if self.current is not None else self._begin()
-        sealed = self.pre_commit(txn, checkpoint_id)
+        with self._fenced("seal", checkpoint_id):
+            sealed = self.pre_commit(txn, checkpoint_id)
         self.next_id = checkpoint_id + 1
         with self._lock:
             self.pending[checkpoint_id] = sealed
@@ -167,13 +179,33 @@ class TwoPhaseCommitSink(Sink):
         committer = self.committer
         if committer is None:
             for n, handle in due:
-                self.commit(n, handle)
+                self._commit_fenced(n, handle)
                 self._mark_committed(n)
             return
         for n, handle in due:
             committer.submit(n, handle)
         if self._finished:  # the final checkpoint: the task ends once this returns
             committer.drain()
+
+    def _commit_fenced(self, checkpoint_id: int, handle: Any) -> None:
+        with self._fenced("commit", checkpoint_id):
+            self.commit(checkpoint_id, handle)
+
+    @contextlib.contextmanager
+    def _fenced(self, action: str, checkpoint_id: int) -> Iterator[None]:
+        """Run the block (a seal or a commit) only while this attempt owns the subtask;
+        StaleAttemptError if a newer one claimed it. The system's owner lock is held
+        throughout, so no claim slips in between the check and the block."""
+        with self.owner_lock():
+            owner = self.owner()
+            if owner is not None and owner != self.ctx.epoch:
+                raise StaleAttemptError(
+                    f"sink '{self.ctx.step_name}'[{self.ctx.subtask}] of attempt "
+                    f"{self.ctx.attempt} will not {action} checkpoint {checkpoint_id}: attempt "
+                    f"{owner.attempt} of run {owner.run} has taken over its transactions "
+                    f"(this task belongs to a failed attempt and ends now)"
+                )
+            yield
 
     def _mark_committed(self, checkpoint_id: int) -> None:
         with self._lock:
@@ -208,6 +240,8 @@ class TwoPhaseCommitSink(Sink):
         state = state or {}
         pending = [(int(n), handle) for n, handle in state.get("pending", [])]
         restored = state.get("checkpoint", max((n for n, _ in pending), default=None))
+        with self.owner_lock():  # from now on, earlier attempts can seal or commit nothing
+            self.claim(self.ctx.epoch)
         self.recover(pending, None if restored is None else int(restored))
         return None if restored is None else int(restored)
 
@@ -232,6 +266,22 @@ class TwoPhaseCommitSink(Sink):
     def commit(self, checkpoint_id: int, handle: Any) -> None:
         """Make a sealed transaction visible. Must be idempotent."""
         raise NotImplementedError
+
+    def claim(self, epoch: Epoch) -> None:
+        """Record in the sink's system that ``epoch`` owns this subtask's transactions
+        (called under ``owner_lock`` when the subtask is restored, before ``recover``).
+        The default records nothing: such a sink is fenced by the control plane only
+        (the job manager completes checkpoints for the current attempt's tasks only)."""
+
+    def owner(self) -> Epoch | None:
+        """The epoch that last claimed this subtask in the sink's system (None: none
+        recorded); called under ``owner_lock`` before every seal and commit."""
+        return None
+
+    def owner_lock(self) -> contextlib.AbstractContextManager[Any]:
+        """Held around a claim, and around every owner check with the seal or commit it
+        guards (a lock every host shares: a file lock, a row lock)."""
+        return contextlib.nullcontext()
 
     def recover(self, pending: list[tuple[int, Any]], checkpoint_id: int | None) -> None:
         """On restore from ``checkpoint_id`` (None: a fresh start): commit ``pending``
@@ -336,6 +386,7 @@ class FileSink(TwoPhaseCommitSink):
         return checkpoint, length, history
 
     def _write_marker(self, checkpoint_id: int, length: int, history: list[list[int]]) -> None:
+        """Only the owner writes the marker (claim, then its fenced commits)."""
         tmp = self.marker + ".tmp"
         with open(tmp, "w") as fh:
             json.dump(
@@ -343,12 +394,34 @@ class FileSink(TwoPhaseCommitSink):
                     "checkpoint": checkpoint_id,
                     "length": length,
                     "history": history[-self.HISTORY :],
+                    "owner": str(self.ctx.epoch),
                 },
                 fh,
             )
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.marker)
+
+    def claim(self, epoch: Epoch) -> None:
+        self._write_marker(*self._read_marker())  # the marker names its writer, the owner
+
+    def owner(self) -> Epoch | None:
+        try:
+            with open(self.marker) as fh:
+                return Epoch.parse(json.load(fh).get("owner"))
+        except FileNotFoundError:
+            return None
+
+    @contextlib.contextmanager
+    def owner_lock(self) -> Iterator[None]:
+        """An exclusive flock on ``.part-<subtask>.lock`` (every host that mounts the
+        directory shares it)."""
+        with open(os.path.join(self.directory, f".part-{self.ctx.subtask}.lock"), "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
     def begin_transaction(self, txn_id: TxnId) -> Any:
         path = self._staging("open")

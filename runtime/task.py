@@ -84,6 +84,7 @@ class Task:
             self._send_sink_output,
             self.faults,
             cfg,
+            env.run_id,
         )
         self.out = TaskOutputs()
         self.chain.emit = self.out.emit

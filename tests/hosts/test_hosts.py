@@ -5,6 +5,7 @@ the failure-free run's records, record for record, in the sink's files."""
 from __future__ import annotations
 
 import collections
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,72 @@ def test_the_failure_free_run_spans_the_hosts_and_is_exact(clean: dict[str, Any]
     assert clean["restarts"] == [] and clean["checkpoints"] >= 2, clean["restarts"]
     assert len(clean["hosts_with_tasks"]) >= 2, clean["hosts_with_tasks"]
     assert clean["files"] == expected(30_000) and clean["records_out"] == 30_000
+
+
+def test_a_task_sigkilled_on_host_b(
+    hosts: HostCluster, clean: dict[str, Any], tmp_path: Path
+) -> None:
+    driver = started(hosts, tmp_path)
+    try:
+        victim = task_pids(hosts.hosts["b"].ns, hosts.driver)[0]
+        os.kill(victim, signal.SIGKILL)
+        result = driver.finish()
+    finally:
+        driver.kill()
+    assert [r["cause"] for r in result["restarts"]] == ["TASK_DIED"], result["restarts"]
+    assert result["restarts"][0]["restored"] >= 2
+    assert_exact(result, driver, clean)
+
+
+def test_host_b_lost_with_enough_slots_elsewhere(
+    hosts: HostCluster, clean: dict[str, Any], tmp_path: Path
+) -> None:
+    driver = started(hosts, tmp_path)
+    try:
+        killed = hosts.hosts.kill_host("b")  # the worker, its executor, every task there
+        assert len(killed) >= 3, killed
+        result = driver.finish()  # 4 slots left on a and c: the job needs 4
+    finally:
+        driver.kill()
+        hosts.cluster.start_worker("b")  # the next test's cluster is whole again
+    assert len(result["restarts"]) >= 1 and result["restarts"][0]["restored"] >= 2, result
+    assert_exact(result, driver, clean)
+
+
+def test_host_b_partitioned_longer_than_the_heartbeat_timeout(
+    hosts: HostCluster, clean: dict[str, Any], tmp_path: Path
+) -> None:
+    driver = started(hosts, tmp_path, heartbeat_timeout=3.0)
+    try:
+        hosts.hosts.partition("b", down=True)
+        try:
+            # The job manager gives up on b's tasks, the attempt fails, the next one starts.
+            wait_for(
+                lambda: "HEARTBEAT" in driver.said() or "stopped heart-beating" in driver.said()
+                or not driver.running(),
+                TIMEOUT,
+                "the job manager to declare host b's tasks lost",
+            )
+        finally:
+            hosts.hosts.partition("b", down=False)
+        result = driver.finish()
+    finally:
+        driver.kill()
+    assert result["restarts"] and result["restarts"][0]["cause"] == "HEARTBEAT_LOST", result
+    assert_exact(result, driver, clean)
+
+
+def test_a_slow_lossy_link_to_host_b(
+    hosts: HostCluster, clean: dict[str, Any], tmp_path: Path
+) -> None:
+    hosts.hosts.slow_link("b", "delay 50ms loss 1%")
+    try:
+        driver = started(hosts, tmp_path)  # a task on b, and checkpoints complete
+        try:
+            result = driver.finish()
+        finally:
+            driver.kill()
+    finally:
+        hosts.hosts.slow_link("b", None)
+    assert result["restarts"] == [] and result["checkpoints"] >= 2, result
+    assert_exact(result, driver, clean)
