@@ -328,6 +328,9 @@ class Attempt:
             self.stale_messages += 1
             log.debug("attempt %d: dropped %r of another attempt", self.number, msg)
             return None
+        return self._dispatch(msg)
+
+    def _dispatch(self, msg: P.Message) -> Failure | None:
         now = self.clock()
         match msg:
             case P.Register():

@@ -1,7 +1,8 @@
 """The ``hosts`` fixture: five network namespaces on one bridge (a Spark master on ``m``,
 the driver on ``drv``, one worker of 2 slots on each of ``a``, ``b``, ``c``), shared by a
 module's tests, removed with every process afterwards even when a test failed; and
-`Driver`, a job's driver process on ``drv``."""
+``driver``, the driver process on ``drv`` that runs the module's jobs (`Job`) in one
+Spark application."""
 
 from __future__ import annotations
 
@@ -82,74 +83,117 @@ def task_pids(ns: str, driver_ip: str) -> list[int]:
     return ours
 
 
-class Driver:
-    """One job's driver on host ``drv`` (hosts_job.py), its output under ``root``."""
+class DriverService:
+    """The driver process on host ``drv`` (hosts_job.py): one Spark application whose
+    executors every job of the module reuses; jobs go in one at a time (`Job`)."""
 
-    def __init__(self, env: HostCluster, root: Path, **spec: Any) -> None:
+    def __init__(self, env: HostCluster, root: Path) -> None:
         self.env, self.root = env, root
-        self.spec = {
-            "master": env.cluster.url,
-            "host": env.driver,
-            "pythonpath": str(ROOT),
-            "checkpoint_dir": str(root / "chk"),
-            "files": str(root / "files"),
-            "result": str(root / "result.json"),
-            "records": 30_000,
-            "rate": 3_000.0,
-            "heartbeat_timeout": 15.0,
-            "pipeline": "count",
-            **spec,
-        }
         self.log = root / "driver.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Driver:
+    def start(self) -> DriverService:
         drv = self.env.hosts["drv"]
+        app = {"master": self.env.cluster.url, "host": self.env.driver, "pythonpath": str(ROOT)}
         environ = dict(
             self.env.cluster.env(drv), PYSPARK_PYTHON=sys.executable, PYTHONPATH=str(ROOT)
         )
-        with open(self.log, "wb") as out:
+        with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                drv.argv(sys.executable, JOB, json.dumps(self.spec)),
+                drv.argv(sys.executable, JOB, json.dumps(app)),
                 env=environ,
                 cwd=self.root,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        wait_for(
+            lambda: "READY" in self.log.read_text(errors="replace") or not self.alive(),
+            DRIVER_TIMEOUT,
+            "the driver's SparkSession",
+        )
+        assert self.alive(), self.log.read_text(errors="replace")[-5000:]
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def submit(self, spec: dict[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(spec) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, 9)  # the driver and its JVM
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def driver_service(
+    hosts: HostCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DriverService]:
+    service = DriverService(hosts, tmp_path_factory.mktemp("driver")).start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+@pytest.fixture
+def driver(driver_service: DriverService) -> DriverService:
+    """The module's driver, started again if a failed test had to end it."""
+    return driver_service if driver_service.alive() else driver_service.start()
+
+
+class Job:
+    """One job run by the module's driver, its files under ``root``."""
+
+    def __init__(self, service: DriverService, root: Path, **spec: Any) -> None:
+        self.service, self.root = service, root
+        self.spec = {
+            "checkpoint_dir": str(root / "chk"),
+            "files": str(root / "files"),
+            "result": str(root / "result.json"),
+            "log": str(root / "job.log"),
+            "records": 30_000,
+            "rate": 3_000.0,
+            "heartbeat_timeout": 15.0,
+            **spec,
+        }
+
+    def start(self) -> Job:
+        self.service.submit(self.spec)
         return self
 
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.service.alive() and not Path(self.spec["result"]).exists()
 
     def said(self) -> str:
-        return self.log.read_text(errors="replace")
+        path = Path(self.spec["log"])
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def newest_checkpoint(self) -> int:
-        done = [int(p.parent.name[4:]) for p in (self.root / "chk").glob("*/chk-*/_metadata")]
-        done += [int(p.parent.name[4:]) for p in (self.root / "chk").glob("chk-*/_metadata")]
+        done = [int(p.parent.name[4:]) for p in (self.root / "chk").glob("chk-*/_metadata")]
         return max(done, default=0)
 
     def finish(self) -> dict[str, Any]:
-        """Wait for the driver; its JSON result (the test fails with its log if it failed)."""
-        assert self.proc is not None
+        """Wait for the job; its JSON result (the test fails with the logs if it failed)."""
+        service = self.service
         try:
-            self.proc.wait(timeout=DRIVER_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"the driver did not end\n{self.said()[-6000:]}")
-        assert self.proc.returncode == 0, (
-            f"{self.said()[-8000:]}\n{self.env.cluster.logs()}"
+            wait_for(lambda: not self.running(), DRIVER_TIMEOUT, "the job to end")
+        except ClusterError:
+            service.stop()  # the next test gets a new driver
+            pytest.fail(f"the job did not end\n{self.said()[-6000:]}")
+        driver_log = service.log.read_text(errors="replace")[-6000:]
+        assert service.alive(), f"the driver died\n{driver_log}"
+        result: dict[str, Any] = json.loads(Path(self.spec["result"]).read_text())
+        assert "error" not in result, (
+            f"{result['error']}\n{self.said()[-6000:]}\n{driver_log}\n{service.env.cluster.logs()}"
         )
-        result: dict[str, Any] = json.loads((self.root / "result.json").read_text())
         return result
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, 9)
-            self.proc.wait(timeout=30)
 
     def files(self) -> list[list[int]]:
         """The FileSink's records, every part file, sorted."""

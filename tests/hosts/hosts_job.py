@@ -1,13 +1,11 @@
 """The driver of the host tests, run on the driver's host (``ip netns exec``):
 
-    python hosts_job.py SPEC_JSON
+    python hosts_job.py APP_JSON < one JSON job spec per line
 
-The job writes its output with a FileSink (exactly once) to ``files``.
-
-SPEC: ``master`` (spark://...), ``host`` (the driver's address), ``pythonpath`` (for the
-executors), ``checkpoint_dir``, ``files`` (a FileSink directory every host shares),
-``result`` (where the JSON result goes), ``records``, ``rate``, ``heartbeat_timeout``,
-``pipeline`` ("count" or "loop").
+APP: ``master`` (spark://...), ``host`` (the driver's address), ``pythonpath`` (for the
+executors). A job spec: ``checkpoint_dir``, ``files`` (the FileSink's directory, which
+every host shares), ``result`` (where the JSON result goes), ``log`` (the job manager's
+log lines), ``records``, ``rate``, ``heartbeat_timeout``.
 
 The SparkSession binds and advertises the driver's address (spark.driver.host and
 bindAddress, SPARK_LOCAL_IP from the environment); absflow's job manager binds its
@@ -19,7 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+import traceback
 from typing import Any
 
 
@@ -69,24 +69,49 @@ def count_flow(spec: dict[str, Any]) -> Any:
     return flow
 
 
-def main(spec: dict[str, Any]) -> None:
-    # the job manager's warnings ("attempt 1 failed (...); restarting ...") to stderr
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    session(spec)
-    result = count_flow(spec).run()
-    report = {
-        "records_out": result.records_out,
-        "restarts": [
-            {"attempt": r.attempt, "cause": r.cause.name, "reason": r.reason,
-             "restored": r.restored_checkpoint}  # fmt: skip
-            for r in result.restarts
-        ],
-        "checkpoints": len(result.checkpoints),
-        "failed_checkpoints": len(result.failed_checkpoints),
-    }
-    with open(spec["result"], "w") as fh:
+def run_one(spec: dict[str, Any]) -> None:
+    """Run the job ``spec`` asks for; its result, or its error, as JSON to spec["result"]
+    (written last, by rename: the test waits for it); the job's log lines to spec["log"]."""
+    handler = logging.FileHandler(spec["log"])
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger("absflow").addHandler(handler)
+    try:
+        result = count_flow(spec).run()
+        report: dict[str, Any] = {
+            "records_out": result.records_out,
+            "restarts": [
+                {
+                    "attempt": r.attempt,
+                    "cause": r.cause.name,
+                    "reason": r.reason,
+                    "restored": r.restored_checkpoint,
+                }
+                for r in result.restarts
+            ],
+            "checkpoints": len(result.checkpoints),
+            "failed_checkpoints": len(result.failed_checkpoints),
+        }
+    except Exception:
+        report = {"error": traceback.format_exc()}
+    finally:
+        logging.getLogger("absflow").removeHandler(handler)
+        handler.close()
+    with open(spec["result"] + ".tmp", "w") as fh:
         json.dump(report, fh)
-    print(result.summary(), flush=True)
+    os.replace(spec["result"] + ".tmp", spec["result"])
+
+
+def main(app: dict[str, Any]) -> None:
+    """One SparkSession (application) for every job of a test module: its executors
+    start once, on every worker, and are reused (after a lost host, the master starts
+    the application a new executor on that host's new worker). Jobs come as JSON
+    lines on stdin, one at a time."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    session(app)
+    print("READY", flush=True)
+    for line in sys.stdin:
+        if line.strip():
+            run_one(json.loads(line))
 
 
 if __name__ == "__main__":

@@ -120,8 +120,19 @@ class Hosts:
                 run("ip", "netns", "add", host.ns)
                 self.hosts[name] = host
                 run(*host.argv("ip", "link", "set", "lo", "up"))
-                run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
-                    "netns", host.ns)  # fmt: skip
+                run(
+                    "ip",
+                    "link",
+                    "add",
+                    host.veth,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    host.ns,
+                )
                 run("ip", "link", "set", host.veth, "master", self.bridge, "up")
                 run(*host.argv("ip", "addr", "add", f"{host.ip}/24", "dev", "eth0"))
                 run(*host.argv("ip", "link", "set", "eth0", "up"))
@@ -135,16 +146,29 @@ class Hosts:
         """Take host ``name``'s link down (nothing reaches it, it reaches nothing) or up."""
         run("ip", "link", "set", self.hosts[name].veth, "down" if down else "up")
 
-    def slow_link(self, name: str, netem: str | None) -> None:
-        """netem on both directions of host ``name``'s link (e.g. ``"delay 50ms loss 1%"``);
-        None removes it."""
+    def slow_link(self, name: str, slow: bool) -> str:
+        """Make host ``name``'s link slow and lossy in both directions (``slow``), or
+        whole again; returns the qdisc. netem's ``delay 50ms loss 1%`` where the kernel
+        has netem; where it has not (sch_netem is a module some kernels leave out), a
+        token bucket of 1 Mbit/s that queues packets up to 50 ms and drops beyond that:
+        delay and loss under load, from the link's own queue."""
         host = self.hosts[name]
-        for argv in (["ip", "netns", "exec", host.ns, "tc"], ["tc"]):
-            dev = "eth0" if len(argv) > 1 else host.veth
-            if netem is None:
-                run(*argv, "qdisc", "del", "dev", dev, "root", check=False)
-            else:
-                run(*argv, "qdisc", "replace", "dev", dev, "root", "netem", *netem.split())
+        ends = [
+            [*host.argv("tc"), "qdisc", "%s", "dev", "eth0", "root"],
+            ["tc", "qdisc", "%s", "dev", host.veth, "root"],
+        ]
+        if not slow:
+            for argv in ends:
+                run(*[a.replace("%s", "del") for a in argv], check=False)
+            return ""
+        for qdisc in ("netem delay 50ms loss 1%", "tbf rate 1mbit burst 16kb latency 50ms"):
+            done = [
+                run(*[a.replace("%s", "replace") for a in argv], *qdisc.split(), check=False)
+                for argv in ends
+            ]
+            if all(d.returncode == 0 for d in done):
+                return qdisc
+        raise ClusterError(f"tc could not shape {host.veth}: {done[-1].stderr.strip()}")
 
     def kill_host(self, name: str) -> list[int]:
         """SIGKILL every process of host ``name``'s namespace; returns once all are gone."""
@@ -165,8 +189,11 @@ class Hosts:
             if line.startswith(self.tag)
         ]
         links = run("ip", "-o", "link", "show", check=False).stdout
-        left += [f"link {n}" for n in (self.bridge, *(h.veth for h in self.hosts.values()))
-                 if f" {n}:" in links or f" {n}@" in links]  # fmt: skip
+        left += [
+            f"link {n}"
+            for n in (self.bridge, *(h.veth for h in self.hosts.values()))
+            if f" {n}:" in links or f" {n}@" in links
+        ]
         return left
 
     def remove(self) -> None:
@@ -254,6 +281,11 @@ class NamespaceCluster:
         """Hosts (addresses) of the ALIVE workers."""
         return [w["host"] for w in self.state().get("workers", []) if w.get("state") == "ALIVE"]
 
+    def app_cores(self) -> int:
+        """Cores the running application (the driver's) holds on the ALIVE workers."""
+        apps = self.state().get("activeapps", [])
+        return int(apps[0].get("cores", 0)) if apps else 0
+
     def start(self) -> NamespaceCluster:
         spark_class = os.path.join(spark_home(), "bin", "spark-class")
         host = self.master_host
@@ -276,9 +308,21 @@ class NamespaceCluster:
         work = self.root / f"worker-{name}-{self._count}"
         work.mkdir(parents=True, exist_ok=True)
         spark_class = os.path.join(spark_home(), "bin", "spark-class")
-        argv = [spark_class, WORKER, "--host", host.ip, "--webui-port", "8081",
-                "--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(work),
-                self.url]  # fmt: skip
+        argv = [
+            spark_class,
+            WORKER,
+            "--host",
+            host.ip,
+            "--webui-port",
+            "8081",
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--work-dir",
+            str(work),
+            self.url,
+        ]
         self.workers[name] = self.spawn(host, f"worker-{name}-{self._count}", argv, self.env(host))
         if wait:
             self.wait_alive({*self.alive(), host.ip})

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.hosts.conftest import Driver, HostCluster, task_pids
+from tests.hosts.conftest import DriverService, HostCluster, Job, task_pids
 from tests.integration.standalone import wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
@@ -27,46 +27,48 @@ def expected(records: int) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def clean(hosts: HostCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def clean(
+    hosts: HostCluster, driver_service: DriverService, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     """The failure-free run on the hosts: what every faulty run must give."""
-    root = tmp_path_factory.mktemp("clean")
-    driver = Driver(hosts, root).start()
-    try:
-        seen: set[str] = set()
+    job = Job(driver_service, tmp_path_factory.mktemp("clean")).start()
+    seen: set[str] = set()
 
-        def placed() -> bool:  # where the tasks run, sampled while the job runs
-            for name in ("a", "b", "c"):
-                if task_pids(hosts.hosts[name].ns, hosts.driver):
-                    seen.add(name)
-            return not driver.running()
+    def placed() -> bool:  # where the tasks run, sampled while the job runs
+        for name in ("a", "b", "c"):
+            if task_pids(hosts.hosts[name].ns, hosts.driver):
+                seen.add(name)
+        return not job.running()
 
-        wait_for(placed, TIMEOUT, "the failure-free run", poll=0.5)
-        result = driver.finish()
-    finally:
-        driver.kill()
+    wait_for(placed, TIMEOUT, "the failure-free run", poll=0.5)
+    result = job.finish()
     result["hosts_with_tasks"] = sorted(seen)
-    result["files"] = driver.files()
+    result["files"] = job.files()
     return result
 
 
-def started(hosts: HostCluster, tmp_path: Path, checkpoints: int = 2, **spec: Any) -> Driver:
-    """A job started on the driver's host, once it completed ``checkpoints`` checkpoints
-    and has a task on host b."""
-    driver = Driver(hosts, tmp_path, **spec).start()
+def started(
+    hosts: HostCluster, driver: DriverService, tmp_path: Path, checkpoints: int = 2, **spec: Any
+) -> Job:
+    """A job started by the module's driver, once it completed ``checkpoints``
+    checkpoints and has a task on host b."""
+    job = Job(driver, tmp_path, **spec).start()
     b = hosts.hosts["b"].ns
     wait_for(
-        lambda: not driver.running()
-        or (driver.newest_checkpoint() >= checkpoints and bool(task_pids(b, hosts.driver))),
+        lambda: (
+            not job.running()
+            or (job.newest_checkpoint() >= checkpoints and bool(task_pids(b, hosts.driver)))
+        ),
         TIMEOUT,
         f"checkpoint {checkpoints} with a task on host b",
     )
-    assert driver.running(), f"the job ended before the fault\n{driver.said()[-4000:]}"
-    return driver
+    assert job.running(), f"the job ended before the fault\n{job.said()[-4000:]}"
+    return job
 
 
-def assert_exact(result: dict[str, Any], driver: Driver, clean: dict[str, Any]) -> None:
+def assert_exact(result: dict[str, Any], job: Job, clean: dict[str, Any]) -> None:
     assert result["records_out"] == clean["records_out"]
-    assert driver.files() == clean["files"], "the sink's files differ from the clean run's"
+    assert job.files() == clean["files"], "the sink's files differ from the clean run's"
 
 
 def test_the_failure_free_run_spans_the_hosts_and_is_exact(clean: dict[str, Any]) -> None:
@@ -76,69 +78,61 @@ def test_the_failure_free_run_spans_the_hosts_and_is_exact(clean: dict[str, Any]
 
 
 def test_a_task_sigkilled_on_host_b(
-    hosts: HostCluster, clean: dict[str, Any], tmp_path: Path
+    hosts: HostCluster, driver: DriverService, clean: dict[str, Any], tmp_path: Path
 ) -> None:
-    driver = started(hosts, tmp_path)
-    try:
-        victim = task_pids(hosts.hosts["b"].ns, hosts.driver)[0]
-        os.kill(victim, signal.SIGKILL)
-        result = driver.finish()
-    finally:
-        driver.kill()
+    job = started(hosts, driver, tmp_path)
+    victim = task_pids(hosts.hosts["b"].ns, hosts.driver)[0]
+    os.kill(victim, signal.SIGKILL)
+    result = job.finish()
     assert [r["cause"] for r in result["restarts"]] == ["TASK_DIED"], result["restarts"]
     assert result["restarts"][0]["restored"] >= 2
-    assert_exact(result, driver, clean)
+    assert_exact(result, job, clean)
 
 
 def test_host_b_lost_with_enough_slots_elsewhere(
-    hosts: HostCluster, clean: dict[str, Any], tmp_path: Path
+    hosts: HostCluster, driver: DriverService, clean: dict[str, Any], tmp_path: Path
 ) -> None:
-    driver = started(hosts, tmp_path)
+    job = started(hosts, driver, tmp_path)
     try:
         killed = hosts.hosts.kill_host("b")  # the worker, its executor, every task there
         assert len(killed) >= 3, killed
-        result = driver.finish()  # 4 slots left on a and c: the job needs 4
+        result = job.finish()  # 4 slots left on a and c: the job needs 4
     finally:
-        driver.kill()
         hosts.cluster.start_worker("b")  # the next test's cluster is whole again
+        # ... and the driver's application has its executor there again
+        wait_for(lambda: hosts.cluster.app_cores() == 6, TIMEOUT, "an executor on b again")
     assert len(result["restarts"]) >= 1 and result["restarts"][0]["restored"] >= 2, result
-    assert_exact(result, driver, clean)
+    assert_exact(result, job, clean)
 
 
 def test_host_b_partitioned_longer_than_the_heartbeat_timeout(
-    hosts: HostCluster, clean: dict[str, Any], tmp_path: Path
+    hosts: HostCluster, driver: DriverService, clean: dict[str, Any], tmp_path: Path
 ) -> None:
-    driver = started(hosts, tmp_path, heartbeat_timeout=3.0)
+    job = started(hosts, driver, tmp_path, heartbeat_timeout=3.0)
+    hosts.hosts.partition("b", down=True)
     try:
-        hosts.hosts.partition("b", down=True)
-        try:
-            # The job manager gives up on b's tasks, the attempt fails, the next one starts.
-            wait_for(
-                lambda: "HEARTBEAT" in driver.said() or "stopped heart-beating" in driver.said()
-                or not driver.running(),
-                TIMEOUT,
-                "the job manager to declare host b's tasks lost",
-            )
-        finally:
-            hosts.hosts.partition("b", down=False)
-        result = driver.finish()
+        # The job manager gives up on b's tasks, the attempt fails, the next one starts.
+        wait_for(
+            lambda: "stopped heart-beating" in job.said() or not job.running(),
+            TIMEOUT,
+            "the job manager to declare host b's tasks lost",
+        )
     finally:
-        driver.kill()
+        hosts.hosts.partition("b", down=False)
+    result = job.finish()
     assert result["restarts"] and result["restarts"][0]["cause"] == "HEARTBEAT_LOST", result
-    assert_exact(result, driver, clean)
+    assert_exact(result, job, clean)
 
 
 def test_a_slow_lossy_link_to_host_b(
-    hosts: HostCluster, clean: dict[str, Any], tmp_path: Path
+    hosts: HostCluster, driver: DriverService, clean: dict[str, Any], tmp_path: Path
 ) -> None:
-    hosts.hosts.slow_link("b", "delay 50ms loss 1%")
+    qdisc = hosts.hosts.slow_link("b", slow=True)
     try:
-        driver = started(hosts, tmp_path)  # a task on b, and checkpoints complete
-        try:
-            result = driver.finish()
-        finally:
-            driver.kill()
+        job = started(hosts, driver, tmp_path)  # a task on b, and checkpoints complete
+        result = job.finish()
     finally:
-        hosts.hosts.slow_link("b", None)
+        hosts.hosts.slow_link("b", slow=False)
+    print(f"host b's link: {qdisc}")
     assert result["restarts"] == [] and result["checkpoints"] >= 2, result
-    assert_exact(result, driver, clean)
+    assert_exact(result, job, clean)

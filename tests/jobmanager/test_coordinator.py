@@ -453,5 +453,5 @@ def test_companion_without_the_fence_a_stale_ack_completes_a_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(P, "of_attempt", lambda msg, attempt: True)  # the fence off
-    coord, done = stale_ack_then_current_acks(tmp_path)
+    _coord, done = stale_ack_then_current_acks(tmp_path)
     assert done == [False, False, False, True]  # completed without task 0's own ack
