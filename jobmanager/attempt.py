@@ -321,14 +321,11 @@ class Attempt:
 
     # -- dispatch --------------------------------------------------------------------------
     def on_message(self, msg: P.Message) -> Failure | None:
-        """Handle one control message; a Failure when it ends the attempt. A message of
-        another attempt's task (one that outlived its attempt) is dropped here, whatever
-        it is: it must not register, report, fail this attempt or hand over sink output."""
-        if not P.of_attempt(msg, self.number):
-            self.stale_messages += 1
-            log.debug("attempt %d: dropped %r of another attempt", self.number, msg)
-            return None
-        return self._dispatch(msg)
+        """Handle one control message (a Failure ends the attempt); drop other attempts'."""
+        if P.of_attempt(msg, self.number):
+            return self._dispatch(msg)
+        self.stale_messages += 1
+        return None
 
     def _dispatch(self, msg: P.Message) -> Failure | None:
         now = self.clock()

@@ -57,14 +57,13 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostCluster]:
         assert not net.leftovers(), f"left behind by the host tests: {net.leftovers()}"
 
 
-def task_pids(ns: str, driver_ip: str) -> list[int]:
-    """The absflow task processes of namespace ``ns``: Python processes with a TCP
-    connection to the driver (the job manager's port; Spark's own Python workers talk
-    to their executor over loopback only)."""
+def connected(ns: str, ip: str, comm: str) -> list[int]:
+    """Processes of namespace ``ns`` named ``comm``... with a TCP connection to ``ip``."""
     ours = []
+    remote = "".join(f"{int(x):02X}" for x in reversed(ip.split("."))) + ":"
     for pid in netns_pids(ns):
         try:
-            if not Path(f"/proc/{pid}/comm").read_text().startswith("python"):
+            if not Path(f"/proc/{pid}/comm").read_text().startswith(comm):
                 continue
             inodes = {
                 os.readlink(fd)[8:-1]
@@ -74,13 +73,25 @@ def task_pids(ns: str, driver_ip: str) -> list[int]:
             rows = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
         except OSError:
             continue  # gone meanwhile
-        want = "".join(f"{int(x):02X}" for x in reversed(driver_ip.split(".")))
-        for row in rows:
-            f = row.split()
-            if f[3] == "01" and f[9] in inodes and f[2].startswith(want + ":"):
-                ours.append(pid)
-                break
+        if any(
+            f[3] == "01" and f[9] in inodes and f[2].startswith(remote)
+            for f in map(str.split, rows)
+        ):
+            ours.append(pid)
     return ours
+
+
+def task_pids(ns: str, driver_ip: str) -> list[int]:
+    """The absflow task processes of namespace ``ns``: Python processes with a TCP
+    connection to the driver (the job manager's port; Spark's own Python workers talk
+    to their executor over loopback only)."""
+    return connected(ns, driver_ip, "python")
+
+
+def executor_registered(ns: str, driver_ip: str) -> bool:
+    """Whether an executor JVM of namespace ``ns`` is connected to the driver (registered
+    with it: its slots are offered to the next stage)."""
+    return bool(connected(ns, driver_ip, "java"))
 
 
 class DriverService:
@@ -159,7 +170,7 @@ class Job:
             "result": str(root / "result.json"),
             "log": str(root / "job.log"),
             "records": 30_000,
-            "rate": 3_000.0,
+            "rate": 1_500.0,  # ~20 s: long enough to see checkpoints, then a fault
             "heartbeat_timeout": 15.0,
             **spec,
         }

@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,7 +271,8 @@ class NamespaceCluster:
         """The master's JSON page, read from the master's own host; {} while it does not
         answer."""
         url = f"http://{self.master_host.ip}:8080/json/"
-        got = run(*self.master_host.argv("curl", "-sf", "--max-time", "2", url), check=False)
+        fetch = "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=2).read().decode())"
+        got = run(*self.master_host.argv(sys.executable, "-c", fetch, url), check=False)
         try:
             data: dict[str, Any] = json.loads(got.stdout) if got.returncode == 0 else {}
         except ValueError:
@@ -280,11 +282,6 @@ class NamespaceCluster:
     def alive(self) -> list[str]:
         """Hosts (addresses) of the ALIVE workers."""
         return [w["host"] for w in self.state().get("workers", []) if w.get("state") == "ALIVE"]
-
-    def app_cores(self) -> int:
-        """Cores the running application (the driver's) holds on the ALIVE workers."""
-        apps = self.state().get("activeapps", [])
-        return int(apps[0].get("cores", 0)) if apps else 0
 
     def start(self) -> NamespaceCluster:
         spark_class = os.path.join(spark_home(), "bin", "spark-class")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.hosts.conftest import DriverService, HostCluster, Job, task_pids
+from tests.hosts.conftest import DriverService, HostCluster, Job, executor_registered, task_pids
 from tests.integration.standalone import wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
@@ -62,8 +62,16 @@ def started(
         TIMEOUT,
         f"checkpoint {checkpoints} with a task on host b",
     )
-    assert job.running(), f"the job ended before the fault\n{job.said()[-4000:]}"
+    if not job.running():
+        job.finish()  # fails with the job's error, if it raised
+        pytest.fail(f"the job ended before the fault\n{job.said()[-4000:]}")
+    print(f"tasks before the fault: {placement(hosts)}")
     return job
+
+
+def placement(hosts: HostCluster) -> dict[str, list[int]]:
+    """The task processes on each worker host now."""
+    return {n: task_pids(hosts.hosts[n].ns, hosts.driver) for n in ("a", "b", "c")}
 
 
 def assert_exact(result: dict[str, Any], job: Job, clean: dict[str, Any]) -> None:
@@ -99,8 +107,13 @@ def test_host_b_lost_with_enough_slots_elsewhere(
         result = job.finish()  # 4 slots left on a and c: the job needs 4
     finally:
         hosts.cluster.start_worker("b")  # the next test's cluster is whole again
-        # ... and the driver's application has its executor there again
-        wait_for(lambda: hosts.cluster.app_cores() == 6, TIMEOUT, "an executor on b again")
+        # ... and the driver's application has its executor there again, registered
+        # with the driver (else the next job starts on the 4 slots of a and c)
+        wait_for(
+            lambda: executor_registered(hosts.hosts["b"].ns, hosts.driver),
+            TIMEOUT,
+            "an executor on b registered with the driver",
+        )
     assert len(result["restarts"]) >= 1 and result["restarts"][0]["restored"] >= 2, result
     assert_exact(result, job, clean)
 
@@ -111,6 +124,7 @@ def test_host_b_partitioned_longer_than_the_heartbeat_timeout(
     job = started(hosts, driver, tmp_path, heartbeat_timeout=3.0)
     hosts.hosts.partition("b", down=True)
     try:
+        assert job.running(), f"the job ended before the partition\n{placement(hosts)}"
         # The job manager gives up on b's tasks, the attempt fails, the next one starts.
         wait_for(
             lambda: "stopped heart-beating" in job.said() or not job.running(),
@@ -120,7 +134,8 @@ def test_host_b_partitioned_longer_than_the_heartbeat_timeout(
     finally:
         hosts.hosts.partition("b", down=False)
     result = job.finish()
-    assert result["restarts"] and result["restarts"][0]["cause"] == "HEARTBEAT_LOST", result
+    said = job.said()[-3000:]
+    assert result["restarts"] and result["restarts"][0]["cause"] == "HEARTBEAT_LOST", said
     assert_exact(result, job, clean)
 
 
