@@ -58,9 +58,11 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostCluster]:
 
 
 def connected(ns: str, ip: str, comm: str) -> list[int]:
-    """Processes of namespace ``ns`` named ``comm``... with a TCP connection to ``ip``."""
+    """Processes of namespace ``ns`` named ``comm``... with a TCP connection to ``ip``
+    (over IPv4, or IPv6 with a v4-mapped address, as the JVM's sockets are)."""
     ours = []
-    remote = "".join(f"{int(x):02X}" for x in reversed(ip.split("."))) + ":"
+    v4 = "".join(f"{int(x):02X}" for x in reversed(ip.split(".")))
+    remotes = (v4 + ":", "0000000000000000FFFF0000" + v4 + ":")
     for pid in netns_pids(ns):
         try:
             if not Path(f"/proc/{pid}/comm").read_text().startswith(comm):
@@ -70,11 +72,14 @@ def connected(ns: str, ip: str, comm: str) -> list[int]:
                 for fd in glob.glob(f"/proc/{pid}/fd/*")
                 if os.readlink(fd).startswith("socket:[")
             }
-            rows = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+            rows = [
+                *Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:],
+                *Path(f"/proc/{pid}/net/tcp6").read_text().splitlines()[1:],
+            ]
         except OSError:
             continue  # gone meanwhile
         if any(
-            f[3] == "01" and f[9] in inodes and f[2].startswith(remote)
+            f[3] == "01" and f[9] in inodes and f[2].startswith(remotes)
             for f in map(str.split, rows)
         ):
             ours.append(pid)
