@@ -93,12 +93,6 @@ def task_pids(ns: str, driver_ip: str) -> list[int]:
     return connected(ns, driver_ip, "python")
 
 
-def executor_registered(ns: str, driver_ip: str) -> bool:
-    """Whether an executor JVM of namespace ``ns`` is connected to the driver (registered
-    with it: its slots are offered to the next stage)."""
-    return bool(connected(ns, driver_ip, "java"))
-
-
 class DriverService:
     """The driver process on host ``drv`` (hosts_job.py): one Spark application whose
     executors every job of the module reuses; jobs go in one at a time (`Job`)."""

@@ -31,7 +31,6 @@ from typing import IO, Any
 
 from tests.integration.standalone import (
     MASTER,
-    START_TIMEOUT,
     WORKER,
     ClusterError,
     Daemon,
@@ -40,6 +39,8 @@ from tests.integration.standalone import (
 )
 
 SUBNET = "198.18.0"
+# Five JVMs (a master, three workers, the driver) start at once on a shared 2-core machine.
+START_TIMEOUT = 300.0
 PREFIX = "afh"  # every namespace, bridge and veth of these tests: afh<pid>...
 
 

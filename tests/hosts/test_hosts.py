@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.hosts.conftest import DriverService, HostCluster, Job, executor_registered, task_pids
+from tests.hosts.conftest import DriverService, HostCluster, Job, task_pids
 from tests.integration.standalone import wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
@@ -97,27 +97,6 @@ def test_a_task_sigkilled_on_host_b(
     assert_exact(result, job, clean)
 
 
-def test_host_b_lost_with_enough_slots_elsewhere(
-    hosts: HostCluster, driver: DriverService, clean: dict[str, Any], tmp_path: Path
-) -> None:
-    job = started(hosts, driver, tmp_path)
-    try:
-        killed = hosts.hosts.kill_host("b")  # the worker, its executor, every task there
-        assert len(killed) >= 3, killed
-        result = job.finish()  # 4 slots left on a and c: the job needs 4
-    finally:
-        hosts.cluster.start_worker("b")  # the next test's cluster is whole again
-        # ... and the driver's application has its executor there again, registered
-        # with the driver (else the next job starts on the 4 slots of a and c)
-        wait_for(
-            lambda: executor_registered(hosts.hosts["b"].ns, hosts.driver),
-            TIMEOUT,
-            "an executor on b registered with the driver",
-        )
-    assert len(result["restarts"]) >= 1 and result["restarts"][0]["restored"] >= 2, result
-    assert_exact(result, job, clean)
-
-
 def test_host_b_partitioned_longer_than_the_heartbeat_timeout(
     hosts: HostCluster, driver: DriverService, clean: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -150,4 +129,17 @@ def test_a_slow_lossy_link_to_host_b(
         hosts.hosts.slow_link("b", slow=False)
     print(f"host b's link: {qdisc}")
     assert result["restarts"] == [] and result["checkpoints"] >= 2, result
+    assert_exact(result, job, clean)
+
+
+# Last: host b stays lost (a new worker there would take a while to register its
+# executor with the driver, and a job started before that runs on a and c only).
+def test_host_b_lost_with_enough_slots_elsewhere(
+    hosts: HostCluster, driver: DriverService, clean: dict[str, Any], tmp_path: Path
+) -> None:
+    job = started(hosts, driver, tmp_path)
+    killed = hosts.hosts.kill_host("b")  # the worker, its executor, every task there
+    assert len(killed) >= 3, killed
+    result = job.finish()  # 4 slots left on a and c: the job needs 4
+    assert len(result["restarts"]) >= 1 and result["restarts"][0]["restored"] >= 2, result
     assert_exact(result, job, clean)
