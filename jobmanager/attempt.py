@@ -83,6 +83,7 @@ class Attempt:
         self.killed_at: float | None = None  # wall clock of an injected kill
         self.stage_done_at: float | None = None
         self.stopping_with: int | None = None  # the savepoint's checkpoint id while stopping
+        self.stale_messages = 0  # of other attempts' tasks, dropped (`on_message`)
         self.coordinator = CheckpointCoordinator(
             plan,
             config,
@@ -151,8 +152,6 @@ class Attempt:
         checks_due = 0.0
         while True:
             for msg in self.run_services.link.receive(20):
-                if getattr(msg, "attempt", self.number) != self.number:
-                    continue  # a straggler of a failed attempt
                 failure = self.on_message(msg)
                 if failure is not None:
                     return failure
@@ -182,10 +181,9 @@ class Attempt:
     def _read_waiting(self) -> Failure | None:
         """Handle the control messages already waiting (without waiting for more)."""
         for msg in self.run_services.link.receive(0):
-            if getattr(msg, "attempt", self.number) == self.number:
-                failure = self.on_message(msg)
-                if failure is not None:
-                    return failure
+            failure = self.on_message(msg)
+            if failure is not None:
+                return failure
         return None
 
     def _observe(self, now: float) -> None:
@@ -259,7 +257,7 @@ class Attempt:
         deadline = self.clock() + REPORT_GRACE
         while self.clock() < deadline:
             for msg in self.run_services.link.receive(20):
-                if getattr(msg, "attempt", None) != self.number:
+                if not P.of_attempt(msg, self.number):
                     continue
                 if isinstance(msg, P.Failed):
                     return reported_failure(msg)
@@ -362,7 +360,13 @@ class Attempt:
 
     # -- dispatch --------------------------------------------------------------------------
     def on_message(self, msg: P.Message) -> Failure | None:
-        """Handle one control message of this attempt; a Failure when it ends the attempt."""
+        """Handle one control message (a Failure ends the attempt); drop other attempts'."""
+        if P.of_attempt(msg, self.number):
+            return self._dispatch(msg)
+        self.stale_messages += 1
+        return None
+
+    def _dispatch(self, msg: P.Message) -> Failure | None:
         now = self.clock()
         match msg:
             case P.Register():

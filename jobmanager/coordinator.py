@@ -92,6 +92,7 @@ class CheckpointCoordinator:
     ) -> None:
         self.plan, self.config, self.storage, self.send = plan, config, storage, send
         self.attempt = attempt
+        self.fenced = 0  # messages of other attempts' tasks ignored (`stale`)
         # Chain files of incremental checkpoints, counted per completed checkpoint.
         self.shared = SharedStateRegistry(storage) if storage is not None else None
         self._shared_loaded = False
@@ -194,8 +195,28 @@ class CheckpointCoordinator:
         for index in self.sources:
             self.send(index, P.Trigger(cp.checkpoint_id, time.time(), False))
 
+    def stale(self, msg: P.Ack | P.Decline | P.LoopStatus) -> bool:
+        """True (counted in ``fenced``, logged) when ``msg`` comes from a task of another
+        attempt: it must not complete, abort or drain a checkpoint of this one."""
+        if P.of_attempt(msg, self.attempt):
+            return False
+        self.fenced += 1
+        log.warning(
+            "attempt %d: ignored %s of checkpoint %s from task %s of attempt %d (a task of "
+            "a failed attempt, still running); %d such message(s) so far",
+            self.attempt,
+            type(msg).__name__,
+            getattr(msg, "checkpoint_id", getattr(msg, "tag", "?")),
+            self.plan.tasks[msg.task_index].task_id,
+            msg.attempt,
+            self.fenced,
+        )
+        return True
+
     def on_status(self, status: P.LoopStatus) -> None:
         """An answer to a drain wave of a synchronous checkpoint."""
+        if self.stale(status):
+            return
         cp = self.pending.get(status.tag)
         if cp is not None and cp.drain is not None:
             cp.drain.on_status(status)
@@ -238,6 +259,9 @@ class CheckpointCoordinator:
 
     # -- acks ------------------------------------------------------------------------------
     def on_ack(self, ack: P.Ack) -> CompletedCheckpoint | None:
+        """An ack of another attempt's task is fenced off (`stale`)."""
+        if self.stale(ack):
+            return None
         cp = self.pending.get(ack.checkpoint_id)
         if cp is None:
             return None  # late ack of an aborted / subsumed checkpoint
@@ -248,6 +272,8 @@ class CheckpointCoordinator:
         return self._complete(cp)
 
     def on_decline(self, decline: P.Decline) -> None:
+        if self.stale(decline):
+            return
         if decline.checkpoint_id in self.pending:
             task = self.plan.tasks[decline.task_index].task_id
             # A decline always counts towards tolerable_checkpoint_failures, whatever its reason.

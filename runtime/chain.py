@@ -89,10 +89,12 @@ class OperatorChain:
         faults: TaskFaults,
         config: JobConfig | None = None,
         state_dir: Callable[[], str] | None = None,
+        run_id: str = "run",
     ) -> None:
         """``state_dir``: the task's local directory (its scratch directory), where the
-        rocksdb state backend keeps its databases."""
-        self.plan, self.spec, self.attempt = plan, spec, attempt
+        rocksdb state backend keeps its databases; ``run_id``: the run, which with the
+        attempt fences the sinks (`runtime.transactions.Epoch`)."""
+        self.plan, self.spec, self.attempt, self.run_id = plan, spec, attempt, run_id
         cfg = config if config is not None else JobConfig()
         self._keyed_state_factory = _keyed_state_factory(plan, spec, cfg, state_dir)
         mb = cfg.state_memory_budget_mb
@@ -154,6 +156,7 @@ class OperatorChain:
                     producer=self._producer(position),
                     job=self.plan.name,
                     send_as=functools.partial(self._send_sink_output, step.name),
+                    run=self.run_id,
                 )
             op = build_operator(
                 step,

@@ -397,6 +397,17 @@ def _wire_of(cls: type[Message]) -> _Wire:
     return wire
 
 
+def of_attempt(msg: Message, attempt: int) -> bool:
+    """The fence of the control plane: whether ``msg`` counts for attempt ``attempt``.
+
+    Every message a task sends carries the attempt it belongs to. A task of an earlier
+    attempt can outlive it (alive behind a network partition, frozen, slow to die) and
+    reach the job manager after the next attempt started: its acks, declines, sink
+    output and reports must not count. Job-manager messages carry no attempt (a task's
+    socket is addressed by attempt) and always pass."""
+    return getattr(msg, "attempt", attempt) == attempt
+
+
 def encode(msg: Message) -> bytes:
     wire = _wire_of(type(msg))
     fields = [getattr(msg, name) for name in wire.names]

@@ -10,6 +10,10 @@ restored snapshot are committed again (idempotently) and everything after it is
 rolled back: the sources replay it. A fresh start (nothing restored) first makes
 sure the target holds no output of another run.
 
+Every seal and commit is fenced by attempt: an attempt claims its sink subtasks when
+it restores them, and a subtask of an older attempt (alive behind a partition) can no
+longer seal or commit (`runtime.transactions.Epoch`).
+
 A sink restored at another parallelism (Flink's union state for sinks) recovers
 every old subtask's pending transactions exactly once: new subtask ``i`` of ``p``
 owns the old subtasks ``j`` with ``j % p == i``; for each old ``j != i`` it opens a
@@ -26,8 +30,10 @@ every one it committed.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import fcntl
 import functools
 import json
 import logging
@@ -35,14 +41,14 @@ import os
 import reprlib
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, Generic, TypeVar
 
 import msgpack
 
 from channels.errors import RecordSerializationError
 from runtime.errors import ConnectorError
-from runtime.transactions import Committer, TxnId
+from runtime.transactions import Committer, Epoch, StaleAttemptError, TxnId
 from statebackend.errors import CorruptCheckpointError
 from statebackend.restore import RescaledState
 
@@ -65,6 +71,11 @@ class SinkContext:
     # (subtask, checkpoint id, records): send_to_driver on behalf of an old subtask
     # index, when a rescaled restore recovers that subtask's transactions.
     send_as: Callable[[int, int, list[Any] | bytes], None] | None = None
+    run: str = "run"  # the run's id: with ``attempt``, the sink's `Epoch`
+
+    @property
+    def epoch(self) -> Epoch:
+        return Epoch(self.run, self.attempt)
 
 
 TxnT = TypeVar("TxnT")  # a connector's open transaction
@@ -197,7 +208,7 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT, HandleT]):
         self._finished = False
         self.committer: Committer[HandleT] | None = None
         if self.commit_off_loop:
-            self.committer = Committer(self.commit, self._mark_committed, ctx.step_name)
+            self.committer = Committer(self._commit_fenced, self._mark_committed, ctx.step_name)
 
     def txn_id(self, checkpoint_id: int) -> TxnId:
         ctx = self.ctx
@@ -215,7 +226,8 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT, HandleT]):
 
     def snapshot_state(self, checkpoint_id: int) -> dict[str, Any]:
         txn = self.current if self.current is not None else self._begin()
-        sealed = self.pre_commit(txn, checkpoint_id)
+        with self._fenced("seal", checkpoint_id):
+            sealed = self.pre_commit(txn, checkpoint_id)
         self.next_id = checkpoint_id + 1
         with self._lock:
             self.pending[checkpoint_id] = sealed
@@ -229,13 +241,33 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT, HandleT]):
         committer = self.committer
         if committer is None:
             for n, handle in due:
-                self.commit(n, handle)
+                self._commit_fenced(n, handle)
                 self._mark_committed(n)
             return
         for n, handle in due:
             committer.submit(n, handle)
         if self._finished:  # the final checkpoint: the task ends once this returns
             committer.drain()
+
+    def _commit_fenced(self, checkpoint_id: int, handle: Any) -> None:
+        with self._fenced("commit", checkpoint_id):
+            self.commit(checkpoint_id, handle)
+
+    @contextlib.contextmanager
+    def _fenced(self, action: str, checkpoint_id: int) -> Iterator[None]:
+        """Run the block (a seal or a commit) only while this attempt owns the subtask;
+        StaleAttemptError if a newer one claimed it. The system's owner lock is held
+        throughout, so no claim slips in between the check and the block."""
+        with self.owner_lock():
+            owner = self.owner()
+            if owner is not None and owner != self.ctx.epoch:
+                raise StaleAttemptError(
+                    f"sink '{self.ctx.step_name}'[{self.ctx.subtask}] of attempt "
+                    f"{self.ctx.attempt} will not {action} checkpoint {checkpoint_id}: attempt "
+                    f"{owner.attempt} of run {owner.run} has taken over its transactions "
+                    f"(this task belongs to a failed attempt and ends now)"
+                )
+            yield
 
     def _mark_committed(self, checkpoint_id: int) -> None:
         with self._lock:
@@ -256,6 +288,7 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT, HandleT]):
         self._finished = True
 
     def restore_state(self, state: Any) -> None:
+        self._claim()
         if isinstance(state, RescaledState):
             snapshot = self._recover_rescaled(state)
         else:
@@ -276,6 +309,12 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT, HandleT]):
         for n, handle in snapshot.pending:
             self.commit(n, handle)
         self.abort_uncovered(snapshot)
+
+    def _claim(self) -> None:
+        """This attempt takes the subtask over, before it recovers anything: from then on,
+        earlier attempts' tasks can seal or commit nothing here."""
+        with self.owner_lock():
+            self.claim(self.ctx.epoch)
 
     def _refuse_other_runs_output(self) -> None:
         other = self.other_runs_output()
@@ -308,6 +347,7 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT, HandleT]):
                 continue
             old = self._as_subtask(j)
             try:
+                old._claim()
                 old.recover(snapshot)
             finally:
                 old.close()
@@ -360,6 +400,22 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT, HandleT]):
         """On a fresh start (no checkpoint restored): output of another run in the
         target, which this run's output would mix with (or skip past). Default: None."""
         return None
+
+    def claim(self, epoch: Epoch) -> None:
+        """Record in the sink's system that ``epoch`` owns this subtask's transactions
+        (called under ``owner_lock`` when the subtask is restored, before ``recover``).
+        The default records nothing: such a sink is fenced by the control plane only
+        (the job manager completes checkpoints for the current attempt's tasks only)."""
+
+    def owner(self) -> Epoch | None:
+        """The epoch that last claimed this subtask in the sink's system (None: none
+        recorded); called under ``owner_lock`` before every seal and commit."""
+        return None
+
+    def owner_lock(self) -> contextlib.AbstractContextManager[Any]:
+        """Held around a claim, and around every owner check with the seal or commit it
+        guards (a lock every host shares: a file lock, a row lock)."""
+        return contextlib.nullcontext()
 
 
 class CollectSink(TwoPhaseCommitSink["_PackedTxn", "bytes | list[Any]"]):
@@ -464,6 +520,7 @@ class FileSink(TwoPhaseCommitSink[_StagingFile, str]):
         return checkpoint, length, history
 
     def _write_marker(self, checkpoint_id: int, length: int, history: list[list[int]]) -> None:
+        """Only the owner writes the marker (claim, then its fenced commits)."""
         tmp = self.marker + ".tmp"
         with open(tmp, "w") as fh:
             json.dump(
@@ -471,12 +528,34 @@ class FileSink(TwoPhaseCommitSink[_StagingFile, str]):
                     "checkpoint": checkpoint_id,
                     "length": length,
                     "history": history[-self.HISTORY :],
+                    "owner": str(self.ctx.epoch),
                 },
                 fh,
             )
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.marker)
+
+    def claim(self, epoch: Epoch) -> None:
+        self._write_marker(*self._read_marker())  # the marker names its writer, the owner
+
+    def owner(self) -> Epoch | None:
+        try:
+            with open(self.marker) as fh:
+                return Epoch.parse(json.load(fh).get("owner"))
+        except FileNotFoundError:
+            return None
+
+    @contextlib.contextmanager
+    def owner_lock(self) -> Iterator[None]:
+        """An exclusive flock on ``.part-<subtask>.lock`` (every host that mounts the
+        directory shares it)."""
+        with open(os.path.join(self.directory, f".part-{self.ctx.subtask}.lock"), "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
     def begin_transaction(self, txn_id: TxnId) -> _StagingFile:
         path = self._staging("open")

@@ -95,6 +95,7 @@ class Task:
             self.faults,
             cfg,
             lambda: self.scratch.path,
+            env.run_id,
         )
         self.out = TaskOutputs()
         self.chain.emit = self.out.emit

@@ -35,6 +35,41 @@ class CommitFailedError(AbsflowError, RuntimeError):
     """A sink's commit failed after its retries (the cause is chained)."""
 
 
+class StaleAttemptError(AbsflowError, RuntimeError):
+    """A sink subtask of a superseded attempt tried to seal or commit a transaction: a
+    newer attempt has claimed the subtask (`Epoch`), so this one must write nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Epoch:
+    """The attempt of a run that owns a sink subtask's transactions.
+
+    Every attempt claims its sink subtasks in their system when it restores them (the
+    last claim wins: attempts of a run start one after the other), and a sink seals
+    and commits only while its own epoch is the owner. A task of a failed attempt that
+    lives on (behind a network partition, frozen, slow to die) is fenced: it can no
+    longer seal or commit anything once the next attempt started (Kafka's producer
+    epochs do the same for transactional ids).
+    """
+
+    run: str
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.run}/{self.attempt}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> Epoch | None:
+        """The epoch ``text`` names (``str(epoch)``), or None."""
+        if not text or "/" not in text:
+            return None
+        run, _, attempt = text.rpartition("/")
+        try:
+            return cls(run, int(attempt))
+        except ValueError:
+            return None
+
+
 @dataclass(frozen=True, slots=True)
 class TxnId:
     """The id of the transaction a sink subtask seals at checkpoint ``checkpoint_id``

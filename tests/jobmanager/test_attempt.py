@@ -375,3 +375,34 @@ def test_checks_run_at_most_every_few_ms_and_checkpoints_every_turn() -> None:
     assert counts["check"] <= span / CHECKS_EVERY + 2
     # Triggered on the turn after the last completed (acked the turn after its trigger).
     assert len(h.attempt.coordinator.completed) >= turns // 2 - 5
+
+
+# -- the attempt fence ------------------------------------------------------------------------
+def stale_messages(h: Harness) -> None:
+    """Attempt 0's tasks 2 and 3 outlived it (behind a partition) and talk to attempt 1."""
+    h.attempt.on_message(P.SinkOutput(2, 0, "out", 0, 1, [7, 7]))  # a stale commit
+    h.attempt.on_message(P.Register(3, 0, "count[1]", 999, "h", "tcp://h:1"))
+
+
+def test_messages_of_another_attempts_tasks_are_dropped() -> None:
+    h = harness()
+    h.attempt.number = 1
+    stale_messages(h)
+    assert h.outputs.outputs() == {"out": []} and h.attempt.registered == set()
+    assert h.attempt.stale_messages == 2
+    assert (
+        h.attempt.on_message(
+            P.Failed(3, 0, P.TaskFailureCause.USER_FUNCTION_RAISED, "count", 1, "E: x", "", False)
+        )
+        is None
+    )
+
+
+def test_companion_without_the_fence_a_stale_commit_reaches_the_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(P, "of_attempt", lambda msg, attempt: True)  # the fence off
+    h = harness()
+    h.attempt.number = 1
+    stale_messages(h)
+    assert h.outputs.outputs() == {"out": [7, 7]} and h.attempt.registered == {3}

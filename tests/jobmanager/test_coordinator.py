@@ -423,3 +423,35 @@ def test_a_failed_deletion_is_logged_not_an_error(
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("could not delete checkpoint 1" in w and "s3://b/chk/chk-1" in w for w in warnings)
     assert any("could not delete old ones" in w for w in warnings)
+
+
+# -- the attempt fence --------------------------------------------------------------------
+def stale_ack_then_current_acks(tmp_path: Path) -> tuple[CheckpointCoordinator, list[bool]]:
+    """Attempt 2's checkpoint 17 is pending; task 0 of attempt 1 (alive behind a
+    partition) acks it, then tasks 1..3 of attempt 2 do. Whether each ack completed it."""
+    h = Harness(tmp_path)
+    coord = CheckpointCoordinator(
+        small_plan(), h.config, None, h.sent, first_id=17, attempt=2, clock=h.clock
+    )
+    h.clock.advance(10)
+    coord.on_tick()
+    done = [coord.on_ack(P.Ack(0, 1, 17, None, AckMetrics())) is not None]
+    done += [coord.on_ack(P.Ack(i, 2, 17, None, AckMetrics())) is not None for i in (1, 2, 3)]
+    return coord, done
+
+
+def test_an_ack_of_another_attempt_never_completes_a_checkpoint(tmp_path: Path) -> None:
+    coord, done = stale_ack_then_current_acks(tmp_path)
+    assert done == [False, False, False, False] and coord.fenced == 1
+    assert coord.pending[17].not_yet_acked == {0}
+    coord.on_decline(P.Decline(0, 1, 17, R.DECLINED, "stale"))  # nor aborts one
+    assert 17 in coord.pending and coord.fenced == 2
+    assert coord.on_ack(P.Ack(0, 2, 17, None, AckMetrics())) is not None
+
+
+def test_companion_without_the_fence_a_stale_ack_completes_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(P, "of_attempt", lambda msg, attempt: True)  # the fence off
+    _coord, done = stale_ack_then_current_acks(tmp_path)
+    assert done == [False, False, False, True]  # completed without task 0's own ack
