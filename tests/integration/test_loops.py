@@ -129,7 +129,9 @@ def test_synchronous_snapshots_on_a_loop() -> None:
         "buffer_timeout": 0.002,
         "snapshot_mode": "synchronous",
     }
-    result = collatz(N, rate=RATE / 2, **config).run(faults=[Kill("again[1]", after_checkpoint=2)])
+    # After the first completed checkpoint: on a loaded machine a drain can take seconds,
+    # and a job of a few seconds may complete only one checkpoint before its final one.
+    result = collatz(N, rate=RATE / 2, **config).run(faults=[Kill("again[1]", after_checkpoint=1)])
     assert len(result.restarts) == 1, result.summary()
     assert result.checkpoints_completed >= 2 and logged(result) == 0, result.checkpoints
     assert out(result) == collatz_expected(N)
