@@ -20,7 +20,6 @@ from runtime.sources import GeneratorSource
 from statebackend import CheckpointStorage
 from tests.conftest import FakeS3
 
-pytest.importorskip("rocksdict")
 pytestmark = [pytest.mark.harness]
 
 KEYS = 3000

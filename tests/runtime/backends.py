@@ -22,7 +22,6 @@ def state_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[st
     if request.param == "memory":
         yield "memory"
         return
-    pytest.importorskip("rocksdict")
     from statebackend.rocksdb import RocksDBStateBackend
 
     class TinyCache(RocksDBStateBackend):

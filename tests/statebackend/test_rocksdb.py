@@ -8,14 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from statebackend.keyed import KeyedStateBackend
-from statebackend.storage import CheckpointStorage
-
-pytest.importorskip("rocksdict")
-
 from statebackend.rocksdb import RocksDBStateBackend
+from statebackend.storage import CheckpointStorage
 
 MAXP = 128
 
