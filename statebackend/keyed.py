@@ -75,6 +75,16 @@ def _map_thaw(value: dict[Any, Any]) -> dict[Any, Any]:
     return {k: (_freeze(v) if v.__class__ is list else v) for k, v in value.items()}
 
 
+def restored_kind(operator: str, name: str, kind: str) -> StateKind:
+    """The kind of state ``name`` as a checkpoint names it; StateError if unknown."""
+    try:
+        return StateKind(kind)
+    except ValueError:
+        raise StateError(
+            f"operator {operator!r}: state {name!r} in the checkpoint has unknown kind {kind!r}"
+        ) from None
+
+
 def _pairs_to_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     return {(_freeze(k) if k.__class__ is list else k): v for k, v in pairs}
 
@@ -405,13 +415,7 @@ class KeyedStateBackend:
                         if key_group_of(key) in owned:
                             state.pop(key, None)
             for kind, name, entries in entries_of:
-                try:
-                    state_kind = StateKind(kind)
-                except ValueError:
-                    raise StateError(
-                        f"operator {self.operator!r}: state {name!r} in the checkpoint has "
-                        f"unknown kind {kind!r}"
-                    ) from None
+                state_kind = restored_kind(self.operator, name, kind)
                 state = self._state(name, state_kind)
                 thaw = _THAW[state_kind]
                 if trusted and state_kind is StateKind.VALUE:  # in C, but for sequences

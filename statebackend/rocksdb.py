@@ -70,6 +70,7 @@ from statebackend.keyed import (
     StateKind,
     _freeze,
     _pairs_to_dict,
+    restored_kind,
     sizeof,
     unpack_blob,
 )
@@ -540,13 +541,7 @@ class RocksDBStateBackend(KeyedStateBackend):
                         batch.delete(kg.to_bytes(2, "big") + prefix + _pack(key))
             db.write(batch)
             for kind, name, state_entries in entries:
-                try:
-                    state_kind = StateKind(kind)
-                except ValueError:
-                    raise StateError(
-                        f"operator {self.operator!r}: state {name!r} in the checkpoint has "
-                        f"unknown kind {kind!r}"
-                    ) from None
+                state_kind = restored_kind(self.operator, name, kind)
                 self._state(name, state_kind)
                 db.put(META + name.encode(), state_kind.value.encode())
                 prefix = _name_prefix(name)
