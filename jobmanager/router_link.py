@@ -54,8 +54,8 @@ class RouterLink:
     """The ROUTER socket as the attempts see it (job-manager thread only).
     ``malformed`` counts the frames dropped because they were not control messages."""
 
-    def __init__(self, router: zmq.Socket[bytes]) -> None:
-        self.router = router
+    def __init__(self, router: zmq.Socket[bytes], run_id: str) -> None:
+        self.router, self.run_id = router, run_id
         self._poller = zmq.Poller()  # one for the run: Socket.poll builds one per call
         self._poller.register(router, zmq.POLLIN)
         self.malformed = 0
@@ -63,7 +63,8 @@ class RouterLink:
     def send(self, task_index: int, attempt: int, msg: P.Message) -> None:
         try:
             self.router.send_multipart(
-                [f"{task_index}:{attempt}".encode(), P.encode(msg)], zmq.NOBLOCK
+                [P.peer_identity(task_index, attempt, self.run_id), P.encode(msg)],
+                zmq.NOBLOCK,
             )
         except zmq.ZMQError as err:
             log.debug("cannot reach task %d: %s", task_index, err)

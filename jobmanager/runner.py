@@ -162,7 +162,7 @@ class JobManager:
                 self.progress.announce(f"job '{self.plan.name}': dashboard at {url}")
                 self.progress.ui_url = url
             self.services = RunServices(
-                link=RouterLink(self.router),
+                link=RouterLink(self.router, self.run_id),
                 liveness=Liveness(
                     self.launcher.local_hosts, self.config.heartbeat_timeout, self.monitor
                 ),

@@ -397,6 +397,16 @@ def _wire_of(cls: type[Message]) -> _Wire:
     return wire
 
 
+def peer_identity(task_index: int, attempt: int, run_id: str) -> bytes:
+    """The ZeroMQ identity of a task's control socket: ``"<task index>:<attempt>:<run>"``.
+
+    The run is part of it because a ROUTER refuses a second peer with an identity in use
+    (ZMQ_ROUTER_HANDOVER off): a task process of another run that still reconnects to
+    the port it knew (a port the operating system handed out again) would otherwise
+    hold a new task's identity, and the new task could never register."""
+    return f"{task_index}:{attempt}:{run_id}".encode()
+
+
 def of_attempt(msg: Message, attempt: int) -> bool:
     """The fence of the control plane: whether ``msg`` counts for attempt ``attempt``.
 

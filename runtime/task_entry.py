@@ -25,6 +25,7 @@ import zmq
 from channels.rendezvous import gather
 from channels.security import Guard
 from channels.zmq_io import InputGate, local_namespace
+from runtime import control as P
 from runtime.errors import TaskCancelled
 from runtime.plan import JobPlan
 from runtime.scheduling import task_scheduling
@@ -115,7 +116,7 @@ def _run_task(
             endpoints,
             env.config,
             env.jm_endpoint,
-            f"{index}:{env.attempt}",
+            P.peer_identity(index, env.attempt, env.run_id),
             feedback,
             feedback_endpoints,
             priority,

@@ -100,7 +100,7 @@ class TaskIO(Protocol):
 
 class ZmqTaskIO:
     """`TaskIO` over ZeroMQ: PUSH outputs to the gathered endpoints, a DEALER to the
-    job manager (identity ``"<task index>:<attempt>"``), one poller over gate and DEALER.
+    job manager (identity ``runtime.control.peer_identity``), one poller over gate and DEALER.
     With a ``guard`` (secure_channels) every socket it connects is a CURVE client of the
     guard's keys (the gates were made CURVE servers when they were bound)."""
 
@@ -111,7 +111,7 @@ class ZmqTaskIO:
         endpoints: dict[int, str],
         config: JobConfig,
         jm_endpoint: str,
-        identity: str,
+        identity: bytes,
         feedback_gate: InputGate | None = None,
         feedback_endpoints: dict[int, str] | None = None,
         priority_gate: InputGate | None = None,
@@ -150,7 +150,7 @@ class ZmqTaskIO:
         if self._keys is not None:
             self._keys.connect(control)
         control.setsockopt(zmq.LINGER, 2000)
-        control.setsockopt(zmq.IDENTITY, self._identity.encode())
+        control.setsockopt(zmq.IDENTITY, self._identity)
         control.connect(self._jm_endpoint)
         self._control = control
         return control

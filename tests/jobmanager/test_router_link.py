@@ -22,7 +22,7 @@ def link() -> Iterator[tuple[RouterLink, int, zmq.Context[Any]]]:
     zctx: zmq.Context[Any] = zmq.Context()
     router, monitor, port = open_router(zctx, "127.0.0.1", None)
     try:
-        yield RouterLink(router), port, zctx
+        yield RouterLink(router, "new"), port, zctx
     finally:
         router.disable_monitor()
         monitor.close(linger=0)
@@ -50,3 +50,54 @@ def test_garbage_is_dropped_and_the_real_messages_arrive(
     assert got == [hello]
     assert rl.malformed == len(garbage) + 1
     assert len([r for r in caplog.records if "not a control message" in r.getMessage()]) == 3
+
+
+def _reached(peer: zmq.Socket[Any], timeout_ms: int) -> list[P.Message]:
+    return [P.decode(peer.recv())] if peer.poll(timeout_ms) else []
+
+
+def _connected(zctx: zmq.Context[Any], port: int, identity: bytes) -> zmq.Socket[Any]:
+    peer = zctx.socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.setsockopt(zmq.IDENTITY, identity)
+    peer.connect(f"tcp://127.0.0.1:{port}")
+    return peer
+
+
+def _register(peer: zmq.Socket[Any], rl: RouterLink) -> None:
+    """Send a heartbeat and wait until the ROUTER read it: the peer is connected."""
+    peer.send(P.encode(P.Heartbeat(0, 0, TaskMetrics())))
+    deadline = time.monotonic() + 10
+    while not list(rl.receive(50)):
+        assert time.monotonic() < deadline, "the peer's message never arrived"
+
+
+def test_a_task_of_another_run_on_the_same_port_does_not_take_a_new_tasks_identity(
+    link: tuple[RouterLink, int, zmq.Context[Any]],
+) -> None:
+    # A task process of an earlier run that reconnects to a port the OS handed out again
+    # is connected first, with the same task index and attempt.
+    rl, port, zctx = link
+    stale = _connected(zctx, port, P.peer_identity(0, 0, "old"))
+    _register(stale, rl)
+    fresh = _connected(zctx, port, P.peer_identity(0, 0, "new"))
+    _register(fresh, rl)
+    rl.send(0, 0, P.Alive())
+    assert _reached(fresh, 5000) == [P.Alive()]
+    assert _reached(stale, 0) == []
+
+
+def test_with_one_identity_for_both_the_new_task_is_refused(
+    link: tuple[RouterLink, int, zmq.Context[Any]],
+) -> None:
+    # The companion: identities without the run (the mechanism off) let the stale
+    # process hold the identity, and what the job manager sends never reaches the task.
+    rl, port, zctx = link
+    stale = _connected(zctx, port, b"0:0")
+    _register(stale, rl)
+    fresh = _connected(zctx, port, b"0:0")
+    fresh.send(P.encode(P.Heartbeat(0, 0, TaskMetrics())))
+    assert not list(rl.receive(1000))  # refused: its heartbeat never arrives
+    rl.router.send_multipart([b"0:0", P.encode(P.Alive())])
+    assert _reached(fresh, 1000) == []
+    assert _reached(stale, 5000) == [P.Alive()]
