@@ -274,16 +274,20 @@ class CheckpointStorage:
         return metadata
 
     @staticmethod
-    def _check_raw_file(
-        fs: FileSystem, path: str, size: int, crc: int, verify: bool, where: str
-    ) -> None:
-        """A file of no absflow format (a store's): its size, and with ``verify`` its crc32."""
+    def _check_size(fs: FileSystem, path: str, size: int, where: str) -> None:
         try:
             actual = fs.size(path)
         except OSError:
             raise CorruptCheckpointError(f"{where} is missing") from None
         if actual != size:
             raise CorruptCheckpointError(f"{where} has {actual} bytes, metadata records {size}")
+
+    @classmethod
+    def _check_raw_file(
+        cls, fs: FileSystem, path: str, size: int, crc: int, verify: bool, where: str
+    ) -> None:
+        """A file of no absflow format (a store's): its size, and with ``verify`` its crc32."""
+        cls._check_size(fs, path, size, where)
         if verify:
             got = 0
             with fs.open_read(path) as f:
@@ -294,16 +298,12 @@ class CheckpointStorage:
                     f"{where}: crc32 {got:#010x}, the checkpoint recorded {crc:#010x}"
                 )
 
-    @staticmethod
+    @classmethod
     def _check_file(
-        fs: FileSystem, path: str, size: int, crc: int, verify: bool, where: str
+        cls, fs: FileSystem, path: str, size: int, crc: int, verify: bool, where: str
     ) -> None:
-        try:
-            actual = fs.size(path)
-        except OSError:
-            raise CorruptCheckpointError(f"{where} is missing") from None
-        if actual != size:
-            raise CorruptCheckpointError(f"{where} has {actual} bytes, metadata records {size}")
+        """A state file of absflow's format: its size, and with ``verify`` its framing and crc32."""
+        cls._check_size(fs, path, size, where)
         if verify:
             try:
                 with fs.open_read(path) as f:

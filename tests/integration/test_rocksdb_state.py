@@ -16,9 +16,9 @@ import pytest
 from jobmanager.faults import Kill
 from runtime import Dataflow
 from runtime.api.testing import run_local
-from runtime.sources import GeneratorSource
 from statebackend import CheckpointStorage
 from tests.conftest import FakeS3
+from tests.integration.topologies import keyed_sums
 
 pytestmark = [pytest.mark.harness]
 
@@ -34,20 +34,7 @@ def clean() -> list[Any]:
 
 
 def sums(n: int, parallelism: int = 2, rate: float | None = None, **config: Any) -> Dataflow:
-    """A running sum per key; a tenth of the keys are hot after the first pass."""
-
-    def record(i: int) -> tuple[int, int]:
-        key = i % KEYS if i < KEYS else (i * 7) % (KEYS // 10)
-        return key, i % 7
-
-    flow = Dataflow("rocks-sums", parallelism=parallelism, ui=False, **config)
-    (
-        flow.source(GeneratorSource(record, n, rate=rate), name="numbers")
-        .key_by(lambda r: r[0])
-        .aggregate(0, lambda acc, r: acc + r[1], name="sum")
-        .collect("sums")
-    )
-    return flow
+    return keyed_sums("rocks-sums", n, parallelism, rate, KEYS, **config)
 
 
 def stored(root: Path) -> list[int]:

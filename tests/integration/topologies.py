@@ -180,3 +180,28 @@ def read_part_files(directory: str) -> collections.Counter[Any]:
         with open(path) as fh:
             records.update(tuple(json.loads(line)) for line in fh)
     return records
+
+
+def keyed_sums(
+    name: str,
+    n: int,
+    parallelism: int = 2,
+    rate: float | None = None,
+    keys: int = 3000,
+    **config: Any,
+) -> Dataflow:
+    """A running sum per key over ``n`` records, collected as ``sums``: every key once,
+    then a tenth of the keys hot (the state the incremental and RocksDB tests change)."""
+
+    def record(i: int) -> tuple[int, int]:
+        key = i % keys if i < keys else (i * 7) % (keys // 10)
+        return key, i % 7
+
+    flow = Dataflow(name, parallelism=parallelism, ui=False, **config)
+    (
+        flow.source(GeneratorSource(record, n, rate=rate), name="numbers")
+        .key_by(_first)
+        .aggregate(0, lambda acc, r: acc + r[1], name="sum")
+        .collect("sums")
+    )
+    return flow
