@@ -57,7 +57,7 @@ def _reached(peer: zmq.Socket[Any], timeout_ms: int) -> list[P.Message]:
 
 
 def _connected(zctx: zmq.Context[Any], port: int, identity: bytes) -> zmq.Socket[Any]:
-    peer = zctx.socket(zmq.DEALER)
+    peer: zmq.Socket[Any] = zctx.socket(zmq.DEALER)
     peer.setsockopt(zmq.LINGER, 0)
     peer.setsockopt(zmq.IDENTITY, identity)
     peer.connect(f"tcp://127.0.0.1:{port}")
