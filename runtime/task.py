@@ -196,6 +196,9 @@ class Task:
                 raise TaskCancelled(f"restoring {where} failed: {err}") from err
         self.chain.apply_operator_states(states)
         self.input_side.valve.restore(self.chain.restore_watermark(env.restore_metadata))
+        rescued = env.restore_metadata is not None and env.restore_metadata.rescue is not None
+        if rescued and self.supersteps is not None:  # optimistic recovery: keep survivors
+            self.supersteps.operator.keep_restored()
 
     def _superstep_head(self) -> SuperstepHead | None:
         """The superstep protocol, if this task is an iteration's loop head: its feedback
@@ -256,6 +259,12 @@ class Task:
                 self._superstep_head_of(msg).go(msg.superstep)
             elif isinstance(msg, P.EmitSolution):
                 self._superstep_head_of(msg).emit_solution(msg.superstep)
+            elif isinstance(msg, P.Rescue):
+                self._superstep_head_of(msg).rescue(msg.checkpoint_id, self.checkpointer.rescue)
+            elif isinstance(msg, P.CompensationRequest):
+                self._superstep_head_of(msg).send_compensation_input()
+            elif isinstance(msg, P.Compensate):
+                self._superstep_head_of(msg).compensate(msg)
             elif isinstance(msg, P.LoopProbe):
                 t = self.identity
                 received = 0 if self.chain.reader is not None else self.counters.records_in
