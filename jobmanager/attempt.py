@@ -456,9 +456,7 @@ class Attempt:
         return None
 
     # -- optimistic recovery (jobmanager.optimistic) ----------------------------------------
-    def _on_compensation_message(
-        self, msg: P.CompensationInput | P.Compensated
-    ) -> Failure | None:
+    def _on_compensation_message(self, msg: P.CompensationInput | P.Compensated) -> Failure | None:
         if self.supersteps is None:
             return None
         if isinstance(msg, P.Compensated):
@@ -491,8 +489,10 @@ class Attempt:
         def gone(index: int) -> bool:
             return liveness.gone_task([self.tasks[index]]) is not None
 
-        names = {heads[driver.heads[0]].operator, *(s.name for s in self.plan.chain_steps(
-            self.plan.tasks[driver.heads[0]]))}
+        names = {
+            heads[driver.heads[0]].operator,
+            *(s.name for s in self.plan.chain_steps(self.plan.tasks[driver.heads[0]])),
+        }
         lost = lost_heads(heads, names, (failure.operator, failure.subtask), gone)
         n = self.coordinator.next_id
         self.coordinator.next_id += 1

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 import enum
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -404,7 +404,6 @@ class JobManager:
             self.next_checkpoint_id = max(self.next_checkpoint_id, run.coordinator.next_id)
         return run
 
-
     def _compensator(self, restore: RestorePoint | None) -> Compensator | None:
         """The compensation of an attempt that restores a rescue snapshot."""
         settings = self.config.optimistic_recovery

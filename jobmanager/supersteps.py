@@ -273,7 +273,10 @@ class SuperstepDriver:
         )
         progress.recoveries.append(
             dataclasses.replace(
-                planned, failed_during=failed, resumed_from=restored, loading=progress.failed_loading
+                planned,
+                failed_during=failed,
+                resumed_from=restored,
+                loading=progress.failed_loading,
             )
         )
         progress.failed_during, progress.failed_loading, progress.planned = None, False, None

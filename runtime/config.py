@@ -52,6 +52,14 @@ class OptimisticRecovery:
             raise GraphError(f"rescue_timeout must be > 0 seconds, got {self.rescue_timeout!r}")
 
 
+def _check_optimistic(value: object) -> None:
+    if value is not None and not isinstance(value, OptimisticRecovery):
+        raise GraphError(
+            f"optimistic_recovery must be a runtime.config.OptimisticRecovery (or None), "
+            f"got {value!r}"
+        )
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """Settings of one run; pass them to ``Dataflow(...)`` or ``run(...)`` as keywords.
@@ -365,12 +373,7 @@ class JobConfig:
                 f"launcher {self.launcher!r} is unknown; use one of {', '.join(LAUNCHERS)} "
                 "('local' runs the tasks as local processes without Spark, for tests)."
             )
-        optimistic = self.optimistic_recovery
-        if optimistic is not None and not isinstance(optimistic, OptimisticRecovery):
-            raise GraphError(
-                f"optimistic_recovery must be a runtime.config.OptimisticRecovery (or None), "
-                f"got {optimistic!r}"
-            )
+        _check_optimistic(self.optimistic_recovery)
         if self.task_scheduling not in TASK_SCHEDULING:
             raise GraphError(
                 f"task_scheduling {self.task_scheduling!r} is unknown; use 'batch' (SCHED_BATCH "

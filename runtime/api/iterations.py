@@ -74,9 +74,7 @@ def run_on_streaming(
                 "Recovery('optimistic', compensation=runtime.iterations.library."
                 "pagerank_compensation)"
             )
-        optimistic = OptimisticRecovery(
-            rec.compensation, rec.max_lost_fraction, rec.rescue_timeout
-        )
+        optimistic = OptimisticRecovery(rec.compensation, rec.max_lost_fraction, rec.rescue_timeout)
     checkpoints = rec.mode in ("blocking", "tail", "head") or (
         rec.mode == "optimistic" and rec.fallback is not None
     )
