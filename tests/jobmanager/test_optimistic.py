@@ -5,7 +5,7 @@ rescue against a fake control plane and a real checkpoint storage, the rescue re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from jobmanager.optimistic import (
     rescue_survivors,
 )
 from jobmanager.result import IterationProgress, RecoveryKind
-from jobmanager.supersteps import IterationPhase
+from jobmanager.supersteps import IterationPhase, SuperstepDriver
 from runtime import control as P
 from runtime.api.iterations import iteration_dataflow
 from runtime.config import OptimisticRecovery
@@ -163,7 +163,7 @@ def _handle(subtask: int, groups: tuple[int, int]) -> TaskStateHandle:
 
 
 def rescue(
-    tmp_path: Path, answers: list[P.Message], lost: list[int], **kw: Any
+    tmp_path: Path, answers: Sequence[P.Message], lost: list[int], **kw: Any
 ) -> tuple[RescueOutcome, list[tuple[int, P.Message]]]:
     sent: list[tuple[int, P.Message]] = []
     queue = list(answers)
@@ -232,6 +232,10 @@ def test_lost_heads_are_the_failed_one_and_the_gone_ones() -> None:
 
 
 # -- the driver's COMPENSATING phase ---------------------------------------------------------
+def phase(d: SuperstepDriver) -> IterationPhase:
+    return d.phase  # read again (mypy narrows an attribute across calls)
+
+
 def test_a_rescued_attempt_compensates_then_checkpoints_then_goes_on() -> None:
     progress = IterationProgress(failed_during=4)
     d, sent, coordinator, _ = driver(
@@ -253,7 +257,7 @@ def test_a_rescued_attempt_compensates_then_checkpoints_then_goes_on() -> None:
     sent.clear()
     d.on_compensated(P.Compensated(a, 0, 0))
     d.on_compensated(P.Compensated(b, 0, 1))
-    assert coordinator.triggered == [3] and d.phase is IterationPhase.CHECKPOINT
+    assert coordinator.triggered == [3] and phase(d) is IterationPhase.CHECKPOINT
     coordinator.complete(1)
     d.on_tick()
     assert sent == [(a, P.SuperstepGo(4)), (b, P.SuperstepGo(4))]
