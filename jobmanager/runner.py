@@ -301,11 +301,13 @@ class JobManager:
             )
         )
         self.outputs.drop_after(restored)
+        rescue_record = restore.metadata.rescue if restore is not None else None
         log.warning(
             "attempt %d failed (%s); restarting from %s in %.2f s",
             number,
             failure.describe(),
-            restore_point_words(restored),
+            restore_point_words(restored)
+            + (f" (a {rescue_record.describe()})" if rescue_record is not None else ""),
             delay,
         )
         return restore, delay

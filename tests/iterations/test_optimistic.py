@@ -8,6 +8,8 @@ companion (no compensation) that it catches."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,12 @@ def test_components_recover_optimistically_to_the_exact_labels_and_the_companion
     assert meta.rescue.subtasks == (1, 2) and meta.rescue.lost == (0,)
     assert meta.rescue.supersteps == {1: 2, 2: 2} and meta.rescue.failed_during == 3
     assert sorted(meta.tasks) == ["components[1]", "components[2]"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "jobmanager", "checkpoints", str(tmp_path), "--show",
+         str(restart.restored_checkpoint)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "rescue of 'connected_components:superstep' subtasks [1, 2] (lost [0]" in shown
     # the compensated state was checkpointed at the rescued superstep before going on
     assert good.checkpoints[0] == 2
     bad = run_on_streaming(components(), _optimistic(cc_without_compensation), faults=kill, **RUN)
