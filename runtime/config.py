@@ -333,6 +333,13 @@ class JobConfig:
             "checkpoint and counts from 1 again (the companion of superstep checkpoints)."
         },
     )
+    debug_rescue_after_send: bool = field(
+        default=False,
+        metadata={
+            "help": "Tests only: a loop head blocked in a send serves an optimistic "
+            "recovery's rescue only after the send (the companion of the rescue test)."
+        },
+    )
     debug_drop_event_time: bool = field(
         default=False,
         metadata={"help": "Tests only: restore without timers and watermarks."},

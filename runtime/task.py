@@ -279,9 +279,20 @@ class Task:
         # trigger here would put a barrier in the middle of a batch), keep heartbeating,
         # and keep reading the back-edges (a loop must never block its own feedback).
         self.control.read()
+        if self.supersteps is not None and not self.config.debug_rescue_after_send:
+            self._rescue_now()  # a rescue must not wait for a send to a dead loop head
         if self.feedback is not None:
             self.feedback.drain()
         self._housekeeping(time.monotonic(), timers=False)  # no records in a blocked send
+
+    def _rescue_now(self) -> None:
+        """Serve a queued ``Rescue`` inside a blocked send: the keyed state of a loop head
+        is never mid-update there (its loading, absorbing and updating send nothing), and
+        after a failure its sends may block for good on a dead peer's channel."""
+        head = self.supersteps
+        assert head is not None
+        for msg in self.control.take_of(P.Rescue):
+            head.rescue(msg.checkpoint_id, self.checkpointer.rescue)
 
     def _heartbeat(self) -> P.Heartbeat:
         m, t = self._measure(), self.identity

@@ -206,3 +206,35 @@ def test_a_second_kill_while_the_next_attempt_loads_keeps_the_rescued_state() ->
     # supersteps 1..4 in attempt 0, none in attempt 1, 4.. in attempt 2: never from 0
     assert run.supersteps_started == 4 + (run.supersteps - 3)
     assert run.summary().count("  failure ") == 2
+
+
+# Tiny batches and one batch per channel: after the kill, the survivors' superstep
+# messages to the dead head fill its channel and their sends block for good.
+BLOCKING = {"batch_size": 2, "channel_hwm": 1, "max_inflight_time": None}
+
+
+def test_a_survivor_blocked_sending_to_the_dead_head_is_still_rescued() -> None:
+    run = run_on_streaming(
+        components(),
+        _optimistic(cc_compensation, rescue_timeout=3.0),
+        faults=[Kill("components[0]", after_superstep=3)],
+        **BLOCKING,
+        **RUN,
+    )
+    assert run.solution == CC_REF
+    (rec,) = run.recoveries
+    assert rec.kind is RecoveryKind.OPTIMISTIC and rec.resumed_from == 2
+
+
+def test_companion_a_rescue_served_only_after_the_send_times_out() -> None:
+    run = run_on_streaming(
+        components(),
+        _optimistic(cc_compensation, rescue_timeout=3.0),
+        faults=[Kill("components[0]", after_superstep=3)],
+        debug_rescue_after_send=True,
+        **BLOCKING,
+        **RUN,
+    )
+    assert run.solution == CC_REF  # from the start
+    (rec,) = run.recoveries
+    assert rec.kind is RecoveryKind.START and "rescue_timeout" in rec.note
