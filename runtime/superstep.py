@@ -35,13 +35,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from channels.messages import SuperstepMarker
+from channels.messages import SuperstepMarker, decode_records, encode_data
 from runtime import control as P
 from runtime.barriers.superstep import SuperstepAligner
 from runtime.errors import IterationError, OperatorFailure
 from runtime.graph import Step, StepKind
 from runtime.operators import KeyedOperator, OperatorContext, register
 from runtime.task_outputs import TaskOutputs
+from statebackend.metadata import TaskStateHandle
 
 __all__ = ["SIDE", "SOLUTION", "WORKSET", "SuperstepHead", "SuperstepOperator", "entry_key"]
 
@@ -75,6 +76,9 @@ class SuperstepOperator(KeyedOperator):
         self.inbox: dict[Any, Any] = {}
         self.received = 0
         """Messages absorbed since the last update (all of the current superstep's)."""
+        self.kept: frozenset[Any] | None = None
+        """Restored from a rescue snapshot (optimistic recovery): the keys restored, whose
+        values and workset entries the input does not overwrite (`keep_restored`)."""
 
     # -- the per-record path -------------------------------------------------------------
     def process(self, batch: list[Any], side: int = 0) -> list[Any]:
@@ -86,6 +90,9 @@ class SuperstepOperator(KeyedOperator):
 
     def _load(self, batch: list[Any]) -> None:
         solution, side_input, workset = self.solution, self.side, self.workset
+        kept = self.kept
+        if kept is not None:  # restored from a rescue: keep what survived, take the rest
+            batch = [r for r in batch if r[0] not in kept and r[1] != WORKSET]
         for key, tag, payload in batch:
             if tag == SOLUTION:
                 solution[key] = payload
@@ -169,6 +176,34 @@ class SuperstepOperator(KeyedOperator):
     def solution_records(self) -> list[tuple[Any, Any]]:
         return list(self.solution.items())
 
+    # -- optimistic recovery (restored from a rescue snapshot) ----------------------------
+    def keep_restored(self) -> None:
+        """This subtask restored a rescue snapshot: the keys it holds now survived (with
+        their side input and workset entries); while the input loads again, it takes only
+        the keys it lacks (the lost key groups': their side input, and a solution value
+        the compensation replaces). The input's workset is not taken: the compensation
+        says which keys join it."""
+        self.kept = frozenset(self.solution)
+
+    def compensation_input(self) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """``(restored keys with their values, lost keys with their side input)``."""
+        kept = self.kept or frozenset()
+        solution, side = self.solution, self.side
+        surviving = [(k, solution[k]) for k in kept]
+        lost = [(k, side.get(k)) for k in solution if k not in kept]
+        return surviving, lost
+
+    def compensate(self, values: list[tuple[Any, Any]], workset: list[Any]) -> int:
+        """Set the lost keys this subtask holds to their compensated ``values`` and add the
+        keys it holds of ``workset`` to its workset (delta); the lost keys set."""
+        kept, solution = self.kept or frozenset(), self.solution
+        mine = [(k, v) for k, v in values if k in solution and k not in kept]
+        solution.update(mine)
+        if self.delta:
+            self.workset.update(dict.fromkeys((k for k in workset if k in solution), True))
+        self.kept = None  # from now on an ordinary head
+        return len(mine)
+
 
 class SuperstepHead:
     """The superstep protocol of one iteration task (see the module docstring): acts on
@@ -194,6 +229,8 @@ class SuperstepHead:
         self.checked = False
         self._sent = 0
         self._started_at = 0.0
+        self.after = -1
+        """The newest superstep this head updated its keys for in this attempt (-1: none)."""
 
     def go(self, superstep: int) -> None:
         """Send superstep ``superstep``'s messages, then its marker on every feedback channel."""
@@ -219,6 +256,7 @@ class SuperstepHead:
             aggregate, active, received = self.operator.end(total)
         except Exception as err:
             raise OperatorFailure(self.operator.name, err) from err
+        self.after = superstep
         self.send(
             P.SuperstepDone(
                 self.task_index,
@@ -239,3 +277,25 @@ class SuperstepHead:
         self.outputs.emit_to(self.result_edge, records)
         self.outputs.flush()
         self.send(P.SolutionEmitted(self.task_index, self.attempt, superstep, len(records)))
+
+    # -- optimistic recovery ------------------------------------------------------------
+    def rescue(self, checkpoint_id: int, write: Callable[[int], TaskStateHandle | None]) -> None:
+        """The attempt failed: ``write`` this task's state (its keyed state changes only at
+        an update, between two turns of the task loop, so it is the state after
+        ``self.after``) as part of rescue snapshot ``checkpoint_id``; answer ``Rescued``."""
+        handle = write(checkpoint_id)
+        self.send(P.Rescued(self.task_index, self.attempt, checkpoint_id, self.after, handle))
+
+    def send_compensation_input(self) -> None:
+        surviving, lost = self.operator.compensation_input()
+        self.send(
+            P.CompensationInput(
+                self.task_index, self.attempt, encode_data(0, surviving), encode_data(0, lost)
+            )
+        )
+
+    def compensate(self, msg: P.Compensate) -> None:
+        values = decode_records(msg.values) if msg.values else []
+        workset = decode_records(msg.workset) if msg.workset else []
+        keys = self.operator.compensate(values, workset)
+        self.send(P.Compensated(self.task_index, self.attempt, keys))

@@ -302,22 +302,28 @@ def run_on_streaming(
     on the streaming runtime. ``recovery``: ``Recovery("none")`` restarts from the start,
     ``"blocking"`` / ``"tail"`` / ``"head"`` from the superstep checkpoint taken every
     ``interval`` supersteps (all three blocking here: the job manager starts the next
-    superstep once the checkpoint completed). ``faults``: ``jobmanager.faults`` kills;
-    ``launcher``: ``"local"`` (the harness) or ``"spark"`` (None: the default)."""
+    superstep once the checkpoint completed); ``"optimistic"`` rescues the survivors'
+    state and compensates the lost keys (``runtime.config.OptimisticRecovery``), with
+    superstep checkpoints to fall back on only when ``fallback`` names a variant.
+    ``faults``: ``jobmanager.faults`` kills; ``launcher``: ``"local"`` (the harness) or
+    ``"spark"`` (None: the default)."""
     from jobmanager.restart import FixedDelay
+    from runtime.config import OptimisticRecovery
 
     rec = recovery if recovery is not None else Recovery()
     spec = it.spec
     where = f"iteration '{spec.name}' (step '{spec.step.name}')"
-    rec.check(where)
-    if rec.mode == "optimistic":
-        raise GraphError(
-            f"{where}: optimistic recovery does not run on the streaming runtime yet; "
-            "use it.run(recovery=...) for it"
-        )
+    rec.check(where)  # a compensation for optimistic recovery among others
+    optimistic = None
+    if rec.mode == "optimistic" and rec.compensation is not None:
+        optimistic = OptimisticRecovery(rec.compensation, rec.max_lost_fraction, rec.rescue_timeout)
+    checkpoints = rec.mode in ("blocking", "tail", "head") or (
+        rec.mode == "optimistic" and rec.fallback is not None
+    )
     settings: dict[str, Any] = {
         "restart_strategy": FixedDelay(rec.max_restarts, 0.05),
-        "superstep_checkpoint_interval": rec.interval if rec.mode != "none" else None,
+        "superstep_checkpoint_interval": rec.interval if checkpoints else None,
+        "optimistic_recovery": optimistic,
         "checkpoint_dir": rec.checkpoint_dir,
         "storage_options": dict(rec.storage_options or {}),
     }
@@ -443,8 +449,18 @@ class IterationRun:
                 f"  superstep checkpoints completed{where}: {[k for k, _ in p.checkpoints]}"
             )
         for restart, rec in zip(job.restarts, p.recoveries, strict=False):
-            lines.append(
-                f"  failure during superstep {rec.failed_during} ({restart.reason}): "
-                f"resumed after superstep {rec.resumed_from}, {rec.rerun} superstep(s) re-run"
+            when = (
+                f"while loading (restored at superstep {rec.failed_during})"
+                if rec.loading
+                else f"during superstep {rec.failed_during}"
             )
+            lost = f", lost subtasks {list(rec.lost)}" if rec.lost else ""
+            compensated = f", {rec.lost_keys} key(s) compensated" if rec.lost_keys else ""
+            lines.append(
+                f"  failure {when} ({restart.reason}): recovered {rec.kind.value}{lost}"
+                f"{compensated}; resumed after superstep {rec.resumed_from}, "
+                f"{rec.rerun} superstep(s) re-run"
+            )
+            if rec.note:
+                lines.append(f"    note: {rec.note}")
         return "\n".join(lines)
