@@ -210,7 +210,7 @@ def test_a_second_kill_while_the_next_attempt_loads_keeps_the_rescued_state() ->
 
 # Tiny batches and one batch per channel: after the kill, the survivors' superstep
 # messages to the dead head fill its channel and their sends block for good.
-BLOCKING = {"batch_size": 2, "channel_hwm": 1, "max_inflight_time": None}
+BLOCKING: dict[str, Any] = {"batch_size": 2, "channel_hwm": 1, "max_inflight_time": None}
 
 
 def test_a_survivor_blocked_sending_to_the_dead_head_is_still_rescued() -> None:
