@@ -549,7 +549,9 @@ def _iteration(
                 f"update()), got {type(step).__name__} {step!r} without {method}()."
             )
     if max_supersteps is not None and (
-        not isinstance(max_supersteps, int) or isinstance(max_supersteps, bool) or max_supersteps < 1
+        not isinstance(max_supersteps, int)
+        or isinstance(max_supersteps, bool)
+        or max_supersteps < 1
     ):
         raise GraphError(f"{where}: max_supersteps must be an int >= 1, got {max_supersteps!r}.")
     par = check_parallelism(parallelism if parallelism is not None else flow.parallelism, name)

@@ -106,9 +106,9 @@ def test_a_key_with_two_side_values_asks_for_group_side() -> None:
     flow = Dataflow("cc", parallelism=2)
     labels = flow.source(TestingSource([(v, v) for v in range(4)]), name="vertices")
     edges = flow.source(TestingSource([(0, 1), (0, 2), (1, 3)]), name="edges")
-    flow.delta_iteration(
-        "cc", solution=labels, side=edges, step=ConnectedComponentsStep()
-    ).collect("out")
+    flow.delta_iteration("cc", solution=labels, side=edges, step=ConnectedComponentsStep()).collect(
+        "out"
+    )
     with pytest.raises(TaskFailedError, match="side input holds key 0 twice; pass group_side"):
         run_local(flow)
 
@@ -309,9 +309,7 @@ def test_a_kill_while_the_final_checkpoint_commits_the_labels_writes_each_once(
     postgres.query(f"DROP TABLE IF EXISTS {table}")
     postgres.query(f"CREATE TABLE {table} (vertex int, label int)")
     kill = Kill("labels[1]", during="snapshot", after_checkpoint=final.checkpoint_id)
-    killed = run_local(
-        components_flow(postgres, table, cc_graph, "append", once), faults=[kill]
-    )
+    killed = run_local(components_flow(postgres, table, cc_graph, "append", once), faults=[kill])
     assert len(killed.restarts) == 1 and not killed.unfired_faults
     rows = postgres.query(f"SELECT vertex, label FROM {table}")
     assert dict(rows) == CC_REF
