@@ -452,7 +452,7 @@ class Dataflow:
         if converged is not None:
             check_callable(converged, name, "converged criterion")
             check_picklable(converged, name, "converged criterion")
-        inputs = [("solution", solution, SOLUTION, None)]
+        inputs: list[tuple[str, Any, int, int | None]] = [("solution", solution, SOLUTION, None)]
         if side is not None:
             inputs.append(("side", side, SIDE_ITEM if group_side else SIDE, None))
         return _iteration(self, name, step, False, inputs, parallelism, max_supersteps, converged)
@@ -473,7 +473,9 @@ class Dataflow:
         (``step.update`` returned other than None) form the next workset; it ends when
         the workset is empty everywhere (or after ``max_supersteps``). ``workset``: a
         stream of keys (None: every solution key). Otherwise as ``bulk_iteration``."""
-        inputs = [("solution", solution, SOLUTION, None if workset is not None else WORKSET)]
+        inputs: list[tuple[str, Any, int, int | None]] = [
+            ("solution", solution, SOLUTION, None if workset is not None else WORKSET)
+        ]
         if side is not None:
             inputs.append(("side", side, SIDE_ITEM if group_side else SIDE, None))
         if workset is not None:

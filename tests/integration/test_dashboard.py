@@ -264,12 +264,14 @@ def test_a_running_iteration_shows_its_supersteps_over_rest_and_metrics(
     it = bulk_components()
     it.spec = dataclasses.replace(it.spec, step=SlowBulkComponentsStep())
     job = Background(
-        lambda: run_on_streaming(
-            it,
-            Recovery("blocking", interval=2, checkpoint_dir=str(tmp_path)),
-            faults=[Kill("bulk_components[1]", after_superstep=4)],
-            ui_port=server.port,
-        ).job
+        lambda: (
+            run_on_streaming(
+                it,
+                Recovery("blocking", interval=2, checkpoint_dir=str(tmp_path)),
+                faults=[Kill("bulk_components[1]", after_superstep=4)],
+                ui_port=server.port,
+            ).job
+        )
     )
     wait_for("the job running", lambda: (j := current_job(server)) and j["state"] == "running")
 

@@ -36,14 +36,19 @@ def _pairs(flow: Dataflow) -> Any:
 
 def test_a_bulk_iteration_that_cannot_end_is_refused() -> None:
     flow = Dataflow("pr")
-    with pytest.raises(GraphError, match="can never end.*max_supersteps=.*converged="):
+    with pytest.raises(GraphError, match=r"can never end.*max_supersteps=.*converged="):
         flow.bulk_iteration("pr", solution=_pairs(flow), step=PageRankStep(2))
 
 
 def test_a_solution_that_is_no_stream_is_refused_with_the_fix() -> None:
     flow = Dataflow("pr")
-    with pytest.raises(GraphError, match="solution input must be a Stream.*CollectionSource"):
-        flow.bulk_iteration("pr", solution={0: 0.5}, step=PageRankStep(2), max_supersteps=3)
+    with pytest.raises(GraphError, match=r"solution input must be a Stream.*CollectionSource"):
+        flow.bulk_iteration(
+            "pr",
+            solution={0: 0.5},  # type: ignore[arg-type]
+            step=PageRankStep(2),
+            max_supersteps=3,
+        )
     other = Dataflow("other")
     with pytest.raises(GraphError, match="side input 'pairs' belongs to another Dataflow"):
         flow.bulk_iteration(
@@ -66,7 +71,7 @@ def test_a_step_that_is_no_step_or_cannot_be_pickled_is_refused() -> None:
             self.held = threading.Lock()
 
     flow = Dataflow("pr")
-    with pytest.raises(UnpicklableFunctionError, match="step 'pagerank:superstep'.*step cannot"):
+    with pytest.raises(UnpicklableFunctionError, match=r"step 'pagerank:superstep'.*step cannot"):
         flow.bulk_iteration("pr", solution=_pairs(flow), step=Locked(), max_supersteps=3)
 
 

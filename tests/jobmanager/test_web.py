@@ -19,8 +19,8 @@ from jobmanager.coordinator import CompletedCheckpoint
 from jobmanager.failures import FailureCause
 from jobmanager.metrics import RunMetrics
 from jobmanager.result import FailedCheckpoint, Restart, SuperstepRecovery
-from jobmanager.supersteps import IterationPhase
 from jobmanager.services import TaskInfo
+from jobmanager.supersteps import IterationPhase
 from jobmanager.web import Dashboard, close_all, serve
 from jobmanager.web.server import DashboardServer, UiError
 from jobmanager.web.snapshot import JobBoard, SnapshotBuilder
