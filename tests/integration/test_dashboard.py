@@ -307,3 +307,26 @@ def test_a_running_iteration_shows_its_supersteps_over_rest_and_metrics(
         for r in progress.recoveries
     ]
     assert final["aggregate"] == 0.0  # converged: no label changed in the last superstep
+
+    # The page (headless Chromium): the Iteration section with the run's figures.
+    browser = _browser(tmp_path)
+    try:
+        browser.get(f"{server.url}?job={api(server, 'job')['id']}&poll=300")
+        summary = wait_for(
+            "the iteration section",
+            lambda: browser.execute_script(
+                "const s = document.querySelector('#iteration');"
+                "return s && !s.hidden && document.querySelector('#iteration-summary').textContent"
+            ),
+        )
+        assert f"done {progress.supersteps}" in summary and "converged" in summary
+        rows = browser.execute_script(
+            "return [...document.querySelectorAll('#superstep-recoveries tbody tr')]"
+            ".map((r) => [...r.cells].map((c) => c.textContent.trim()))"
+        )
+        assert rows == [
+            [str(r.failed_during), str(r.resumed_from), str(r.rerun)] for r in progress.recoveries
+        ]
+        browser.save_screenshot(str(artifacts(tmp_path) / "dashboard-iteration.png"))
+    finally:
+        quit_browser(browser, tmp_path / "chromium-profile")
