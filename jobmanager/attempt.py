@@ -370,6 +370,7 @@ class Attempt:
             m.checkpoints_completed,
             len(m.restarts),
             m.completed[-1].duration_ms if m.completed else None,
+            self.supersteps.current if self.supersteps is not None else None,
         )
         self.run_services.dashboard.publish(self)
 

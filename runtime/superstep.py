@@ -44,10 +44,20 @@ from runtime.operators import KeyedOperator, OperatorContext, register
 from runtime.task_outputs import TaskOutputs
 from statebackend.metadata import TaskStateHandle
 
-__all__ = ["SIDE", "SOLUTION", "WORKSET", "SuperstepHead", "SuperstepOperator", "entry_key"]
+__all__ = [
+    "SIDE",
+    "SIDE_ITEM",
+    "SOLUTION",
+    "WORKSET",
+    "SuperstepHead",
+    "SuperstepOperator",
+    "entry_key",
+]
 
-SOLUTION, SIDE, WORKSET = 0, 1, 2
-"""Tags of the entry's ``(key, tag, payload)`` records."""
+SOLUTION, SIDE, WORKSET, SIDE_ITEM = 0, 1, 2, 3
+"""Tags of the entry's ``(key, tag, payload)`` records (``runtime.superstep_entry``):
+a key's solution value, its side value, its workset membership, one item of its side
+value (the items of a key are collected into a tuple before the first superstep)."""
 _MISSING = object()
 
 
@@ -67,12 +77,15 @@ class SuperstepOperator(KeyedOperator):
         super().__init__(step, ctx)
         self.logic = step.fn
         self.delta: bool = bool(step.args["delta"])
+        self.iteration: str = step.args.get("iteration", step.name)
         keyed = self.keyed_state
         assert keyed is not None
         # Declared now: the live dicts stay the same objects across a restore.
         self.solution = keyed.value_state("solution")
         self.side = keyed.value_state("side")
         self.workset = keyed.value_state("workset")
+        self.side_items = keyed.list_state("side_items")
+        """Grouped side input while it loads; folded into ``side`` by check_loaded."""
         self.inbox: dict[Any, Any] = {}
         self.received = 0
         """Messages absorbed since the last update (all of the current superstep's)."""
@@ -93,13 +106,33 @@ class SuperstepOperator(KeyedOperator):
         kept = self.kept
         if kept is not None:  # restored from a rescue: keep what survived, take the rest
             batch = [r for r in batch if r[0] not in kept and r[1] != WORKSET]
+        side_items = self.side_items
         for key, tag, payload in batch:
             if tag == SOLUTION:
+                if key in solution:
+                    self._twice("solution", key, "a key has one initial value")
                 solution[key] = payload
+            elif tag == SIDE_ITEM:
+                items = side_items.get(key)
+                if items is None:
+                    side_items[key] = [payload]
+                else:
+                    items.append(payload)
             elif tag == SIDE:
+                if key in side_input:
+                    self._twice(
+                        "side input",
+                        key,
+                        "pass group_side=True to collect a key's side values into a tuple",
+                    )
                 side_input[key] = payload
             else:
                 workset[key] = True
+
+    def _twice(self, what: str, key: Any, fix: str) -> None:
+        raise IterationError(
+            f"iteration '{self.iteration}': its {what} holds key {key!r} twice; {fix}"
+        )
 
     def _absorb(self, batch: list[Any]) -> None:
         inbox, solution, combine = self.inbox, self.solution, self.logic.combine
@@ -118,7 +151,12 @@ class SuperstepOperator(KeyedOperator):
 
     # -- supersteps ----------------------------------------------------------------------
     def check_loaded(self) -> None:
-        """Before the first superstep: every workset and side key has a solution value."""
+        """Before the first superstep: a grouped side input is folded into one tuple per
+        key; every workset and side key has a solution value."""
+        if self.side_items:
+            for key, items in self.side_items.items():
+                self.side[key] = tuple(items)
+            self.side_items.clear()
         for name, keys in (("workset", self.workset), ("side input", self.side)):
             unknown = [k for k in keys if k not in self.solution]
             if unknown:

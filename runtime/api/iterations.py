@@ -1,13 +1,15 @@
 """Superstep iterations as Dataflows: what ``BulkIteration`` / ``DeltaIteration`` build
 and run on the streaming runtime (``runtime.superstep``, ``jobmanager.supersteps``).
 
-    <name>:input --hash by key--> <name> (iterate) -> <step>:superstep --> <name>:result
-                                      ^                       |
-                                      +-- feedback, hash -----+
+A thin front over ``Dataflow.bulk_iteration`` / ``delta_iteration``, whose inputs and
+result are ordinary streams: here the dicts become ``CollectionSource`` inputs and the
+result is collected (``<name>:result``: exactly once, committed by the final
+checkpoint)::
 
-The input is an ordinary source (``CollectionSource`` of ``(key, tag, payload)``
-records: the solution set, the side input, the workset), the result an ordinary sink
-(``collect``: exactly once, committed by the final checkpoint). Everything a streaming
+    <name>:solution-input --tag--+--hash--> <name> (iterate) -> <step>:superstep --> result
+    <name>:side-input ----tag----+              ^                        |
+                                                +---- feedback, hash ----+
+ Everything a streaming
 job has, the iteration has by construction: the launchers (Spark, the local harness),
 heartbeats, restart strategies, the dashboard, ``JobResult``, ``faults=``. Superstep
 checkpoints (``superstep_checkpoint_interval``) go through the checkpoint storage and are
@@ -22,9 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from runtime.api.dataflow import Dataflow, Stream
 from runtime.errors import GraphError, IterationError
-from runtime.graph import EdgeKind, Partitioning, StepKind, check_picklable
 from runtime.sources import CollectionSource
-from runtime.superstep import SIDE, SOLUTION, WORKSET, entry_key
 
 if TYPE_CHECKING:
     from jobmanager.result import IterationProgress, JobResult, SuperstepRecovery
@@ -354,29 +354,36 @@ def iteration_dataflow(
     converged: Callable[[float], bool] | None,
     **config: Any,
 ) -> Dataflow:
-    """The Dataflow of an iteration; ``workset`` None: a bulk iteration. ``config``:
-    JobConfig settings (e.g. ``superstep_checkpoint_interval``, ``restart_strategy``)."""
+    """The Dataflow of a ``BulkIteration`` / ``DeltaIteration`` held in dicts: each of
+    them a ``CollectionSource`` into ``Dataflow.bulk_iteration`` / ``delta_iteration``,
+    the result collected as ``<name>:result``. ``workset`` None: a bulk iteration.
+    ``config``: JobConfig settings (e.g. ``superstep_checkpoint_interval``)."""
     flow = Dataflow(name, parallelism=parallelism, **config)
-    records: list[tuple[Any, int, Any]] = [(k, SOLUTION, v) for k, v in solution.items()]
-    records.extend((k, SIDE, s) for k, s in side.items())
-    if workset is not None:
-        records.extend((k, WORKSET, None) for k in workset)
-    entry = flow.source(CollectionSource(records), name=f"{name}:input").key_by(entry_key)
-    loop = entry.iterate(name=name)
-    graph = flow.graph
-    head_name = graph.unique_name(f"{step.name}:superstep", "superstep")
-    check_picklable(step, head_name, "step")
-    args = {
-        "delta": workset is not None,
-        "max_supersteps": max_supersteps,
-        "converged": converged,
-    }
-    head = graph.add_step(
-        head_name, StepKind.SUPERSTEP, parallelism, fn=step, args=args, key_fn=entry_key
-    )
-    graph.connect(loop.head, head, Partitioning.FORWARD)
-    graph.connect(head, loop.head, Partitioning.HASH, entry_key, EdgeKind.FEEDBACK)
-    Stream(flow, head).collect(f"{name}:result")
+
+    def source(what: str, items: Iterable[Any]) -> Stream:
+        return flow.source(CollectionSource(list(items)), name=f"{name}:{what}-input")
+
+    solution_in = source("solution", solution.items())
+    side_in = source("side", side.items()) if side else None
+    if workset is None:
+        result = flow.bulk_iteration(
+            name,
+            solution=solution_in,
+            side=side_in,
+            step=step,
+            max_supersteps=max_supersteps,
+            converged=converged,
+        )
+    else:
+        result = flow.delta_iteration(
+            name,
+            solution=solution_in,
+            side=side_in,
+            workset=source("workset", workset),
+            step=step,
+            max_supersteps=max_supersteps,
+        )
+    result.collect(f"{name}:result")
     try:
         flow.validate()
     except GraphError as err:

@@ -80,7 +80,7 @@ def test_explain_shows_the_loop_head_the_superstep_and_the_feedback(capsys: Any)
     it = DeltaIteration("cc", {v: v for v in range(4)}, ConnectedComponentsStep(), side=OUT)
     text = it.explain()
     assert text in capsys.readouterr().out
-    for part in ("cc:input", "connected_components:superstep", "cc:result"):
+    for part in ("cc:solution-input", "connected_components:superstep", "cc:result"):
         assert part in text, text
     assert "feedback" in text.lower() or "back" in text.lower(), text
 
