@@ -58,6 +58,9 @@ class IterationProgress:
     recoveries: list[SuperstepRecovery] = field(default_factory=list)
     failed_during: int | None = None
     """The superstep a failed attempt was in, until the next attempt records its recovery."""
+    iterating_seconds: float = 0.0
+    """Seconds from the first superstep's start to the decision to end, over the attempts
+    that ended the iteration (superstep checkpoints' waits included, loading not)."""
 
     @property
     def rerun(self) -> int:

@@ -130,6 +130,7 @@ class SuperstepDriver:
         """The superstep checkpoint not completed yet: (superstep, checkpoint id)."""
         self.tail_due: int | None = None  # tail: the checkpoint announced for this superstep
         self.started_at = 0.0
+        self.first_started_at: float | None = None  # this attempt's first superstep
         if progress.failed_during is not None:  # this attempt recovers a failed one
             progress.recoveries.append(SuperstepRecovery(progress.failed_during, restored))
             progress.failed_during = None
@@ -225,6 +226,8 @@ class SuperstepDriver:
         self.phase = IterationPhase.SUPERSTEP
         self.current, self.done = k, {}
         self.started_at = self.clock()
+        if self.first_started_at is None:
+            self.first_started_at = self.started_at
         self.progress.supersteps_started += 1
         self.starting(k)
         after = None
@@ -261,6 +264,8 @@ class SuperstepDriver:
                 k,
             )
             self.phase = IterationPhase.EMITTING
+            if self.first_started_at is not None:
+                progress.iterating_seconds += self.clock() - self.first_started_at
             for index in self.heads:
                 self.send(index, P.EmitSolution(k))
             return None
