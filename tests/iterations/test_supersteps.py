@@ -22,6 +22,7 @@ from jobmanager.faults import Kill
 from jobmanager.stop import request_stop, running_jobs
 from runtime.api.iterations import IterationRun, run_on_streaming
 from runtime.iterations import BulkIteration, Recovery, Step, l1_below
+from runtime.iterations.api import RecoveryMode
 from runtime.iterations.graphs import adjacency, union_find_labels
 from statebackend import CheckpointStorage
 from tests.iterations.graphs import CC_EDGES, N_CC, components, networkx_ranks, pagerank
@@ -130,7 +131,7 @@ def clean_partial() -> IterationRun:
 
 @pytest.mark.parametrize("style", ["blocking", "tail", "head"])
 def test_every_checkpoint_style_recovers_a_killed_task_exactly(
-    style: str, tmp_path: Path, clean_partial: IterationRun
+    style: RecoveryMode, tmp_path: Path, clean_partial: IterationRun
 ) -> None:
     """Killed as superstep 5 starts, checkpoints every 2: blocking and tail completed the
     one of superstep 4 before 5 started; head writes it while 5 runs, so the kill finds
@@ -150,7 +151,7 @@ def test_every_checkpoint_style_recovers_a_killed_task_exactly(
 
 @pytest.mark.parametrize("style", ["tail", "head"])
 def test_a_delta_iteration_recovers_exactly_with_overlapping_checkpoints(
-    style: str, tmp_path: Path
+    style: RecoveryMode, tmp_path: Path
 ) -> None:
     killed = run_on_streaming(
         components(),
