@@ -1,46 +1,69 @@
-"""Seed 004's comparison on this machine: superstep-checkpoint overhead (its Table 4)
-and the run time with one kill at half the supersteps under optimistic vs pessimistic
-recovery (its figs. 19-23), for PageRank (bulk) and connected components (delta), plus
-PageRank throughput next to networkx.pagerank on the same graph, in the same run.
+"""Seed 004's figures on the streaming runtime (``runtime.api.iterations.run_on_streaming``:
+an iteration is a Dataflow with a loop; superstep checkpoints in the blocking, tail and
+head styles, ``superstep_checkpoint_style``).
 
-    python benchmarks/iterations.py                       # small: threads, ~1 min
-    python benchmarks/iterations.py --vertices 20000 --edges 100000 \\
-        --cc-vertices 50000 --cc-edges 100000 --repeat 3 --plot docs/iterations-bench.png
+1. **Recovery** (figs. 17-18 with the right quantity): one task of p killed as an early,
+   a middle or a late superstep starts; per recovery (tail / head / blocking checkpoints
+   every k = round(sqrt(n)) supersteps, the seed's choice; "none": a restart from the
+   start; "optimistic" where ``run_on_streaming`` runs it) the *extra supersteps* (the
+   supersteps started in all attempts minus the clean run's), the *seconds lost* (the
+   run's time minus the clean run's of the same round) and the restart's recovery time
+   (failure to the next attempt's first record), and the result against the clean
+   run's (PageRank: max |d rank| and whether the top 100 stay within 10 places; CC:
+   exact labels).
+2. **Table 4**: PageRank for a fixed number of supersteps and connected components (a
+   delta iteration) to convergence, with a checkpoint at every
+   boundary, per style and without ("none"), in interleaved rounds: the time per
+   superstep (first superstep's start to the end decision, over the supersteps), each
+   style's cost against "none" of the same round as a median with its 95 % interval
+   (``benchmarks/verdicts.py``: 6 rounds or more; fewer give the IQR and say so) and
+   a verdict. PageRank twice: with the graph's own state, and in a ballast regime
+   (``--ballast`` bytes per vertex in the side input, which every checkpoint writes)
+   where a checkpoint write is comparable to a superstep, so overlap can show.
+3. **PageRank supersteps/s** against networkx on the same graph in one run (networkx's
+   power iteration run for a fixed number of iterations: its iterations/s).
 
-Every configuration runs ``--repeat`` times; the runs are interleaved (round r runs
-every configuration once, after one warm-up run), so a load change hits them all alike.
-Figures are the median with the spread [min-max]; an overhead is computed per round
-(configuration vs the failure-free run of the same round), then its median and spread.
-Checkpoint interval k = round(sqrt(n)), n = the failure-free superstep count (the
-seed's choice); the kill ends task 1 as superstep n/2 starts. Times are the job
-manager's wall time of the iteration (a Spark session's start is not in them).
+Reduced size here (the machine is shared)::
 
-Prints markdown tables and writes them to benchmarks/results/iterations.json (``python
-benchmarks/render.py`` puts them in docs/benchmarks.md); ``--plot`` also draws the four
-panels to that PNG when matplotlib is installed (``pip install .[bench]``).
+    python benchmarks/iterations.py      # = --vertices 1000 --edges 5000 --cc-vertices 2000
+                                         #   --cc-edges 4000 --recovery-p 2 4 --rounds 6
+                                         #   --table-supersteps 8 --ballast 2000
+
+Full size (the seed's regime is >= 1 M edges on Spark)::
+
+    python benchmarks/iterations.py --launcher spark --vertices 200000 --edges 1000000 \\
+        --cc-vertices 200000 --cc-edges 1000000 --recovery-p 2 4 --recovery-rounds 3 \\
+        --rounds 8 --table-supersteps 20 --ballast 4000
+
+Writes the tables to ``benchmarks/results/iterations.json`` (``python
+benchmarks/render.py`` puts them in docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks.iterations_plot import plot
-from benchmarks.results import write_result
-from runtime.api.iterations import RecoveryMode
-from runtime.iterations import BulkIteration, DeltaIteration, Recovery, l1_below
+from results import write_result
+from verdicts import Interval, time_difference
+
+from runtime.api.iterations import IterationRun, kills_at_supersteps, run_on_streaming
+from runtime.errors import GraphError
+from runtime.iterations import BulkIteration, DeltaIteration, Recovery, Step, l1_below
 from runtime.iterations.graphs import (
     adjacency,
     components_graph,
     power_law_digraph,
-    rank_order_agreement,
     union_find_labels,
 )
 from runtime.iterations.library import (
@@ -50,167 +73,301 @@ from runtime.iterations.library import (
     pagerank_compensation,
 )
 
-CHECKPOINTS: tuple[RecoveryMode, ...] = ("blocking", "tail", "head")
-KILL_MODES: tuple[RecoveryMode, ...] = ("optimistic", *CHECKPOINTS, "none")
-# seed 004 Table 4 (overhead vs no fault tolerance, %): head, tail, blocking
-SEED_TABLE4 = {
-    "PageRank": ("as-Skitter", {"head": 16.4, "tail": 11.9, "blocking": 34.6}),
-    "Connected components": ("data1", {"head": 9.6, "tail": 2.7, "blocking": 18.8}),
-}
-SEED_OPTIMISTIC_GAIN = {"PageRank": 16.81, "Connected components": 24.2}  # % vs restart
+STYLES = ("blocking", "tail", "head")
+RECOVERIES = ("optimistic", *STYLES, "none")
+KILLED_TASK = 1
 
 
-def spread(values: list[float], fmt: str = "{:.2f}") -> str:
-    med = statistics.median(values)
-    if len(values) == 1:
-        return fmt.format(med)
-    return f"{fmt.format(med)} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+# -- the iterations --------------------------------------------------------------------
+class BallastPageRank(Step):
+    """PageRank whose side input is ``(out-neighbours, ballast bytes)``: the same ranks, a
+    bigger state (the side input is in keyed state: every checkpoint writes it)."""
+
+    name = "pagerank"
+    combine = staticmethod(PageRankStep.combine)
+
+    def __init__(self, n_vertices: int) -> None:
+        self.inner = PageRankStep(n_vertices)
+
+    def messages(self, key: Any, value: float, side: Any) -> Any:
+        return self.inner.messages(key, value, side[0])
+
+    def contribution(self, key: Any, value: float, side: Any) -> float:
+        return self.inner.contribution(key, value, side[0])
+
+    def update(self, key: Any, value: float, inbox: Any, side: Any, total: float) -> float:
+        return self.inner.update(key, value, inbox, side[0], total)
+
+    def aggregate(self, key: Any, old: float, new: float) -> float:
+        return abs(new - old)
 
 
+def pagerank(
+    n: int,
+    edges: list[tuple[int, int]],
+    p: int,
+    tol: float,
+    max_supersteps: int = 1000,
+    ballast: int = 0,
+) -> BulkIteration:
+    side: dict[int, Any] = adjacency(n, edges)
+    step: Step = PageRankStep(n)
+    if ballast:
+        pad = b"\x5a" * ballast
+        side = {v: (outs, pad) for v, outs in side.items()}
+        step = BallastPageRank(n)
+    return BulkIteration(
+        "pagerank",
+        {v: 1.0 / n for v in range(n)},
+        step,
+        side=side,
+        parallelism=p,
+        max_supersteps=max_supersteps,
+        converged=l1_below(n * tol) if tol > 0 else None,
+    )
+
+
+def components(n: int, edges: list[tuple[int, int]], p: int) -> DeltaIteration:
+    return DeltaIteration(
+        "components",
+        {v: v for v in range(n)},
+        ConnectedComponentsStep(),
+        side=adjacency(n, edges, undirected=True),
+        parallelism=p,
+    )
+
+
+def run(it: Any, mode: str, interval: int, kill_at: int | None, args: Any) -> IterationRun | str:
+    """One run; a string says why the run was skipped (optimistic where the streaming
+    runtime refuses it: no row is made up for it)."""
+    compensation = None
+    if mode == "optimistic":
+        compensation = cc_compensation if it.spec.delta else pagerank_compensation
+    kills = [] if kill_at is None else kills_at_supersteps(it.spec.name, [(KILLED_TASK, kill_at)])
+    # checkpoint_dir None: a temp dir of the run's own, removed after it
+    recovery = Recovery(mode, interval=interval, compensation=compensation)  # type: ignore[arg-type]
+    try:
+        return run_on_streaming(it, recovery, faults=kills, launcher=args.launcher, progress=False)
+    except GraphError as err:
+        if mode == "optimistic":
+            return f"skipped: {err}"
+        raise
+
+
+# -- 1. recovery -----------------------------------------------------------------------
 @dataclass
-class Config:
-    """One configuration of a study and its runs (one per round)."""
-
-    label: str
-    recovery: Recovery
-    kill: bool
-    runs: list[Any] = field(default_factory=list)
-
-    @property
-    def seconds(self) -> list[float]:
-        return [r.seconds for r in self.runs]
-
-    @property
-    def median_run(self) -> Any:
-        return sorted(self.runs, key=lambda r: r.seconds)[len(self.runs) // 2]
-
-
-@dataclass
-class Study:
-    name: str
-    shape: str
-    n: int
-    k: int
+class RecoveryRow:
+    algorithm: str
+    p: int
+    where: str
     kill_at: int
-    clean: Config
-    overhead: dict[str, Config]
-    recovery: dict[str, Config]
-    checks: dict[str, str]
-
-    def overhead_pct(self, mode: str) -> list[float]:
-        """Per round: (checkpointed - failure-free) / failure-free, in %."""
-        pairs = zip(self.overhead[mode].seconds, self.clean.seconds, strict=True)
-        return [(s - c) / c * 100 for s, c in pairs]
-
-    def gain_pct(self, mode: str, over: str = "none") -> list[float]:
-        """Per round: how much faster ``mode`` recovered than ``over`` (%)."""
-        pairs = zip(self.recovery[mode].seconds, self.recovery[over].seconds, strict=True)
-        return [(o - s) / o * 100 for s, o in pairs]
+    mode: str
+    extra: list[int] = field(default_factory=list)
+    lost: list[float] = field(default_factory=list)
+    restart_s: list[float] = field(default_factory=list)
+    resumed: list[int] = field(default_factory=list)
+    check: list[str] = field(default_factory=list)
+    skipped: str = ""
 
 
-def run_study(name: str, shape: str, it: Any, compensation: Any, check: Any, args: Any) -> Study:
-    warm = it.run(recovery=Recovery("none"), launcher=args.launcher)  # warm-up; sets n
-    n = warm.supersteps
-    k = max(1, round(n**0.5))
-    at = max(2, n // 2)
-    clean = Config("none", Recovery("none"), False)
-    overhead = {m: Config(m, Recovery(m, interval=k), False) for m in CHECKPOINTS}
-    recovery = {
-        m: Config(
-            m,
-            Recovery(m, interval=k, compensation=compensation if m == "optimistic" else None),
-            True,
+def pagerank_check(got: dict[int, float], ref: dict[int, float]) -> str:
+    """max |d rank| and the seed's closeness: the clean top 100 within 10 places."""
+    diff = max(abs(got[v] - ref[v]) for v in ref)
+    top_ref = sorted(ref, key=lambda v: -ref[v])[:100]
+    place = {v: i for i, v in enumerate(sorted(got, key=lambda v: -got[v]))}
+    close = all(abs(place[v] - i) <= 10 for i, v in enumerate(top_ref))
+    return f"max d {diff:.0e}, top-100 {'within' if close else 'NOT within'} 10 places"
+
+
+def cc_check(got: dict[int, int], ref: dict[int, int]) -> str:
+    wrong = sum(1 for v in ref if got.get(v) != ref[v])
+    return "exact" if wrong == 0 else f"{wrong} labels WRONG"
+
+
+def recovery_study(
+    name: str,
+    make: Callable[[int], Any],
+    check: Callable[[Any, Any], str],
+    ps: list[int],
+    args: Any,
+) -> tuple[list[RecoveryRow], dict[int, tuple[int, int]]]:
+    rows: list[RecoveryRow] = []
+    shape: dict[int, tuple[int, int]] = {}  # p -> (clean supersteps, k)
+    for p in ps:
+        it = make(p)
+        warm = run(it, "none", 1, None, args)
+        assert isinstance(warm, IterationRun)
+        n = warm.supersteps
+        k = max(1, round(n**0.5))
+        shape[p] = (n, k)
+        points = {"early": max(2, n // 4), "middle": max(2, n // 2), "late": max(2, 3 * n // 4)}
+        cells = [
+            RecoveryRow(name, p, where, at, mode)
+            for where, at in points.items()
+            for mode in RECOVERIES
+        ]
+        rows.extend(cells)
+        for r in range(args.recovery_rounds):
+            clean = run(it, "none", 1, None, args)
+            assert isinstance(clean, IterationRun)
+            for cell in cells:
+                if cell.skipped:
+                    continue
+                got = run(it, cell.mode, k, cell.kill_at, args)
+                if isinstance(got, str):
+                    cell.skipped = got
+                    continue
+                cell.extra.append(got.supersteps_started - clean.supersteps_started)
+                cell.lost.append(got.seconds - clean.seconds)
+                secs = [s for s in (x.recovery_seconds for x in got.job.restarts) if s is not None]
+                cell.restart_s.extend(secs)
+                cell.resumed.extend(x.resumed_from for x in got.recoveries)
+                cell.check.append(check(got.solution, clean.solution))
+            print(f"recovery {name} p={p}: round {r + 1}/{args.recovery_rounds}", file=sys.stderr)
+    return rows, shape
+
+
+def med(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    m = statistics.median(values)
+    if len(values) == 1:
+        return fmt.format(m)
+    return f"{fmt.format(m)} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def recovery_table(rows: list[RecoveryRow], shape: dict[int, tuple[int, int]], name: str) -> str:
+    head = [
+        f"{name}: task {KILLED_TASK} of p killed as the superstep starts; clean run "
+        + ", ".join(
+            f"p = {p}: {n} supersteps, checkpoints every k = {k}" for p, (n, k) in shape.items()
         )
-        for m in KILL_MODES
-    }
-    configs = [clean, *overhead.values(), *recovery.values()]
-    for r in range(args.repeat):
-        for c in configs:
-            kills = [(1, at)] if c.kill else []
-            c.runs.append(it.run(recovery=c.recovery, kills=kills, launcher=args.launcher))
-        print(f"{name}: round {r + 1}/{args.repeat} done", file=sys.stderr)
-    ref = clean.median_run.solution
-    checks = {m: check([run.solution for run in c.runs], ref) for m, c in recovery.items()}
-    return Study(name, shape, n, k, at, clean, overhead, recovery, checks)
+        + ". Median [min-max] over the rounds.",
+        "",
+        "| p | failure at | recovery | extra supersteps | seconds lost | restart to first "
+        "record (s) | resumed after | result vs clean |",
+        "|---:|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if r.skipped:
+            head.append(f"| {r.p} | {r.where} ({r.kill_at}) | {r.mode} | {r.skipped} | | | | |")
+            continue
+        checks = sorted(set(r.check))
+        head.append(
+            f"| {r.p} | {r.where} ({r.kill_at}) | {r.mode} | {med([float(x) for x in r.extra], '{:.0f}')} "
+            f"| {med(r.lost, '{:.2f}')} | {med(r.restart_s, '{:.2f}')} | "
+            f"{'/'.join(str(x) for x in sorted(set(r.resumed)))} | {'; '.join(checks)} |"
+        )
+    return "\n".join(head)
 
 
-def pagerank_check(solutions: list[dict[int, float]], ref: dict[int, float]) -> str:
-    """Worst over the runs: max |Δrank| and top-100 rank-order agreement."""
-    diff = max(max(abs(got[v] - ref[v]) for v in ref) for got in solutions)
-    order = min(rank_order_agreement(ref, got) for got in solutions)
-    return f"max abs d-rank {diff:.1e}, top-100 order {order:.0%}"
+# -- 2. Table 4 ------------------------------------------------------------------------
+@dataclass
+class CostStudy:
+    regime: str
+    per_superstep_ms: dict[str, list[float]]
+    checkpoint_ms: dict[str, list[float]]  # median checkpoint duration per run
+    write_ms: dict[str, list[float]]  # median slowest task's write (async) per run
+    state_mb: float
 
 
-def cc_check(solutions: list[dict[int, int]], ref: dict[int, int]) -> str:
-    wrong = max(sum(1 for v in ref if got[v] != ref[v]) for got in solutions)
-    return "exact" if wrong == 0 else f"up to {wrong} labels wrong"
+def cost_study(regime: str, it: Any, args: Any) -> CostStudy:
+    configs = ("none", *STYLES)
+    per: dict[str, list[float]] = {c: [] for c in configs}
+    chk: dict[str, list[float]] = {c: [] for c in configs}
+    write: dict[str, list[float]] = {c: [] for c in configs}
+    state = 0.0
+    run(it, "none", 1, None, args)  # warm-up
+    for r in range(args.rounds):
+        order = configs if r % 2 == 0 else tuple(reversed(configs))
+        for c in order:
+            got = run(it, c, 1, None, args)
+            assert isinstance(got, IterationRun)
+            per[c].append(got.progress.iterating_seconds / got.supersteps * 1000)
+            stats = [s for s in got.job.checkpoints if not s.final]
+            if stats:
+                chk[c].append(statistics.median(s.summary.duration_ms for s in stats))
+                write[c].append(statistics.median(s.summary.max_async_ms for s in stats))
+                state = max(state, max(s.summary.state_bytes for s in stats) / 1e6)
+        print(f"table 4 {regime}: round {r + 1}/{args.rounds}", file=sys.stderr)
+    return CostStudy(regime, per, chk, write, state)
 
 
-def table4(studies: list[Study]) -> str:
+def cost_table(studies: list[CostStudy], args: Any) -> str:
     out = [
-        "| algorithm | graph | supersteps n | k | no FT (s) | blocking | tail | head | "
-        "order (cheapest first) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        f"p = {args.table_p}; PageRank for {args.table_supersteps} supersteps, connected "
+        "components (a delta iteration) to convergence; a checkpoint at every boundary; "
+        "interleaved rounds (the order reversed every other round). Cost = "
+        "the style's time per superstep over the same round's without checkpoints, minus 1; "
+        "verdict by `benchmarks/verdicts.py` (slower / faster only when the whole interval "
+        "is on one side, else unresolved).",
+        "",
+        "| iteration (largest checkpoint) | style | ms per superstep | checkpoint (ms) | slowest write (ms) | "
+        "cost vs none | verdict | vs blocking | verdict |",
+        "|---|---|---:|---:|---:|---:|---|---:|---|",
     ]
     for s in studies:
-        pct = {m: s.overhead_pct(m) for m in CHECKPOINTS}
-        order = " < ".join(sorted(CHECKPOINTS, key=lambda m: statistics.median(pct[m])))
-        cells = " | ".join(spread(pct[m], "{:+.1f}") + " %" for m in CHECKPOINTS)
-        out.append(
-            f"| {s.name} | {s.shape} | {s.n} | {s.k} | {spread(s.clean.seconds)} | {cells} | "
-            f"{order} |"
-        )
-        graph, seed = SEED_TABLE4[s.name]
-        seed_order = " < ".join(sorted(seed, key=lambda m: seed[m]))
-        seed_cells = " | ".join(f"{seed[m]:+.1f} %" for m in CHECKPOINTS)
-        out.append(f"| seed 004 | {graph} | | | | {seed_cells} | {seed_order} |")
+        none = s.per_superstep_ms["none"]
+        for c in ("none", *STYLES):
+            mine = s.per_superstep_ms[c]
+            cells = [
+                f"{s.regime} ({s.state_mb:.1f} MB)",
+                c,
+                med(mine, "{:.1f}"),
+                med(s.checkpoint_ms[c], "{:.0f}"),
+                med(s.write_ms[c], "{:.0f}"),
+            ]
+            if c == "none":
+                out.append("| " + " | ".join(cells) + " | | | | |")
+                continue
+            cost = Interval.of([a / b for a, b in zip(mine, none, strict=True)])
+            vs_blocking = Interval.of(
+                [a / b for a, b in zip(mine, s.per_superstep_ms["blocking"], strict=True)]
+            )
+            pct = cost.shifted(-1.0, 100.0)
+            cells += [
+                pct.fmt(1, " %", signed=True),
+                time_difference(cost).value,
+            ]
+            if c == "blocking":
+                cells += ["", ""]
+            else:
+                cells += [
+                    vs_blocking.shifted(-1.0, 100.0).fmt(1, " %", signed=True),
+                    {"faster": "cheaper", "slower": "dearer"}.get(
+                        time_difference(vs_blocking).value, "unresolved"
+                    ),
+                ]
+            out.append("| " + " | ".join(cells) + " |")
+    out.append(
+        "\nSeed 004's Table 4 (overheads vs no fault tolerance): PageRank head +16.4 %, "
+        "tail +11.9 %, blocking +34.6 %; connected components head +9.6 %, tail +2.7 %, "
+        "blocking +18.8 %."
+    )
     return "\n".join(out)
 
 
-def recovery_table(s: Study) -> str:
-    out = [
-        f"{s.name}: one kill of task 1 as superstep {s.kill_at} of {s.n} starts "
-        f"(failure-free {spread(s.clean.seconds)} s)",
-        "",
-        "| recovery | total time (s) | resumed from | supersteps re-run | faster than a "
-        "restart | result vs failure-free |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for mode, c in s.recovery.items():
-        r = c.median_run
-        rec = r.recoveries[0] if r.recoveries else None
-        resumed = f"{rec.resumed_from} ({rec.kind})" if rec else "-"
-        gain = "-" if mode == "none" else spread(s.gain_pct(mode), "{:+.1f}") + " %"
-        reruns = sorted({run.rerun for run in c.runs})
-        out.append(
-            f"| {mode} | {spread(c.seconds)} | {resumed} | {'/'.join(map(str, reruns))} | "
-            f"{gain} | {s.checks[mode]} |"
-        )
-    seed = SEED_OPTIMISTIC_GAIN[s.name]
-    out.append(f"\nSeed 004: optimistic {seed} % faster than a restart.")
-    return "\n".join(out)
-
-
-def throughput(it: BulkIteration, edges: int, vertices: int, clean: Config, args: Any) -> str:
+# -- 3. networkx -----------------------------------------------------------------------
+def networkx_rate(n: int, edges: list[tuple[int, int]], clean: IterationRun, args: Any) -> str:
     import networkx as nx
 
     g = nx.DiGraph()
-    g.add_nodes_from(range(vertices))
-    g.add_edges_from((u, v) for u, outs in it.side.items() for v in outs)
-    nx_runs = []
-    for _ in range(args.repeat):
+    g.add_nodes_from(range(n))
+    g.add_edges_from(edges)
+    iterations = max(10, clean.supersteps)
+    rates = []
+    for _ in range(3):
         started = time.perf_counter()
-        nx.pagerank(g, alpha=0.85, tol=args.tol, max_iter=1000)
-        nx_runs.append(time.perf_counter() - started)
-    run = clean.median_run
-    per_step = [s for r in clean.runs for _, s in r.superstep_seconds]
-    nx_rate = [edges * run.supersteps / s for s in nx_runs]
+        # tol 0 never converges: exactly ``iterations`` power iterations, then it raises
+        with contextlib.suppress(nx.PowerIterationFailedConvergence):
+            nx.pagerank(g, alpha=0.85, tol=0.0, max_iter=iterations)
+        rates.append(iterations / (time.perf_counter() - started))
+    ours = clean.supersteps / clean.progress.iterating_seconds
     return (
-        f"PageRank throughput ({edges:,} edges, {vertices:,} vertices, p = {args.parallelism}, "
-        f"{args.launcher}): {spread([s * 1000 for s in per_step], '{:.1f}')} ms per superstep "
-        f"= {spread([edges / s for s in per_step], '{:,.0f}')} edges/s per superstep; "
-        f"networkx.pagerank on the same graph: {spread(nx_runs, '{:.3f}')} s for the whole run "
-        f"({run.supersteps} supersteps here) = {spread(nx_rate, '{:,.0f}')} edges/s"
+        f"PageRank on the same graph ({n:,} vertices, {len(edges):,} edges) in this run: "
+        f"absflow (p = {args.table_p}, {args.launcher}) {ours:.1f} supersteps/s "
+        f"({clean.supersteps} supersteps, checkpoints off); networkx.pagerank "
+        f"{med(rates, '{:.1f}')} iterations/s (one process, median [min-max] of 3)."
     )
 
 
@@ -218,83 +375,95 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--vertices", type=int, default=4_000)
-    ap.add_argument("--edges", type=int, default=20_000)
-    ap.add_argument("--cc-vertices", type=int, default=8_000)
-    ap.add_argument("--cc-edges", type=int, default=16_000, help="about; plus the trees")
-    ap.add_argument("--components", type=int, default=None, help="default: cc-vertices / 20")
-    ap.add_argument("--parallelism", type=int, default=3)
+    ap.add_argument("--launcher", choices=("local", "spark"), default="local")
+    ap.add_argument("--vertices", type=int, default=1000)
+    ap.add_argument("--edges", type=int, default=5000)
+    ap.add_argument("--cc-vertices", type=int, default=2000)
+    ap.add_argument("--cc-edges", type=int, default=4000, help="about; plus the trees")
     ap.add_argument("--tol", type=float, default=1e-8)
-    ap.add_argument("--repeat", type=int, default=1, help="runs per configuration")
-    ap.add_argument("--launcher", choices=("threads", "spark"), default="threads")
-    ap.add_argument("--only", choices=("pagerank", "cc"), default=None, help="one study only")
-    ap.add_argument("--plot", default=None, help="also draw the four panels to this PNG")
+    ap.add_argument("--recovery-p", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--recovery-rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=6, help="Table 4's interleaved rounds")
+    ap.add_argument("--table-p", type=int, default=2)
+    ap.add_argument("--table-supersteps", type=int, default=8)
+    ap.add_argument("--ballast", type=int, default=2000, help="bytes per vertex; 0: none")
+    ap.add_argument("--only", choices=("recovery", "table4", "networkx"), default=None)
     args = ap.parse_args(argv)
     started = time.perf_counter()
     n = args.vertices
     edges = power_law_digraph(n, args.edges, seed=1)
-    pr = BulkIteration(
-        "pagerank",
-        {v: 1.0 / n for v in range(n)},
-        PageRankStep(n),
-        side=adjacency(n, edges),
-        parallelism=args.parallelism,
-        max_supersteps=1000,
-        converged=l1_below(n * args.tol),
-    )
     cn = args.cc_vertices
-    n_components = args.components or max(1, cn // 20)
-    tree = cn - n_components  # edges of the spanning trees; extra_edges is per tree edge
+    n_components = max(1, cn // 20)
+    tree = cn - n_components
     extra = max(0.0, (args.cc_edges - tree) / max(1, tree))
     cc_edges = components_graph(cn, n_components, extra_edges=extra, seed=2)
-    cc = DeltaIteration(
-        "connected_components",
-        {v: v for v in range(cn)},
-        ConnectedComponentsStep(),
-        side=adjacency(cn, cc_edges, undirected=True),
-        parallelism=args.parallelism,
-    )
-    studies: list[Study] = []
-    if args.only in (None, "pagerank"):
-        shape = f"power law, {n:,} v / {len(edges):,} e"
-        studies.append(
-            run_study("PageRank", shape, pr, pagerank_compensation, pagerank_check, args)
+    parts: list[str] = []
+    if args.only in (None, "recovery"):
+        rows, shape = recovery_study(
+            "PageRank",
+            lambda p: pagerank(n, edges, p, args.tol),
+            pagerank_check,
+            args.recovery_p,
+            args,
         )
-    if args.only in (None, "cc"):
-        shape = f"{n_components:,} components, {cn:,} v / {len(cc_edges):,} e"
-        study = run_study("Connected components", shape, cc, cc_compensation, cc_check, args)
+        parts.append(recovery_table(rows, shape, f"PageRank ({n:,} v / {len(edges):,} e)"))
+        rows, shape = recovery_study(
+            "Connected components",
+            lambda p: components(cn, cc_edges, p),
+            cc_check,
+            args.recovery_p,
+            args,
+        )
         ref = union_find_labels(cn, cc_edges)
-        assert cc_check([study.clean.median_run.solution], ref) == "exact", "CC is wrong"
-        studies.append(study)
-    parts = [
-        "Superstep checkpoint overhead vs no fault tolerance (seed 004 Table 4), "
-        "median [min-max] over the rounds:",
-        table4(studies),
-        *(recovery_table(s) for s in studies),
-    ]
-    if studies and studies[0].name == "PageRank":
-        parts.append(throughput(pr, len(edges), n, studies[0].clean, args))
-    header = (
-        f"Measured by `python benchmarks/iterations.py {' '.join(argv or sys.argv[1:])}` "
-        f"({args.launcher}, {args.repeat} round(s), {time.perf_counter() - started:.0f} s "
-        f"in all)."
+        assert cc_check(components_result(cn, cc_edges, args), ref) == "exact", "CC is wrong"
+        parts.append(
+            recovery_table(
+                rows, shape, f"Connected components (delta, {cn:,} v / {len(cc_edges):,} e)"
+            )
+        )
+    if args.only in (None, "table4"):
+        fixed = {"max_supersteps": args.table_supersteps}
+        studies = [
+            cost_study("PageRank", pagerank(n, edges, args.table_p, 0.0, **fixed), args),
+        ]
+        if args.ballast:
+            big = pagerank(n, edges, args.table_p, 0.0, ballast=args.ballast, **fixed)
+            studies.append(cost_study(f"PageRank +{args.ballast} B/vertex", big, args))
+        studies.append(cost_study("CC (delta)", components(cn, cc_edges, args.table_p), args))
+        parts.append(cost_table(studies, args))
+    if args.only in (None, "networkx"):
+        clean = run(pagerank(n, edges, args.table_p, args.tol), "none", 1, None, args)
+        assert isinstance(clean, IterationRun)
+        parts.append(networkx_rate(n, edges, clean, args))
+    command = " ".join(
+        ["python benchmarks/iterations.py", *(argv if argv is not None else sys.argv[1:])]
     )
-    text = "\n\n".join([header, *parts]) + "\n"
-    print(text)
-    # The tables as this run formatted them (median [min-max] over the rounds):
-    # ``python benchmarks/render.py`` puts them in docs/benchmarks.md.
+    header = (
+        f"Measured by `{command}` ({args.launcher} launcher, {time.perf_counter() - started:.0f} s "
+        "in all)."
+    )
+    print("\n\n".join([header, *parts]) + "\n")
+    print("full size:\n  " + FULL_SIZE)
     write_result(
         "iterations",
         {"launcher": args.launcher, "tables": parts, "seconds": time.perf_counter() - started},
-        rounds=args.repeat,
+        rounds=args.rounds,
         argv=sys.argv if argv is None else [sys.argv[0], *argv],
     )
-    if args.plot:
-        if plot(args.plot, studies):
-            print(f"plot: {args.plot}")
-        else:
-            print("no plot: matplotlib is not installed (pip install .[bench])")
     return 0
+
+
+FULL_SIZE = (
+    "python benchmarks/iterations.py --launcher spark --vertices 200000 --edges 1000000 "
+    "--cc-vertices 200000 --cc-edges 1000000 --recovery-p 2 4 --recovery-rounds 3 "
+    "--rounds 8 --table-supersteps 20 --ballast 4000"
+)
+
+
+def components_result(n: int, edges: list[tuple[int, int]], args: Any) -> dict[int, int]:
+    got = run(components(n, edges, args.table_p), "none", 1, None, args)
+    assert isinstance(got, IterationRun)
+    return got.solution
 
 
 if __name__ == "__main__":

@@ -234,11 +234,9 @@ def inflight(doc: Result) -> str:
 def iterations(doc: Result) -> str:
     f = doc["figures"]
     return (
-        f"{f['launcher']} launcher; the tables as the benchmark formatted them, each figure "
-        f"the median [min-max] over {doc['rounds']} rounds. The *order* column ranks "
-        "medians only: it is no claim that one variant is cheaper than another unless their "
-        "[min-max] spreads do not overlap (with fewer than 6 rounds there is no confidence "
-        "interval of a median to quote).\n\n" + "\n\n".join(f["tables"]) + "\n"
+        f"{f['launcher']} launcher; the tables as the benchmark formatted them (the recovery "
+        "tables: median [min-max] over their rounds; Table 4: medians with the interval "
+        "and the verdict `benchmarks/verdicts.py` allows).\n\n" + "\n\n".join(f["tables"]) + "\n"
     )
 
 
@@ -530,13 +528,18 @@ SECTIONS = (
     Section(
         "iterations",
         "Bulk and delta iterations",
-        "Seed 004's comparison: the superstep-checkpoint overhead of PageRank (a bulk "
-        "iteration) and connected components (a delta iteration) against no fault "
-        "tolerance, the run time with one task killed at half the supersteps under "
-        "optimistic and pessimistic recovery, and PageRank's throughput beside "
-        "networkx.pagerank on the same graph.\n\n![iterations](iterations-bench.png)",
-        "python benchmarks/iterations.py --vertices 20000 --edges 100000 --cc-vertices 50000 "
-        "--cc-edges 100000 --repeat 3 --plot docs/iterations-bench.png",
+        "Seed 004's figures on the streaming runtime (`run_on_streaming`): after one task of p "
+        "is killed at an early, a middle or a late superstep, the extra supersteps (started "
+        "in all attempts minus the clean run's) and the seconds lost per recovery (tail / "
+        "head / blocking superstep checkpoints, a restart, optimistic where it runs); Table "
+        "4: each checkpoint style's cost per superstep against none, in interleaved rounds "
+        "(PageRank, PageRank with a state large enough for a write to compare with a "
+        "superstep, connected components); PageRank supersteps/s beside networkx on the "
+        "same graph. The run here is at reduced size; the full size is "
+        "`python benchmarks/iterations.py --launcher spark --vertices 200000 --edges 1000000 "
+        "--cc-vertices 200000 --cc-edges 1000000 --recovery-p 2 4 --recovery-rounds 3 "
+        "--rounds 8 --table-supersteps 20 --ballast 4000`.",
+        "python benchmarks/iterations.py",
         iterations,
     ),
     Section(

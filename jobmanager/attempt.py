@@ -35,7 +35,7 @@ from jobmanager.stop import begin_stop
 from jobmanager.supersteps import SuperstepDriver, superstep_step
 from jobmanager.termination import LoopTermination
 from runtime import control as P
-from runtime.config import JobConfig
+from runtime.config import JobConfig, SuperstepCheckpointStyle
 from runtime.control import CheckpointFailureReason
 from runtime.plan import JobPlan
 from statebackend.storage import CheckpointStorage
@@ -128,6 +128,7 @@ class Attempt:
                 clock=run.clock,
                 starting=self._superstep_starting,
                 compensator=compensator,
+                style=SuperstepCheckpointStyle(config.superstep_checkpoint_style),
             )
             if step is not None and progress is not None
             else None

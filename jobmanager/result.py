@@ -82,6 +82,9 @@ class IterationProgress:
     planned: SuperstepRecovery | None = None
     """How the job manager chose to recover (kind, note, lost), for the next attempt to
     record with the superstep it failed during and the one it resumes from."""
+    iterating_seconds: float = 0.0
+    """Seconds from the first superstep's start to the decision to end, over the attempts
+    that ended the iteration (superstep checkpoints' waits included, loading not)."""
 
     @property
     def rerun(self) -> int:

@@ -17,15 +17,30 @@ One attempt of an iteration, as phases of one explicit state::
                 side input, the compensation function rebuilds the lost keys, every head
                 takes its share; then a checkpoint of the compensated state at the
                 restored superstep (CHECKPOINT), so a later failure restores it
-    CHECKPOINT  checkpoint n, triggered at the boundary after k (the channels are empty,
-                so the heads' keyed state is the whole snapshot; its metadata records
-                k); once it completed or failed -> SUPERSTEP k + 1
+    CHECKPOINT  the boundary after k waits for a superstep checkpoint (the channels are
+                empty, so the heads' keyed state is the whole snapshot; its metadata
+                records the superstep whose state it holds); once it completed or
+                failed -> SUPERSTEP k + 1
     EMITTING    EmitSolution(k) went to every head; once each answered SolutionEmitted
                 (its result records are on the result edge) -> ENDED
     ENDED       the attempt's final checkpoint commits the result and the job ends
     STOPPED     a stop with savepoint was requested: the savepoint is taken while loading
                 or at the next boundary (never inside a superstep, whose inbox is no
                 state) and records the superstep; no superstep starts after it
+
+The checkpoint styles (``superstep_checkpoint_style``, seed 004 formulas 10-12; the
+heads' side is in ``runtime.superstep``), for a checkpoint n due after superstep k:
+
+    blocking  all Done(k) -> trigger n -> CHECKPOINT until n completed -> Go(k + 1)
+    tail      Go(k, snapshot_after=n); the first Done(k) -> trigger n (each head snapshots
+              as its own update of k ends); all Done(k) -> CHECKPOINT until n completed
+    head      all Done(k) -> trigger n and Go(k + 1, snapshot_before=n) at once: the write
+              overlaps superstep k + 1; the next boundary that is due (or would start a
+              second one) waits in CHECKPOINT for n first
+
+At most one superstep checkpoint is outstanding: a head checkpoint's capture serialized
+the state (the update of k + 1 may change the live state meanwhile), but a second one
+would only be subsumed, and the wait is the cost formula 12 counts.
 
 A restored attempt starts at the superstep after the one its checkpoint was taken at.
 Driver side, job-manager thread only.
@@ -44,6 +59,7 @@ from jobmanager.optimistic import Compensator
 from jobmanager.result import IterationProgress, RecoveryKind, SuperstepRecovery
 from jobmanager.termination import Wave
 from runtime import control as P
+from runtime.config import SuperstepCheckpointStyle
 from runtime.errors import IterationError
 from runtime.graph import Step, StepKind
 from runtime.plan import JobPlan
@@ -61,6 +77,8 @@ class _Completed(Protocol):
 class Checkpoints(Protocol):
     """What the driver needs of the ``CheckpointCoordinator``."""
 
+    @property
+    def next_id(self) -> int: ...
     @property
     def pending(self) -> Mapping[int, Any]: ...
     @property
@@ -99,6 +117,7 @@ class SuperstepDriver:
         clock: Callable[[], float] = time.perf_counter,
         starting: Callable[[int], None] = lambda _k: None,
         compensator: Compensator | None = None,
+        style: SuperstepCheckpointStyle = SuperstepCheckpointStyle.BLOCKING,
     ) -> None:
         """``starting(k)``: called as superstep k starts, before any head hears of it
         (fault injection: ``Kill(after_superstep=k)``); ``compensator``: this attempt
@@ -121,8 +140,12 @@ class SuperstepDriver:
         self.restored = restored
         self.done: dict[int, P.SuperstepDone] = {}
         self.emitted: set[int] = set()
-        self.checkpoint_id: int | None = None
+        self.style = style
+        self.outstanding: tuple[int, int] | None = None
+        """The superstep checkpoint not completed yet: (superstep, checkpoint id)."""
+        self.tail_due: int | None = None  # tail: the checkpoint announced for this superstep
         self.started_at = 0.0
+        self.first_started_at: float | None = None  # this attempt's first superstep
         if progress.failed_during is not None:  # this attempt recovers a failed one
             self._record_recovery(progress, restored)
 
@@ -149,6 +172,10 @@ class SuperstepDriver:
         """A head finished a superstep; returns why the run must fail, if it must."""
         if self.phase is not IterationPhase.SUPERSTEP or msg.superstep != self.current:
             return None
+        if self.tail_due is not None:  # every head read the Go that announced it
+            n, self.tail_due = self.tail_due, None
+            if self._trigger(self.current) != n:
+                raise AssertionError(f"{self.where}: checkpoint {n} announced, another triggered")
         self.done[msg.task_index] = msg
         if len(self.done) < len(self.heads):
             return None
@@ -161,22 +188,26 @@ class SuperstepDriver:
                 self.phase = IterationPhase.ENDED
 
     def on_tick(self) -> None:
-        """Checks the boundary checkpoint: completed or failed, the next superstep starts."""
-        if self.phase is not IterationPhase.CHECKPOINT or self.checkpoint_id is None:
+        """Checks the outstanding superstep checkpoint: completed or failed, a boundary
+        waiting for it (CHECKPOINT) goes on."""
+        if self.outstanding is None:
             return
-        n = self.checkpoint_id
+        k, n = self.outstanding
         if n in self.coordinator.pending:
             return
         if any(c.checkpoint_id == n for c in self.coordinator.completed):
-            self.progress.checkpoints.append((self.current, n))
+            self.progress.checkpoints.append((k, n))
+        elif self.phase in (IterationPhase.EMITTING, IterationPhase.ENDED):
+            log.info(
+                "%s: the checkpoint at superstep %d is subsumed by the final one", self.where, k
+            )
         else:
             log.warning(
-                "%s: the checkpoint at superstep %d failed; the iteration goes on",
-                self.where,
-                self.current,
+                "%s: the checkpoint at superstep %d failed; the iteration goes on", self.where, k
             )
-        self.checkpoint_id = None
-        self._next()
+        self.outstanding = None
+        if self.phase is IterationPhase.CHECKPOINT:
+            self._after_boundary()
 
     def request_stop(self, savepoint: Callable[[int], None]) -> None:
         """A stop with savepoint: ``savepoint(k)`` takes it (the final checkpoint, recording
@@ -210,14 +241,29 @@ class SuperstepDriver:
         return self.current > self.restored
 
     # -- decisions -------------------------------------------------------------------------
-    def _go(self, k: int) -> None:
+    def _due(self, k: int) -> bool:
+        every = self.checkpoint_every
+        return every is not None and k % every == 0 and self._stop is None
+
+    def _trigger(self, k: int) -> int:
+        n = self.coordinator.trigger(final=False, superstep=k)
+        self.outstanding = (k, n)
+        return n
+
+    def _go(self, k: int, snapshot_before: int | None = None) -> None:
         self.phase = IterationPhase.SUPERSTEP
         self.current, self.done = k, {}
         self.started_at = self.clock()
+        if self.first_started_at is None:
+            self.first_started_at = self.started_at
         self.progress.supersteps_started += 1
         self.starting(k)
+        after = None
+        last = self.max_supersteps is not None and k >= self.max_supersteps
+        if self.style is SuperstepCheckpointStyle.TAIL and self._due(k) and not last:
+            after = self.tail_due = self.coordinator.next_id  # triggered at the first Done(k)
         for index in self.heads:
-            self.send(index, P.SuperstepGo(k))
+            self.send(index, P.SuperstepGo(k, snapshot_before, after))
 
     def _decide(self) -> str | None:
         k, dones = self.current, list(self.done.values())
@@ -246,16 +292,30 @@ class SuperstepDriver:
                 k,
             )
             self.phase = IterationPhase.EMITTING
+            if self.first_started_at is not None:
+                progress.iterating_seconds += self.clock() - self.first_started_at
             for index in self.heads:
                 self.send(index, P.EmitSolution(k))
             return None
-        every = self.checkpoint_every
-        if every is not None and k % every == 0 and self._stop is None:
-            self.phase = IterationPhase.CHECKPOINT
-            self.checkpoint_id = self.coordinator.trigger(final=False, superstep=k)
-            return None
-        self._next()
+        if self.style is SuperstepCheckpointStyle.BLOCKING and self._due(k):
+            self._trigger(k)
+        self._after_boundary()
         return None
+
+    def _after_boundary(self) -> None:
+        """At the boundary after ``current``: wait for an outstanding checkpoint when this
+        style waits here, else go on."""
+        k = self.current
+        if self.outstanding is not None and (
+            self.style is not SuperstepCheckpointStyle.HEAD or self._due(k)
+        ):
+            self.phase = IterationPhase.CHECKPOINT
+            return
+        if self.style is SuperstepCheckpointStyle.HEAD and self._due(k):
+            n = self._trigger(k)  # the write overlaps the next superstep
+            self._go(k + 1, snapshot_before=n)
+            return
+        self._next()
 
     def _next(self) -> None:
         """At the boundary after ``current``: the next superstep, or the stop's savepoint."""

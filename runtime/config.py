@@ -16,6 +16,14 @@ LAUNCHERS = ("spark", "local")
 STATE_BACKENDS = ("memory", "rocksdb")
 
 
+class SuperstepCheckpointStyle(enum.Enum):
+    """When an iteration's superstep checkpoint is written (seed 004, formulas 10-12)."""
+
+    BLOCKING = "blocking"  # at the boundary; the next superstep waits for its completion
+    TAIL = "tail"  # each head snapshots as its own update ends, before the boundary agreement
+    HEAD = "head"  # at the boundary; written while the next superstep's messages flow
+
+
 class SnapshotMode(enum.Enum):
     EXACTLY_ONCE = "exactly_once"  # aligned ABS: block channels until all barriers arrived
     AT_LEAST_ONCE = "at_least_once"  # barriers counted, nothing blocked (replay may duplicate)
@@ -93,6 +101,15 @@ class JobConfig:
             "help": "Iterations: recover a failed task optimistically (rescue the "
             "survivors' state, compensate the lost keys; runtime.config.OptimisticRecovery); "
             "None: restart from the newest checkpoint or the start."
+        },
+    )
+    superstep_checkpoint_style: SuperstepCheckpointStyle | str = field(
+        default=SuperstepCheckpointStyle.BLOCKING,
+        metadata={
+            "help": "Iterations: 'blocking' (the next superstep starts once the checkpoint "
+            "completed), 'tail' (each loop head snapshots as its own update ends, before the "
+            "boundary agreement; the next superstep waits for completion) or 'head' (the next "
+            "superstep starts once every head took its snapshot; the write overlaps it)."
         },
     )
     checkpoint_dir: str | None = field(
@@ -395,6 +412,7 @@ class JobConfig:
                 f"gc_threshold must be a whole number of allocations >= 1 (Python's default "
                 f"is 700), or None to leave Python's collector alone; got {self.gc_threshold!r}."
             )
+        _parse_superstep_style(self)
         if isinstance(self.snapshot_mode, str):
             try:
                 object.__setattr__(self, "snapshot_mode", SnapshotMode(self.snapshot_mode))
@@ -473,6 +491,20 @@ class JobConfig:
         if unknown:
             raise GraphError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(names)}.")
         return dataclasses.replace(self, **changes)
+
+
+def _parse_superstep_style(config: JobConfig) -> None:
+    """``superstep_checkpoint_style`` given by its name becomes the enum member."""
+    style = config.superstep_checkpoint_style
+    if isinstance(style, SuperstepCheckpointStyle):
+        return
+    try:
+        object.__setattr__(config, "superstep_checkpoint_style", SuperstepCheckpointStyle(style))
+    except ValueError:
+        styles = ", ".join(repr(m.value) for m in SuperstepCheckpointStyle)
+        raise GraphError(
+            f"superstep_checkpoint_style {style!r} is unknown; use one of {styles}."
+        ) from None
 
 
 def _check_switches(config: JobConfig) -> None:

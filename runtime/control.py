@@ -341,10 +341,19 @@ class KillSelf(Message):
 class SuperstepGo(Message):
     """Iteration loop heads only: start superstep ``superstep`` (send its messages on the
     feedback edge, then its marker on every feedback channel). Sent once every head
-    reported ``SuperstepDone`` of the one before (and its checkpoint, if any, completed)."""
+    reported ``SuperstepDone`` of the one before (and, blocking or tail, its checkpoint
+    completed).
+
+    ``snapshot_before``: a head checkpoint of the state after ``superstep - 1`` is on its
+    way: the head starts this superstep only once it took that snapshot (its barrier then
+    precedes this superstep's messages on every feedback channel). ``snapshot_after``: a
+    tail checkpoint of the state after ``superstep``: the head holds its barrier until its
+    own update of this superstep is done."""
 
     CODE: ClassVar[int] = 28
     superstep: int
+    snapshot_before: int | None = None
+    snapshot_after: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,21 @@ the feedback edge. A batch comes from one channel, so it is one or the other.
    boundary, or ``EmitSolution``: the keys' values go out on the result edge).
 
 At a superstep boundary every channel is empty and the inbox too, so a checkpoint
-triggered there holds exactly the keyed state. Threading: task-loop thread only.
+triggered there holds exactly the keyed state. The keyed state changes only in a head's
+update, so a head's snapshot holds the state after superstep k whenever it is taken
+between its update of k and that of k + 1, and its back-edge log is empty whenever its
+barrier goes out before its messages of k + 1. The three checkpoint styles keep to that:
+
+* blocking: the job manager triggers at the boundary, after every head's update of k,
+  and sends ``SuperstepGo(k + 1)`` once the checkpoint completed;
+* head: it triggers at the boundary and sends ``SuperstepGo(k + 1, snapshot_before=n)``
+  at once: the head starts k + 1 only once it took snapshot n, the write overlaps k + 1;
+* tail: ``SuperstepGo(k, snapshot_after=n)`` announces it, the job manager triggers n
+  when the first head reported k done (so every head read the announcement: its markers
+  of k are out), and each head holds barrier n until its own update of k ended, then
+  snapshots and starts writing while the slower heads still update.
+
+Threading: task-loop thread only.
 """
 
 from __future__ import annotations
@@ -35,7 +49,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from channels.messages import SuperstepMarker, decode_records, encode_data
+from channels.messages import Barrier, SuperstepMarker, decode_records, encode_data
 from runtime import control as P
 from runtime.barriers.superstep import SuperstepAligner
 from runtime.errors import IterationError, OperatorFailure
@@ -258,7 +272,11 @@ class SuperstepHead:
         result_edge: int,
         feedback_channels: list[int],
         send: Callable[[P.Message], None],
+        deliver: Callable[[int, Barrier], None] = lambda _c, _b: None,
+        snapshots_taken: Callable[[], int] = lambda: 0,
     ) -> None:
+        """``deliver(channel, barrier)``: hand a barrier on to the task's barrier handler;
+        ``snapshots_taken()``: the newest checkpoint id the handler triggered or aborted."""
         self.operator, self.outputs = operator, outputs
         self.task_index, self.attempt = task_index, attempt
         self.feedback_edge, self.result_edge = feedback_edge, result_edge
@@ -269,6 +287,62 @@ class SuperstepHead:
         self._started_at = 0.0
         self.after = -1
         """The newest superstep this head updated its keys for in this attempt (-1: none)."""
+        self._deliver, self._snapshots_taken = deliver, snapshots_taken
+        self.updated: int | None = None
+        """The newest superstep whose update ended here (in this attempt)."""
+        self._tail: tuple[int, int] | None = None  # (checkpoint, superstep) announced
+        self.held: list[tuple[int, Barrier]] = []
+        """Barriers of the tail checkpoint, held until this head's update ends."""
+        self.deferred: P.SuperstepGo | None = None
+        """A Go that waits for this head's snapshot (head checkpoints)."""
+
+    def on_go(self, msg: P.SuperstepGo) -> None:
+        """The job manager's ``SuperstepGo``: start now, or once snapshot
+        ``msg.snapshot_before`` was taken here."""
+        if msg.snapshot_after is not None:
+            self._tail = (msg.snapshot_after, msg.superstep)
+        before = msg.snapshot_before
+        if before is not None and self._snapshots_taken() < before:
+            self.deferred = msg
+            return
+        self.go(msg.superstep)
+
+    def on_barrier(self, channel: int, barrier: Barrier) -> None:
+        """A barrier from the input side: held while it is the tail checkpoint's and this
+        head's update of its superstep has not ended; else handed on."""
+        tail = self._tail
+        if (
+            tail is not None
+            and barrier.checkpoint_id == tail[0]
+            and (self.updated is None or self.updated < tail[1])
+        ):
+            self.held.append((channel, barrier))
+            return
+        self._deliver(channel, barrier)
+        self._resume()
+
+    def aborted(self, checkpoint_id: int) -> None:
+        """The job manager aborted ``checkpoint_id``: no barrier of it is held, no Go waits
+        for it."""
+        if self._tail is not None and self._tail[0] == checkpoint_id:
+            self._tail = None
+            self.held = [(c, b) for c, b in self.held if b.checkpoint_id != checkpoint_id]
+        go = self.deferred
+        if go is not None and go.snapshot_before == checkpoint_id:
+            self.deferred = None
+            self.go(go.superstep)
+
+    def _resume(self) -> None:
+        go = self.deferred
+        if go is not None and self._snapshots_taken() >= (go.snapshot_before or 0):
+            self.deferred = None
+            self.go(go.superstep)
+
+    def _release(self) -> None:
+        held, self.held = self.held, []
+        for channel, barrier in held:
+            self._deliver(channel, barrier)
+        self._resume()
 
     def go(self, superstep: int) -> None:
         """Send superstep ``superstep``'s messages, then its marker on every feedback channel."""
@@ -295,6 +369,9 @@ class SuperstepHead:
         except Exception as err:
             raise OperatorFailure(self.operator.name, err) from err
         self.after = superstep
+        self.updated = superstep
+        if self.held:  # tail: snapshot now, before the boundary agreement
+            self._release()
         self.send(
             P.SuperstepDone(
                 self.task_index,

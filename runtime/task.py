@@ -230,6 +230,8 @@ class Task:
             1 - feedback_edge,
             feedback_channels,
             self.control.send,
+            self._deliver_barrier,
+            lambda: self._handler.latest_checkpoint_id if self._handler is not None else 0,
         )
 
     # -- control plane -----------------------------------------------------------------
@@ -255,8 +257,10 @@ class Task:
                 self.chain.notify_aborted(msg.checkpoint_id)
                 if self._handler is not None:
                     self._handler.abort(msg.checkpoint_id, msg.reason)
+                if self.supersteps is not None:
+                    self.supersteps.aborted(msg.checkpoint_id)
             elif isinstance(msg, P.SuperstepGo):
-                self._superstep_head_of(msg).go(msg.superstep)
+                self._superstep_head_of(msg).on_go(msg)
             elif isinstance(msg, P.EmitSolution):
                 self._superstep_head_of(msg).emit_solution(msg.superstep)
             elif isinstance(msg, P.Rescue):
@@ -351,6 +355,12 @@ class Task:
         return self._handler
 
     def on_barrier(self, channel: int, barrier: Barrier) -> None:
+        if self.supersteps is not None:  # an iteration's head may hold it (tail checkpoints)
+            self.supersteps.on_barrier(channel, barrier)
+        else:
+            self._deliver_barrier(channel, barrier)
+
+    def _deliver_barrier(self, channel: int, barrier: Barrier) -> None:
         handler = self._event_handler(channel)
         self.faults.before_barrier(handler, barrier.checkpoint_id)
         handler.on_barrier(channel, barrier)

@@ -301,10 +301,11 @@ def run_on_streaming(
     """Run a ``BulkIteration`` / ``DeltaIteration`` (``runtime.iterations``) as a Dataflow
     on the streaming runtime. ``recovery``: ``Recovery("none")`` restarts from the start,
     ``"blocking"`` / ``"tail"`` / ``"head"`` from the superstep checkpoint taken every
-    ``interval`` supersteps (all three blocking here: the job manager starts the next
-    superstep once the checkpoint completed); ``"optimistic"`` rescues the survivors'
-    state and compensates the lost keys (``runtime.config.OptimisticRecovery``), with
-    superstep checkpoints to fall back on only when ``fallback`` names a variant.
+    ``interval`` supersteps in that style (``superstep_checkpoint_style``: blocking waits
+    for the write at the boundary, tail snapshots as each head's update ends, head writes
+    while the next superstep runs); ``"optimistic"`` rescues the survivors' state and
+    compensates the lost keys (``runtime.config.OptimisticRecovery``), with superstep
+    checkpoints to fall back on only when ``fallback`` names a variant.
     ``faults``: ``jobmanager.faults`` kills; ``launcher``: ``"local"`` (the harness) or
     ``"spark"`` (None: the default)."""
     from jobmanager.restart import FixedDelay
@@ -323,6 +324,7 @@ def run_on_streaming(
     settings: dict[str, Any] = {
         "restart_strategy": FixedDelay(rec.max_restarts, 0.05),
         "superstep_checkpoint_interval": rec.interval if checkpoints else None,
+        "superstep_checkpoint_style": rec.checkpoint_mode or "blocking",
         "optimistic_recovery": optimistic,
         "checkpoint_dir": rec.checkpoint_dir,
         "storage_options": dict(rec.storage_options or {}),

@@ -7,6 +7,15 @@ processed as usual, until barrier(n) comes back on each back-edge channel; that
 barrier is consumed, not forwarded. The log, the records in flight around the loop
 at the snapshot, completes the task's part of checkpoint n. Back-edges are never
 blocked.
+
+A barrier can come back *before* the task triggered its checkpoint when the loop body
+does not align: in a superstep iteration the heads feed each other directly, and a
+head that snapshotted first forwards its barrier to one that has not yet (its own
+barrier from the source still on the way, or held until its update ends: tail
+checkpoints, `runtime.superstep`). Such an early barrier is remembered, and its channel
+is not waited for when the checkpoint triggers here (nothing on it is in flight around
+the snapshot). A loop whose body aligns all heads' barriers (a streaming loop) never
+sends one.
 """
 
 from __future__ import annotations
@@ -56,6 +65,8 @@ class BackEdgeLogger:
         self.live = self.channels
         self._actions = actions
         self._state: LoggerState = NotLogging()
+        self._seen = 0  # the newest checkpoint started or stopped here
+        self._early: dict[int, frozenset[int]] = {}  # newer checkpoints' barriers, by channel
 
     @property
     def state(self) -> LoggerState:
@@ -75,11 +86,21 @@ class BackEdgeLogger:
         """Checkpoint ``checkpoint_id`` was just triggered (snapshot taken, barrier sent)."""
         if not self.channels:
             return
-        self._state = LoggingBackEdges(checkpoint_id, self.live)
+        early = self._forget_early(checkpoint_id)
+        self._state = LoggingBackEdges(checkpoint_id, self.live - early)
         self._complete_if_done()
+
+    def _forget_early(self, checkpoint_id: int) -> frozenset[int]:
+        """Checkpoint ``checkpoint_id`` starts or stops here: the channels its barrier came
+        back on early; those of older checkpoints are forgotten."""
+        self._seen = max(self._seen, checkpoint_id)
+        early = self._early.pop(checkpoint_id, frozenset())
+        self._early = {n: c for n, c in self._early.items() if n > checkpoint_id}
+        return early
 
     def stop(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was aborted: stop logging it (the task drops the log)."""
+        self._forget_early(checkpoint_id)
         if self.logging_checkpoint == checkpoint_id:
             self._state = NotLogging()
 
@@ -107,6 +128,14 @@ class BackEdgeLogger:
                 f"{barrier!r} came back on back-edge channel {channel} while checkpoint "
                 f"{state.checkpoint_id} is logged: this task never forwarded it"
             )
+        elif barrier.checkpoint_id > self._seen:  # not triggered here yet: see the module
+            early = self._early.get(barrier.checkpoint_id, frozenset())
+            if channel in early:
+                raise BarrierProtocolError(
+                    f"{barrier!r} came back twice on back-edge channel {channel}: FIFO "
+                    "channels deliver one barrier per checkpoint"
+                )
+            self._early[barrier.checkpoint_id] = early | {channel}
         # else: the barrier of an aborted or subsumed checkpoint, consumed here
 
     def on_end_of_input(self, channel: int) -> None:

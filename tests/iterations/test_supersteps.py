@@ -20,7 +20,7 @@ import pytest
 from jobmanager.failures import FailureCause
 from jobmanager.faults import Kill
 from jobmanager.stop import request_stop, running_jobs
-from runtime.api.iterations import IterationRun, run_on_streaming
+from runtime.api.iterations import IterationRun, RecoveryMode, run_on_streaming
 from runtime.iterations import BulkIteration, Recovery, Step, l1_below
 from runtime.iterations.graphs import adjacency, union_find_labels
 from statebackend import CheckpointStorage
@@ -119,6 +119,46 @@ def test_companion_a_restore_that_forgets_its_superstep_is_caught(tmp_path: Path
     assert len(broken.job.restarts) == 1
     assert broken.recoveries[0].resumed_from == 0  # ... on the state of superstep 4
     assert broken.solution != clean.solution
+
+
+@pytest.fixture(scope="module")
+def clean_partial() -> IterationRun:
+    return run_on_streaming(bulk_components(max_supersteps=PARTIAL))
+
+
+@pytest.mark.parametrize("style", ["blocking", "tail", "head"])
+def test_every_checkpoint_style_recovers_a_killed_task_exactly(
+    style: RecoveryMode, tmp_path: Path, clean_partial: IterationRun
+) -> None:
+    """Killed as superstep 5 starts, checkpoints every 2: blocking and tail completed the
+    one of superstep 4 before 5 started; head writes it while 5 runs, so the kill finds
+    it complete or not (then superstep 2's). Either way the labels are the clean run's."""
+    killed = run_on_streaming(
+        bulk_components(max_supersteps=PARTIAL),
+        Recovery(style, interval=2, checkpoint_dir=str(tmp_path)),
+        faults=[Kill("bulk_components[1]", after_superstep=5)],
+    )
+    assert killed.solution == clean_partial.solution  # record for record
+    (rec,) = killed.recoveries
+    assert rec.failed_during == 5
+    assert rec.resumed_from == 4 if style != "head" else rec.resumed_from in (2, 4)
+    assert killed.supersteps_started == PARTIAL + rec.rerun
+    assert killed.job.restarts[0].restored_checkpoint is not None
+
+
+@pytest.mark.parametrize("style", ["tail", "head"])
+def test_a_delta_iteration_recovers_exactly_with_overlapping_checkpoints(
+    style: RecoveryMode, tmp_path: Path
+) -> None:
+    killed = run_on_streaming(
+        components(),
+        Recovery(style, interval=1, checkpoint_dir=str(tmp_path)),
+        faults=[Kill("components[0]", after_superstep=4)],
+    )
+    assert killed.solution == CC_REF
+    (rec,) = killed.recoveries
+    assert rec.failed_during == 4 and rec.resumed_from in (2, 3)
+    assert rec.resumed_from == 3 or style == "head"
 
 
 def test_a_killed_task_without_checkpoints_starts_over_and_is_still_exact() -> None:

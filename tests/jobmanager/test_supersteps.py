@@ -10,6 +10,7 @@ from jobmanager.result import IterationProgress, SuperstepRecovery
 from jobmanager.supersteps import IterationPhase, SuperstepDriver, superstep_step
 from runtime import control as P
 from runtime.api.iterations import iteration_dataflow
+from runtime.config import SuperstepCheckpointStyle
 from runtime.iterations import l1_below
 from runtime.iterations.library import ConnectedComponentsStep, PageRankStep
 
@@ -75,6 +76,7 @@ def driver(
         restored,
         clock=lambda: 0.0,
         compensator=kw.get("compensator"),
+        style=kw.get("style", SuperstepCheckpointStyle.BLOCKING),
     )
     return d, sent, coordinator, progress
 
@@ -209,3 +211,66 @@ def test_a_stop_while_loading_is_taken_at_once_with_the_restored_superstep() -> 
     assert stops == [4]
     d.on_loaded()
     assert sent == []  # no superstep after the savepoint
+
+
+def test_tail_announces_the_checkpoint_and_triggers_it_when_the_first_head_is_done() -> None:
+    """Tail: Go(2) announces checkpoint 1 for the state after 2; it is triggered at the
+    first Done(2) (every head read the announcement: its markers of 2 are out), and the
+    next superstep waits for its completion."""
+    d, sent, coordinator, progress = driver(every=2, style=SuperstepCheckpointStyle.TAIL)
+    a, b = d.heads
+    d.on_loaded()
+    done(d, a, 1)
+    done(d, b, 1)
+    assert sent[-1] == (b, P.SuperstepGo(2, snapshot_after=1)) and coordinator.triggered == []
+    done(d, a, 2)
+    assert coordinator.triggered == [2]  # before the boundary agreement
+    sent.clear()
+    done(d, b, 2)
+    assert d.phase is IterationPhase.CHECKPOINT and sent == []
+    coordinator.complete(1)
+    d.on_tick()
+    assert sent == [(a, P.SuperstepGo(3)), (b, P.SuperstepGo(3))]
+    assert progress.checkpoints == [(2, 1)]
+
+
+def test_tail_goes_on_at_once_when_the_checkpoint_completed_before_the_boundary() -> None:
+    d, sent, coordinator, progress = driver(every=1, style=SuperstepCheckpointStyle.TAIL)
+    a, b = d.heads
+    d.on_loaded()
+    done(d, a, 1)
+    coordinator.complete(1)
+    d.on_tick()
+    done(d, b, 1)
+    assert sent[-1] == (b, P.SuperstepGo(2, snapshot_after=2)) and progress.checkpoints == [(1, 1)]
+
+
+def test_head_starts_the_next_superstep_with_the_checkpoint_still_pending() -> None:
+    """Head: the checkpoint of the state after 2 is triggered at the boundary and Go(3)
+    goes out at once (the heads start it once they took the snapshot); the next due
+    boundary waits for it; one not due does not."""
+    d, sent, coordinator, progress = driver(every=2, style=SuperstepCheckpointStyle.HEAD)
+    a, b = d.heads
+    d.on_loaded()
+    for k in (1, 2):
+        done(d, a, k)
+        done(d, b, k)
+    assert coordinator.triggered == [2] and 1 in coordinator.pending
+    assert sent[-2:] == [
+        (a, P.SuperstepGo(3, snapshot_before=1)),
+        (b, P.SuperstepGo(3, snapshot_before=1)),
+    ]
+    done(d, a, 3)
+    done(d, b, 3)  # not due: goes on although checkpoint 1 is pending
+    assert sent[-1] == (b, P.SuperstepGo(4))
+    sent.clear()
+    done(d, a, 4)
+    done(d, b, 4)  # due: waits for checkpoint 1 before it triggers the next one
+    assert d.phase is IterationPhase.CHECKPOINT and sent == [] and coordinator.triggered == [2]
+    coordinator.complete(1)
+    d.on_tick()
+    assert coordinator.triggered == [2, 4] and progress.checkpoints == [(2, 1)]
+    assert sent == [
+        (a, P.SuperstepGo(5, snapshot_before=2)),
+        (b, P.SuperstepGo(5, snapshot_before=2)),
+    ]

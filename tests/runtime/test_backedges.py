@@ -102,6 +102,38 @@ def test_aligns_on_regular_inputs_then_logs_back_edges_until_the_barrier_returns
     assert handler.back_edges_live == frozenset(BACK) and handler.latest_checkpoint_id == 1
 
 
+def test_a_barrier_back_before_the_trigger_here_is_not_waited_for() -> None:
+    """A loop whose body does not align (superstep heads feeding each other): a peer that
+    snapshotted first sends its barrier back before this task triggered; the log then
+    waits for the other back-edge only (waiting for 9 too would never end)."""
+    run(
+        aligner,
+        [
+            (9, barrier(1), set(), set(), []),
+            (0, barrier(1), {0}, set(), [Block(0)]),
+            (1, barrier(1), set(), {8}, [Trigger(1, at=1.0), UnblockAll()]),
+            (8, barrier(1), set(), set(), [BackEdgesLogged(1)]),
+            # Early barriers of checkpoint 2 on both: its log is complete at its trigger.
+            (8, barrier(2), set(), set(), []),
+            (9, barrier(2), set(), set(), []),
+            (0, barrier(2), {0}, set(), [Block(0)]),
+            (1, barrier(2), set(), set(), [Trigger(2, at=6.0), BackEdgesLogged(2), UnblockAll()]),
+        ],
+    )
+
+
+def test_an_early_barrier_of_an_aborted_checkpoint_is_forgotten() -> None:
+    run(
+        aligner,
+        [
+            (9, barrier(1), set(), set(), []),
+            (None, abort(1, EXPIRED), set(), set(), [Abort(1, EXPIRED)]),
+            (0, barrier(2), {0}, set(), [Block(0)]),
+            (1, barrier(2), set(), {8, 9}, [Trigger(2, at=2.0), UnblockAll()]),
+        ],
+    )
+
+
 def test_back_edges_are_never_blocked_and_do_not_take_part_in_alignment() -> None:
     run(
         aligner,

@@ -87,6 +87,8 @@ MESSAGES: list[P.Message] = [
     P.SuperstepDone(0, 0, 1, 0.0, 0, 0, 0, 0.0),
     P.SolutionEmitted(2, 1, 7, 40),
     P.SuperstepGo(8),
+    P.SuperstepGo(9, snapshot_before=4),
+    P.SuperstepGo(10, snapshot_after=5),
     P.EmitSolution(7),
     P.Rescued(2, 0, 9, 4, HANDLE),
     P.Rescued(1, 0, 9, -1, None),

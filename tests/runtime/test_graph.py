@@ -227,6 +227,10 @@ def test_unknown_setting_in_replace() -> None:
 def test_bad_config_values() -> None:
     with pytest.raises(GraphError, match="snapshot_mode 'sometimes'"):
         Dataflow("cfg", snapshot_mode="sometimes")
+    with pytest.raises(
+        GraphError, match="superstep_checkpoint_style 'middle' is unknown; use one of 'blocking'"
+    ):
+        Dataflow("cfg", superstep_checkpoint_style="middle")
     with pytest.raises(GraphError, match="checkpoint_interval must be > 0"):
         Dataflow("cfg", checkpoint_interval=0)
     with pytest.raises(GraphError, match="batch_size must be an int >= 1"):
