@@ -388,6 +388,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table-supersteps", type=int, default=8)
     ap.add_argument("--ballast", type=int, default=2000, help="bytes per vertex; 0: none")
     ap.add_argument("--only", choices=("recovery", "table4", "networkx"), default=None)
+    ap.add_argument(
+        "--regimes",
+        nargs="+",
+        choices=("plain", "ballast", "cc"),
+        default=["plain", "ballast", "cc"],
+        help="Table 4's iterations: PageRank, PageRank with --ballast, connected components",
+    )
     args = ap.parse_args(argv)
     started = time.perf_counter()
     n = args.vertices
@@ -407,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             args,
         )
         parts.append(recovery_table(rows, shape, f"PageRank ({n:,} v / {len(edges):,} e)"))
+        report(parts, args, argv, started)
         rows, shape = recovery_study(
             "Connected components",
             lambda p: components(cn, cc_edges, p),
@@ -421,36 +429,50 @@ def main(argv: list[str] | None = None) -> int:
                 rows, shape, f"Connected components (delta, {cn:,} v / {len(cc_edges):,} e)"
             )
         )
+        report(parts, args, argv, started)
     if args.only in (None, "table4"):
         fixed = {"max_supersteps": args.table_supersteps}
-        studies = [
-            cost_study("PageRank", pagerank(n, edges, args.table_p, 0.0, **fixed), args),
-        ]
-        if args.ballast:
+        studies = []
+        if "plain" in args.regimes:
+            plain = pagerank(n, edges, args.table_p, 0.0, **fixed)
+            studies.append(cost_study("PageRank", plain, args))
+        if "ballast" in args.regimes and args.ballast:
             big = pagerank(n, edges, args.table_p, 0.0, ballast=args.ballast, **fixed)
             studies.append(cost_study(f"PageRank +{args.ballast} B/vertex", big, args))
-        studies.append(cost_study("CC (delta)", components(cn, cc_edges, args.table_p), args))
+        if "cc" in args.regimes:
+            cc = components(cn, cc_edges, args.table_p)
+            studies.append(cost_study("CC (delta)", cc, args))
         parts.append(cost_table(studies, args))
+        report(parts, args, argv, started)
     if args.only in (None, "networkx"):
         clean = run(pagerank(n, edges, args.table_p, args.tol), "none", 1, None, args)
         assert isinstance(clean, IterationRun)
         parts.append(networkx_rate(n, edges, clean, args))
+    report(parts, args, argv, started, final=True)
+    return 0
+
+
+def report(
+    parts: list[str], args: Any, argv: list[str] | None, started: float, final: bool = False
+) -> None:
+    """Print the tables so far and write them to the result file (after every part: a run
+    stopped midway keeps what it measured)."""
     command = " ".join(
         ["python benchmarks/iterations.py", *(argv if argv is not None else sys.argv[1:])]
     )
     header = (
-        f"Measured by `{command}` ({args.launcher} launcher, {time.perf_counter() - started:.0f} s "
-        "in all)."
+        f"Measured by `{command}` ({args.launcher} launcher, "
+        f"{time.perf_counter() - started:.0f} s in all)."
     )
-    print("\n\n".join([header, *parts]) + "\n")
-    print("full size:\n  " + FULL_SIZE)
+    print("\n\n".join([header, *parts]) + "\n", flush=True)
+    if final:
+        print("full size:\n  " + FULL_SIZE)
     write_result(
         "iterations",
         {"launcher": args.launcher, "tables": parts, "seconds": time.perf_counter() - started},
         rounds=args.rounds,
         argv=sys.argv if argv is None else [sys.argv[0], *argv],
     )
-    return 0
 
 
 FULL_SIZE = (
