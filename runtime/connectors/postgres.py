@@ -233,9 +233,7 @@ class PostgresSink(TwoPhaseCommitSink[_Txn, Handle]):
         conn = getattr(self._fence, "conn", None)
         if conn is None or conn.closed:
             conn = self.connect(autocommit=True)
-            conn.execute(
-                f"SET idle_in_transaction_session_timeout = '{FENCE_IDLE_TIMEOUT_S}s'"
-            )
+            conn.execute(f"SET idle_in_transaction_session_timeout = '{FENCE_IDLE_TIMEOUT_S}s'")
             self._fence.conn = conn
             self._fence_conns.append(conn)
         return conn

@@ -226,9 +226,7 @@ def race(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> list[Exception]:
     return raised
 
 
-def test_a_commit_racing_the_takeover_is_fenced(
-    kit: Kit, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_commit_racing_the_takeover_is_fenced(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     raised = race(kit, monkeypatch)
     assert [type(e) for e in raised] == [StaleAttemptError]
     assert kit.output() == [0, 1, 2, 3, 4]
@@ -307,9 +305,7 @@ def test_delta_a_claim_between_check_and_commit_makes_the_commit_conflict(
     commit, and the data commit (based on the version it checked) conflicts."""
     kit = DeltaKit(str(tmp_path / "table"))
     opened: list[Any] = []
-    raised = between_check_and_commit(
-        kit, monkeypatch, lambda: opened.append(kit.open(attempt=1))
-    )
+    raised = between_check_and_commit(kit, monkeypatch, lambda: opened.append(kit.open(attempt=1)))
     assert raised is not None and "claimed" in str(raised) and "attempt 1 of run r1" in str(raised)
     assert kit.output() == []
     opened[0].close()
@@ -321,8 +317,6 @@ def test_companion_delta_without_the_conflict_the_stale_commit_lands(
     kit = DeltaKit(str(tmp_path / "table"))
     monkeypatch.setattr(DeltaSink, "fence_id", property(lambda self: f"{self.app_id}:x{id(self)}"))
     opened: list[Any] = []  # each attempt claims its own id: nothing to conflict with
-    raised = between_check_and_commit(
-        kit, monkeypatch, lambda: opened.append(kit.open(attempt=1))
-    )
+    raised = between_check_and_commit(kit, monkeypatch, lambda: opened.append(kit.open(attempt=1)))
     assert raised is None and kit.output() == [1, 2, 3]  # after attempt 1's restore
     opened[0].close()
