@@ -247,8 +247,8 @@ class JobManager:
 
     def _waiting_for_slots(self, attempt: int, text: str) -> None:
         """What the slot check before a restart says: a warning, and on the dashboard."""
-        self.progress.say(f"job '{self.plan.name}', attempt {attempt}: {text}", logging.WARNING)
         self.services.dashboard.restarting(text)
+        self.progress.say(f"job '{self.plan.name}', attempt {attempt}: {text}", logging.WARNING)
 
     def _savepoint(self) -> str | None:
         """The savepoint this run ended with (the path of its chk-<n>), or None. One in a
