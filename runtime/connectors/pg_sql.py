@@ -151,12 +151,27 @@ def claim_owner(conn: Any, owners: str, sink: str, owner: str) -> None:
 
 
 def read_owner(conn: Any, owners: str, sink: str) -> str | None:
-    """The owner of ``sink``, its row share-locked until the transaction ends (a claim waits)."""
+    """The owner of ``sink`` now (no lock)."""
     from psycopg import sql
 
     row = conn.execute(
-        sql.SQL("SELECT owner FROM {} WHERE sink = %s FOR SHARE").format(ident(owners)), [sink]
+        sql.SQL("SELECT owner FROM {} WHERE sink = %s").format(ident(owners)), [sink]
     ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def begin_reading_owner(conn: Any, owners: str, sink: str) -> str | None:
+    """Begin a transaction on ``conn`` (autocommit) and read the owner of ``sink``, its row
+    share-locked until the transaction ends (a claim waits); one round trip."""
+    from psycopg import sql
+
+    cur = conn.execute(
+        sql.SQL("BEGIN; SELECT owner FROM {} WHERE sink = {} FOR SHARE").format(
+            ident(owners), sql.Literal(sink)
+        )
+    )
+    cur.nextset()  # past BEGIN's result
+    row = cur.fetchone()
     return None if row is None else str(row[0])
 
 

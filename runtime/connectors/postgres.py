@@ -240,21 +240,36 @@ class PostgresSink(TwoPhaseCommitSink[_Txn, Handle]):
 
     @contextlib.contextmanager
     def owner_lock(self) -> Iterator[None]:
-        """A transaction on this thread's fence connection: the owner row it reads (share)
-        or claims (exclusive) stays locked until the seal, commit or claim is done."""
+        """A transaction on this thread's fence connection that reads the owner row (share
+        lock; `owner` returns what it read) and holds it until the seal, commit or claim
+        is done (a claim's update takes the row exclusively). Two round trips per seal or
+        commit: the barrier waits for them."""
         if not self.exactly_once:
             yield
             return
-        with self._fence_conn().transaction():
+        conn = self._fence_conn()
+        self._fence.owner = pg_sql.begin_reading_owner(conn, self.owners, self.txn_id(0).owner)
+        self._fence.locked = True
+        try:
             yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+        finally:
+            self._fence.locked = False
 
     def claim(self, epoch: Epoch) -> None:
         if self.exactly_once:
             pg_sql.claim_owner(self._fence_conn(), self.owners, self.txn_id(0).owner, str(epoch))
 
     def owner(self) -> Epoch | None:
+        """Under ``owner_lock``: the owner it read (and holds); else the owner now."""
         if not self.exactly_once:
             return None
+        if getattr(self._fence, "locked", False):
+            return Epoch.parse(self._fence.owner)
         return Epoch.parse(pg_sql.read_owner(self._fence_conn(), self.owners, self.txn_id(0).owner))
 
     def write_batch(self, records: list[Any]) -> None:
