@@ -118,9 +118,12 @@ def owners_name(table: str) -> str:
 
 def ensure_owners(conn: Any, owners: str) -> None:
     """Create the owners table (one row per sink subtask: who may seal and commit its
-    transactions) if it is missing; serialised like `ensure_staging`."""
+    transactions) if it is missing; serialised like `ensure_staging`. One round trip when
+    it exists (every open but the first)."""
     from psycopg import sql
 
+    if conn.execute("SELECT to_regclass(%s)", [owners]).fetchone()[0] is not None:
+        return
     with conn.transaction():
         conn.execute("SELECT pg_advisory_lock(hashtext(%s))", [owners])
     try:
