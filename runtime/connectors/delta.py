@@ -144,13 +144,23 @@ class DeltaSink(TwoPhaseCommitSink[list[Any], bytes | None]):
         )
 
     def owner(self) -> Epoch | None:
-        table = self._seen.table = self._table()
+        table = self._seen.table = self._fresh_table()
         version = None if table is None else table.transaction_version(self.fence_id)
         if version is None:
             return None
         if version == self._claimed:
             return self.ctx.epoch
         return self._claimant(table, version)
+
+    def _fresh_table(self) -> Any:
+        """This thread's table brought up to the newest version (reads only the log entries
+        written since its last look, not the whole log), or None if none exists yet."""
+        table = getattr(self._seen, "cached", None)
+        if table is None:
+            table = self._seen.cached = self._table()
+        else:
+            table.update_incremental()
+        return table
 
     def _claimant(self, table: Any, version: int) -> Epoch:
         """The epoch whose claim commit set the fence to ``version`` (from the log)."""
