@@ -50,10 +50,10 @@ class Progress:
         self.stream.write("\r" + line.ljust(self.width))
         self.stream.flush()
 
-    def say(self, text: str) -> None:
+    def say(self, text: str, level: int = logging.INFO) -> None:
         """A one-off status line (e.g. waiting for executors): on the terminal when the
-        progress line is on, and always in the log."""
-        log.info("%s", text)
+        progress line is on, and always in the log (at ``level``)."""
+        log.log(level, "%s", text)
         if self.enabled:
             self.stream.write("\r" + text.ljust(self.width) + "\n")
             self.stream.flush()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import functools
 import logging
 import shutil
 import tempfile
@@ -214,8 +215,16 @@ class JobManager:
             restore, delay = self._recover(failure, number, restore, failed_at, attempt.rescue)
             time.sleep(delay)
             number += 1
+            self.services.dashboard.restarting(
+                f"attempt {number - 1} failed ({failure.describe()}); attempt {number} "
+                f"starts once the cluster has {len(self.plan.tasks)} task slots"
+            )
             try:
-                launcher.before_restart(len(self.plan.tasks), self.config, say=self.progress.say)
+                launcher.before_restart(
+                    len(self.plan.tasks),
+                    self.config,
+                    say=functools.partial(self._waiting_for_slots, number),
+                )
             except InsufficientSlotsError as err:
                 raise InsufficientSlotsError(
                     f"job '{self.plan.name}' cannot restart after attempt {number - 1} failed "
@@ -239,6 +248,11 @@ class JobManager:
         )
         result.savepoint = savepoint
         return result
+
+    def _waiting_for_slots(self, attempt: int, text: str) -> None:
+        """What the slot check before a restart says: a warning, and on the dashboard."""
+        self.services.dashboard.restarting(text)
+        self.progress.say(f"job '{self.plan.name}', attempt {attempt}: {text}", logging.WARNING)
 
     def _savepoint(self) -> str | None:
         """The savepoint this run ended with (the path of its chk-<n>), or None. One in a

@@ -88,9 +88,15 @@ class Publisher(Protocol):
 
     def publish(self, attempt: Any) -> None: ...
 
+    def restarting(self, message: str) -> None:
+        """Between two attempts: ``message`` says what the job waits for."""
+
 
 class _NoDashboard:
     def publish(self, attempt: Any) -> None:
+        pass
+
+    def restarting(self, message: str) -> None:
         pass
 
 

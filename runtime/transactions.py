@@ -150,6 +150,8 @@ class Committer(Generic[H]):
 
     def raise_if_failed(self) -> None:
         failure = self.failure
+        if isinstance(failure, StaleAttemptError):
+            raise failure
         if failure is not None:
             raise CommitFailedError(
                 f"sink '{self.name}': a commit failed {self.retries + 1} times: {failure}; "
@@ -194,6 +196,9 @@ class Committer(Generic[H]):
                 self._commit(n, handle)
                 self._on_committed(n)
                 self.committed += 1
+                return
+            except StaleAttemptError as err:
+                self.failure = err  # a newer attempt owns the subtask: retrying cannot help
                 return
             except Exception as err:
                 if attempt == self.retries:

@@ -43,6 +43,11 @@ class Dashboard:
         if self.builder is not None:
             self.builder.publish(attempt)
 
+    def restarting(self, message: str) -> None:
+        """The job is between attempts; ``message`` says what it waits for."""
+        if self.builder is not None:
+            self.builder.restarting(message)
+
     def finish(self, state: str, error: str | None = None) -> None:
         if self.builder is not None:
             self.builder.finish(state, error)

@@ -222,7 +222,8 @@ API: tuple[Endpoint, ...] = (
         "job",
         _job,
         ("job",),
-        "id, name, state (starting, running, finished, failed), error, attempt, start time, "
+        "id, name, state (starting, running, restarting, finished, failed), error, message "
+        "(what a restarting job waits for, e.g. task slots), attempt, start time, "
         "duration, records in/out, tasks, checkpoint counts and pending ids, restarts, UI URL",
     ),
     Endpoint(

@@ -219,6 +219,18 @@ class SnapshotBuilder:
         live = self.metrics.live(attempt.tasks)
         self._publish("running", failed, sorted(attempt.coordinator.pending), live)
 
+    def restarting(self, message: str) -> None:
+        """Between two attempts (the failed one ended, the next is not submitted yet, e.g.
+        while the job waits for task slots): published at once, ``message`` says why."""
+        self._last = None
+        self._publish(
+            "restarting",
+            list(self.metrics.failed_checkpoints),
+            [],
+            self.metrics.committed(),
+            message=message,
+        )
+
     def finish(self, state: str, error: str | None = None) -> None:
         """The job ended (``finished`` or ``failed``): the last snapshot stays up, with
         the tasks' final figures (from ``Finished``)."""
@@ -236,6 +248,7 @@ class SnapshotBuilder:
         pending: list[int],
         counts: RecordCounts,
         error: str | None = None,
+        message: str | None = None,
     ) -> None:
         """``counts``: where the job is (running: live counts; ended: committed ones)."""
         self._take_completed()
@@ -246,6 +259,7 @@ class SnapshotBuilder:
             "name": self.board.name,
             "state": state,
             "error": error,
+            "message": message,
             "attempt": self._attempt,
             "started_at": self.started_wall,
             "duration_seconds": round(time.monotonic() - self.started, 3),

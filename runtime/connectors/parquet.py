@@ -10,19 +10,30 @@ them. A rename whose source is gone and whose target exists was done before, so
 commits are idempotent. A restore commits the restored checkpoint's files, deletes
 this subtask's in-progress leftovers and the final files of later checkpoints (their
 records are replayed).
+
+Fenced by attempt (`runtime.transactions.Epoch`) like the `FileSink`: a restore claims
+the subtask by writing its epoch to ``<dir>/.inprogress/.owner-<subtask>``, and every
+seal and commit (the renames) first checks that marker. On a local or mounted directory
+the claim and each check-and-commit hold an exclusive flock on
+``.inprogress/.lock-<subtask>``, so a commit racing the claim either ends before it or
+finds the new owner; an object store has no such lock, so there the check narrows the
+window but a commit already past it can still finish. In-progress files carry their
+attempt (``...-a<attempt>.parquet``): two attempts never write one file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import posixpath
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import ConnectorError
 from runtime.sinks import OtherRunsOutput, SinkContext, SinkSnapshot, TwoPhaseCommitSink
-from runtime.transactions import TxnId, _clean
+from runtime.transactions import Epoch, TxnId, _clean
 
 HIDDEN = ".inprogress"
 
@@ -103,6 +114,33 @@ class ParquetSink(TwoPhaseCommitSink[_Epoch, Renames | None]):
         self.check_system(ctx.step_name)
         self.prefix = f"part-{_clean(ctx.job)}-{ctx.subtask}-"
 
+    # -- the attempt fence -----------------------------------------------------------------
+    def _fence_path(self, kind: str) -> str:
+        return posixpath.join(self.root, HIDDEN, f".{kind}-{self.ctx.subtask}")
+
+    def claim(self, epoch: Epoch) -> None:
+        self.fs.pipe_file(self._fence_path("owner"), str(epoch).encode())
+
+    def owner(self) -> Epoch | None:
+        try:
+            return Epoch.parse(self.fs.cat_file(self._fence_path("owner")).decode())
+        except FileNotFoundError:
+            return None
+
+    @contextlib.contextmanager
+    def owner_lock(self) -> Iterator[None]:
+        """An exclusive flock on ``.inprogress/.lock-<subtask>`` where the output is a local
+        (or mounted) directory; nothing on an object store (see the module's docstring)."""
+        if "file" not in self.fs.protocol:
+            yield
+            return
+        with open(self._fence_path("lock"), "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
     # -- writing ---------------------------------------------------------------------------
     def begin_transaction(self, txn_id: TxnId) -> _Epoch:
         return _Epoch(txn_id)
@@ -125,7 +163,9 @@ class ParquetSink(TwoPhaseCommitSink[_Epoch, Renames | None]):
         if txn.writer is None:
             seq = len(txn.closed)
             txn.path = posixpath.join(
-                self.root, HIDDEN, f"{self.prefix}{txn.txn.checkpoint_id}-{seq}.parquet"
+                self.root,
+                HIDDEN,
+                f"{self.prefix}{txn.txn.checkpoint_id}-{seq}-a{self.ctx.attempt}.parquet",
             )
             txn.stream = self.fs.open(txn.path, "wb")
             txn.writer = pq.ParquetWriter(txn.stream, self.schema)

@@ -5,6 +5,9 @@ The staging table (``<table>_absflow_staging`` next to the target unless named) 
 each upsert epoch's rows tagged with the epoch's transaction id (``_absflow_txn``, the
 prepared transaction's gid) and an insertion order (``_absflow_seq``). It has no unique
 index, so inserting into it never conflicts with and never locks a row of the target.
+
+The owners table (``absflow_sink_owners`` in the target's schema) holds, per sink
+subtask (``absflow:<job>:<step>:<subtask>``), the attempt that owns its transactions.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 TXN_COL, SEQ_COL = "_absflow_txn", "_absflow_seq"
+OWNERS = "absflow_sink_owners"
 
 
 def ident(name: str) -> Any:
@@ -104,6 +108,74 @@ def ensure_staging(conn: Any, table: str, staging: str, columns: Sequence[str]) 
     finally:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", [staging])
+
+
+def owners_name(table: str) -> str:
+    """The sinks' bookkeeping table of attempt owners, in the target table's schema."""
+    schema, _, _ = table.rpartition(".")
+    return f"{schema}.{OWNERS}" if schema else OWNERS
+
+
+def ensure_owners(conn: Any, owners: str) -> None:
+    """Create the owners table (one row per sink subtask: who may seal and commit its
+    transactions) if it is missing; serialised like `ensure_staging`. One round trip when
+    it exists (every open but the first)."""
+    from psycopg import sql
+
+    if conn.execute("SELECT to_regclass(%s)", [owners]).fetchone()[0] is not None:
+        return
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_lock(hashtext(%s))", [owners])
+    try:
+        with conn.transaction():
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (sink text PRIMARY KEY, owner text NOT NULL, "
+                    "claimed_at timestamptz NOT NULL DEFAULT now())"
+                ).format(ident(owners))
+            )
+    finally:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", [owners])
+
+
+def claim_owner(conn: Any, owners: str, sink: str, owner: str) -> None:
+    """Make ``owner`` the owner of ``sink`` (waits for every transaction that holds the
+    row: a seal or a commit of the previous owner in flight)."""
+    from psycopg import sql
+
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (sink, owner) VALUES (%s, %s) ON CONFLICT (sink) "
+            "DO UPDATE SET owner = EXCLUDED.owner, claimed_at = now()"
+        ).format(ident(owners)),
+        [sink, owner],
+    )
+
+
+def read_owner(conn: Any, owners: str, sink: str) -> str | None:
+    """The owner of ``sink`` now (no lock)."""
+    from psycopg import sql
+
+    row = conn.execute(
+        sql.SQL("SELECT owner FROM {} WHERE sink = %s").format(ident(owners)), [sink]
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def begin_reading_owner(conn: Any, owners: str, sink: str) -> str | None:
+    """Begin a transaction on ``conn`` (autocommit) and read the owner of ``sink``, its row
+    share-locked until the transaction ends (a claim waits); one round trip."""
+    from psycopg import sql
+
+    cur = conn.execute(
+        sql.SQL("BEGIN; SELECT owner FROM {} WHERE sink = {} FOR SHARE").format(
+            ident(owners), sql.Literal(sink)
+        )
+    )
+    cur.nextset()  # past BEGIN's result
+    row = cur.fetchone()
+    return None if row is None else str(row[0])
 
 
 def stage_rows(

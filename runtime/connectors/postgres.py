@@ -25,26 +25,42 @@ mixed with them (``if_exists="append"`` allows it). Rows are expected only from 
 same job: on a restore (the restored checkpoint says so) or a restart of the same run
 (attempt > 0; at-least-once rows may be in before any checkpoint).
 
+Fenced by attempt (`runtime.transactions.Epoch`): the owners table (`pg_sql`) names
+the attempt that owns each sink subtask. A restore claims the subtask by updating its
+row; every seal (``PREPARE TRANSACTION``) and commit (``COMMIT PREPARED`` and the
+upsert merge) runs while a transaction of the sink's fence connection holds that row
+share-locked after checking the owner (``SELECT ... FOR SHARE``), so a claim waits for a
+seal or commit in flight, and a seal or commit after the claim finds the new owner and
+fails (`StaleAttemptError`). A stale attempt's transaction sealed before the claim is
+rolled back by the new owner's restore; its commit can no longer run. The fence
+connection ends a lock held longer than ``FENCE_IDLE_TIMEOUT_S`` (a host that lost its
+link in the middle of a commit), so a claim never waits for it longer.
+
 Both modes need ``max_prepared_transactions`` > 0 on the server (``ALTER SYSTEM SET
 max_prepared_transactions = 64`` and a restart).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.connectors import pg_sql
 from runtime.errors import ConnectorError
 from runtime.sinks import OtherRunsOutput, SinkContext, SinkSnapshot, TwoPhaseCommitSink
-from runtime.transactions import TxnId
+from runtime.transactions import Epoch, TxnId
 
 log = logging.getLogger("absflow.sinks.postgres")
 
 MODES = ("append", "upsert")
 IF_EXISTS = ("fail", "append")
+# The server ends a fence connection idle this long inside its transaction (the row lock
+# of a seal or commit whose task lost its link): a claim waits at most this long.
+FENCE_IDLE_TIMEOUT_S = 60
 
 
 @dataclass
@@ -102,6 +118,7 @@ class PostgresSink(TwoPhaseCommitSink[_Txn, Handle]):
         self.connect_timeout_s = connect_timeout_s
         self.if_exists = if_exists
         self.staging = staging_table or pg_sql.staging_name(table)
+        self.owners = pg_sql.owners_name(table)
         self._conn: Any = None
         self._commit_conn: Any = None
 
@@ -203,8 +220,57 @@ class PostgresSink(TwoPhaseCommitSink[_Txn, Handle]):
         if not self.exactly_once:
             return
         self._conn.rollback()  # end the checks' transaction: each epoch starts clean
+        # one fence connection per thread (the task loop seals, the committer commits)
+        self._fence = threading.local()
+        self._fence_conns: list[Any] = []
+        pg_sql.ensure_owners(self._fence_conn(), self.owners)
         if self.mode == "upsert":
             pg_sql.ensure_staging(self._conn, self.table, self.staging, self.columns)
+
+    # -- the attempt fence -----------------------------------------------------------------
+    def _fence_conn(self) -> Any:
+        """This thread's fence connection (autocommit; its transactions hold the owner row)."""
+        conn = getattr(self._fence, "conn", None)
+        if conn is None or conn.closed:
+            conn = self.connect(autocommit=True)
+            conn.execute(f"SET idle_in_transaction_session_timeout = '{FENCE_IDLE_TIMEOUT_S}s'")
+            self._fence.conn = conn
+            self._fence_conns.append(conn)
+        return conn
+
+    @contextlib.contextmanager
+    def owner_lock(self) -> Iterator[None]:
+        """A transaction on this thread's fence connection that reads the owner row (share
+        lock; `owner` returns what it read) and holds it until the seal, commit or claim
+        is done (a claim's update takes the row exclusively). Two round trips per seal or
+        commit: the barrier waits for them."""
+        if not self.exactly_once:
+            yield
+            return
+        conn = self._fence_conn()
+        self._fence.owner = pg_sql.begin_reading_owner(conn, self.owners, self.txn_id(0).owner)
+        self._fence.locked = True
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+        finally:
+            self._fence.locked = False
+
+    def claim(self, epoch: Epoch) -> None:
+        if self.exactly_once:
+            pg_sql.claim_owner(self._fence_conn(), self.owners, self.txn_id(0).owner, str(epoch))
+
+    def owner(self) -> Epoch | None:
+        """Under ``owner_lock``: the owner it read (and holds); else the owner now."""
+        if not self.exactly_once:
+            return None
+        if getattr(self._fence, "locked", False):
+            return Epoch.parse(self._fence.owner)
+        return Epoch.parse(pg_sql.read_owner(self._fence_conn(), self.owners, self.txn_id(0).owner))
 
     def write_batch(self, records: list[Any]) -> None:
         if self.exactly_once:
@@ -382,6 +448,7 @@ class PostgresSink(TwoPhaseCommitSink[_Txn, Handle]):
         try:
             super().close()
         finally:
-            for conn in (self._conn, self._commit_conn):
+            fences = getattr(self, "_fence_conns", [])
+            for conn in (self._conn, self._commit_conn, *fences):
                 if conn is not None and not conn.closed:
                     conn.close()  # an open, unprepared epoch is rolled back

@@ -1,17 +1,22 @@
 """The ``hosts`` fixture: five network namespaces on one bridge (a Spark master on ``m``,
 the driver on ``drv``, one worker of 2 slots on each of ``a``, ``b``, ``c``), shared by a
-module's tests, removed with every process afterwards even when a test failed; and
+module's tests, removed with every process afterwards even when a test failed;
 ``driver``, the driver process on ``drv`` that runs the module's jobs (`Job`) in one
-Spark application."""
+Spark application; ``host_postgres``, a PostgreSQL server on ``drv`` listening on that
+host's address only."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import importlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,3 +216,96 @@ class Job:
         for part in sorted((self.root / "files").glob("part-*")):
             rows += [json.loads(line) for line in part.read_text().splitlines()]
         return sorted(rows)
+
+
+def dashboard_job(env: HostCluster, port: int = 8081) -> dict[str, Any] | None:
+    """The newest job on the driver's dashboard (its REST API on 127.0.0.1 of host drv,
+    asked from that host), or None."""
+    url = f"http://127.0.0.1:{port}/api/jobs"
+    fetch = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+    done = subprocess.run(
+        env.hosts["drv"].argv(sys.executable, "-c", fetch, url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        return None
+    jobs: list[dict[str, Any]] = json.loads(done.stdout)["jobs"]
+    return jobs[-1] if jobs else None
+
+
+@dataclass(frozen=True)
+class HostPostgres:
+    """A PostgreSQL server on host drv: ``dsn`` reaches it from the hosts (TCP to drv's
+    address), ``local`` from the test process (its Unix socket)."""
+
+    dsn: str
+    local: str
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(self.local, autocommit=True) as conn:
+            cur = conn.execute(sql)
+            return list(cur.fetchall()) if cur.description else []
+
+
+@pytest.fixture(scope="module")
+def host_postgres(hosts: HostCluster) -> Iterator[HostPostgres]:
+    """pgserver's PostgreSQL binaries, run as its system user on host drv, listening on
+    drv's address (and a Unix socket in its data directory), two-phase commit on."""
+    from pgserver._commands import POSTGRES_BIN_PATH
+    from pgserver.utils import ensure_user_exists
+
+    commands: Any = importlib.import_module("pgserver._commands")  # made at import time
+
+    user = ensure_user_exists("pgserver")
+    assert user is not None
+    # in /tmp itself (the tests' own temp dirs are private): the server's user reaches it
+    root = Path(tempfile.mkdtemp(prefix="afh-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    data = root / "data"
+    data.mkdir(mode=0o700)
+    os.chown(data, user.pw_uid, user.pw_gid)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        commands.initdb(
+            ["--auth=trust", "--encoding=utf8", "-U", "postgres"], pgdata=data, user="pgserver"
+        )
+        with open(data / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {hosts.hosts['drv'].ip.rsplit('.', 1)[0]}.0/24 trust\n")
+        drv = hosts.hosts["drv"]
+        server = [str(POSTGRES_BIN_PATH / "postgres"), "-D", str(data), "-h", drv.ip]
+        server += ["-p", "5432", "-k", str(data), "-c", "max_prepared_transactions=64"]
+        with open(root / "server.log", "ab") as out:
+            proc = subprocess.Popen(
+                drv.argv("runuser", "-u", "pgserver", "--", *server),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        pg = HostPostgres(
+            f"postgresql://postgres@{drv.ip}:5432/postgres",
+            f"postgresql://postgres@/postgres?host={data}&port=5432",
+        )
+
+        def up() -> bool:
+            assert proc is not None and proc.poll() is None, (root / "server.log").read_text()
+            try:
+                pg.query("SELECT 1")
+            except Exception:
+                return False
+            return True
+
+        wait_for(up, 60.0, "PostgreSQL on host drv")
+        yield pg
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # a fast shutdown: every backend ends
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        shutil.rmtree(root, ignore_errors=True)

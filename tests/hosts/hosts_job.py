@@ -5,7 +5,11 @@
 APP: ``master`` (spark://...), ``host`` (the driver's address), ``pythonpath`` (for the
 executors). A job spec: ``checkpoint_dir``, ``files`` (the FileSink's directory, which
 every host shares), ``result`` (where the JSON result goes), ``log`` (the job manager's
-log lines), ``records``, ``rate``, ``heartbeat_timeout``.
+log lines), ``records``, ``rate``, ``heartbeat_timeout``; optional: ``pipeline`` (``count``,
+the default: a keyed running count; ``loop``: Collatz numbers circulating in a loop until
+they reach 1; ``postgres``: the count into a PostgreSQL table), ``parallelism`` (2), ``dsn``
+and ``table`` (``postgres``), ``executor_wait`` (120 s), ``ui_port`` (the dashboard's, on 127.0.0.1 of the driver's
+host).
 
 The SparkSession binds and advertises the driver's address (spark.driver.host and
 bindAddress, SPARK_LOCAL_IP from the environment); absflow's job manager binds its
@@ -46,24 +50,64 @@ def user_of(i: int) -> int:
     return i % 53
 
 
-def count_flow(spec: dict[str, Any]) -> Any:
-    from runtime import Dataflow
-    from runtime.sinks import FileSink
-    from runtime.sources import GeneratorSource
+def start(i: int) -> list[int]:
+    return [i + 1, i + 1, 0]  # (number, where it is now, steps so far)
 
-    flow = Dataflow(
-        "hosts",
-        parallelism=2,
+
+def collatz(r: list[int]) -> list[int]:
+    n, v, k = r
+    return r if v == 1 else [n, v // 2 if v % 2 == 0 else 3 * v + 1, k + 1]
+
+
+def new_flow(spec: dict[str, Any], parallelism: int) -> Any:
+    from runtime import Dataflow
+
+    return Dataflow(
+        "hosts" if spec.get("pipeline", "count") == "count" else f"hosts-{spec['pipeline']}",
+        parallelism=parallelism,
         checkpoint_interval=0.3,
         checkpoint_dir=spec["checkpoint_dir"],
         heartbeat_timeout=spec["heartbeat_timeout"],
-        executor_wait=120.0,
+        executor_wait=spec.get("executor_wait", 120.0),
         progress=False,
+        ui_port=spec.get("ui_port", 8081),
     )
-    (
+
+
+def count_flow(spec: dict[str, Any]) -> Any:
+    from runtime.connectors.postgres import PostgresSink
+    from runtime.sinks import FileSink
+    from runtime.sources import GeneratorSource
+
+    flow = new_flow(spec, spec.get("parallelism", 2))
+    counts = (
         flow.source(GeneratorSource(user_of, spec["records"], rate=spec["rate"]), name="numbers")
         .key_by(lambda x: x)
         .aggregate(0, lambda c, _x: c + 1, name="count")
+    )
+    if spec.get("pipeline") == "postgres":
+        counts.sink(PostgresSink(spec["dsn"], spec["table"], ["k", "c"]), name="pg")
+    else:
+        counts.sink(FileSink(spec["files"]), name="files")
+    return flow
+
+
+def loop_flow(spec: dict[str, Any]) -> Any:
+    """Collatz: each number circulates through the loop until it reaches 1 (its steps
+    then go to the FileSink as [number, steps]). At parallelism 1: four tasks (source,
+    loop head, feedback, exit), which the hosts' six slots hold."""
+    from runtime.sinks import FileSink
+    from runtime.sources import GeneratorSource
+
+    flow = new_flow(spec, spec.get("parallelism", 1))
+    loop = flow.source(
+        GeneratorSource(start, spec["records"], rate=spec["rate"]), name="numbers"
+    ).iterate(name="loop")
+    step = loop.stream.map(collatz, name="step")
+    loop.feedback(step.filter(lambda r: r[1] != 1, name="again").key_by(lambda r: r[0]))
+    (
+        step.filter(lambda r: r[1] == 1, name="done")
+        .map(lambda r: [r[0], r[2]], name="steps")
         .sink(FileSink(spec["files"]), name="files")
     )
     return flow
@@ -76,7 +120,8 @@ def run_one(spec: dict[str, Any]) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger("absflow").addHandler(handler)
     try:
-        result = count_flow(spec).run()
+        flow = loop_flow(spec) if spec.get("pipeline") == "loop" else count_flow(spec)
+        result = flow.run()
         report: dict[str, Any] = {
             "records_out": result.records_out,
             "restarts": [

@@ -11,7 +11,7 @@ import pytest
 
 from runtime.errors import ConnectorError
 from runtime.sinks import OtherRunsOutput, SinkContext, SinkSnapshot, TwoPhaseCommitSink
-from runtime.transactions import CommitFailedError, TxnId
+from runtime.transactions import CommitFailedError, Epoch, StaleAttemptError, TxnId
 from statebackend.errors import CorruptCheckpointError
 from statebackend.restore import RescaledState
 
@@ -166,6 +166,23 @@ def test_a_commit_that_keeps_failing_fails_the_task_loop_and_stays_pending() -> 
     fresh.restore_state(msgpack.unpackb(msgpack.packb(state)))
     assert ledger.committed == [(1, ["x"])]
     fresh.close()
+
+
+def test_a_stale_attempts_commit_is_not_retried_and_fails_the_task_as_stale() -> None:
+    ledger = Ledger()
+    sink = opened(ledger)
+    sink.committer.backoff_s = 5.0  # type: ignore[union-attr]  # a retry would show
+    sink.owner = lambda: Epoch("run", 1)  # type: ignore[method-assign]  # attempt 1 took over
+    sink.write_batch(["x"])
+    sink.pending[1] = ["x"]  # sealed before the takeover
+    started = time.monotonic()
+    sink.notify_checkpoint_complete(1)
+    wait_for(lambda: sink.committer.failure is not None)  # type: ignore[union-attr]
+    assert time.monotonic() - started < 2.0  # no backoff: a retry cannot help
+    with pytest.raises(StaleAttemptError, match="attempt 0 will not commit checkpoint 1"):
+        sink.write_batch(["y"])
+    assert ledger.committed == []
+    sink.committer.stop()  # type: ignore[union-attr]
 
 
 def test_final_checkpoint_waits_for_its_commits() -> None:

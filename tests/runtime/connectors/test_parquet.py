@@ -39,6 +39,11 @@ def visible(directory: Path) -> list[str]:
     return sorted(n for n in os.listdir(directory) if not n.startswith("."))
 
 
+def in_progress(directory: Path) -> list[str]:
+    """In-progress part files (not the fence's owner marker and lock)."""
+    return [n for n in os.listdir(directory / ".inprogress") if not n.startswith(".")]
+
+
 def rows(directory: Path) -> list[tuple[Any, ...]]:
     if not visible(directory):
         return []
@@ -61,7 +66,7 @@ def test_part_files_become_visible_on_completion(tmp_path: Path) -> None:
     sink.notify_checkpoint_complete(2)
     sink.close()
     assert rows(tmp_path) == [("a", 1), ("b", 2)]
-    assert os.listdir(tmp_path / ".inprogress") == []
+    assert in_progress(tmp_path) == []
 
 
 def test_files_roll_by_size(tmp_path: Path) -> None:
@@ -87,7 +92,7 @@ def test_restore_commits_once_and_drops_what_is_replayed(tmp_path: Path) -> None
     for attempt in (1, 2):  # restoring twice commits once
         fresh = opened(tmp_path, attempt=attempt, state=state1)
         assert rows(tmp_path) == [("a", 1)]
-        assert os.listdir(tmp_path / ".inprogress") == []
+        assert in_progress(tmp_path) == []
         crash(fresh)
     fresh = opened(tmp_path, attempt=3, state=state1)
     fresh.write_batch([{"user": "b", "n": 2}, {"user": "c", "n": 3}])  # the replay
