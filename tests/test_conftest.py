@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-
 from dataclasses import dataclass, field
 from typing import Any
 

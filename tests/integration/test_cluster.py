@@ -54,7 +54,7 @@ def test_spark_submit_runs_on_the_submitted_master_with_tasks_and_a_kill_on_two_
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=360,  # the two runs' 240 s each before they were one
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]

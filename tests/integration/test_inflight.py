@@ -70,8 +70,7 @@ def test_with_fixed_batches_and_os_buffers_it_does_not(base: float) -> None:
     # The companion: the same check fails with the mechanism off (the settings before it:
     # fixed batches, 8 per side, the OS's socket buffers, TCP).
     share, result = duration_share(
-        base,
-        max_inflight_time=None, socket_buffer=0, channel_hwm=8, local_channels=False
+        base, max_inflight_time=None, socket_buffer=0, channel_hwm=8, local_channels=False
     )
     print(f"median checkpoint duration / run time: {share:.3f}")
     assert share > BOUND, result.summary()
