@@ -25,8 +25,10 @@ from runtime.connectors.delta import DeltaSink
 from runtime.connectors.files import FileStreamSource
 from runtime.connectors.parquet import ParquetSink
 from statebackend.storage import CheckpointStorage
+from tests.conftest import Footprint
 
-pytestmark = [pytest.mark.harness, pytest.mark.slow]
+# one worker runs the module: the uninterrupted run is taken once for both tests
+pytestmark = [pytest.mark.harness, pytest.mark.slow, pytest.mark.xdist_group("rescale")]
 
 USERS, LINES = 11, 3000
 
@@ -126,9 +128,30 @@ def stop_at_two(name: str, inputs: Path, out: Path, chk: Path) -> str:
     return str(stopped.savepoint)
 
 
+@pytest.fixture(scope="module")
+def one_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[collections.Counter[Any], collections.Counter[Any]]:
+    """What one uninterrupted run at parallelism 2 writes (Parquet, Delta): the same for
+    both tests, so run once."""
+    root = tmp_path_factory.mktemp("one-run")
+    write_files(root / "in", 0, 9)  # the tests' six files, their three more, the end
+    (root / "in" / "_SUCCESS").write_text("")
+    before = Footprint.take(children=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ABSFLOW_JOBS_DIR", str(root / "jobs"))
+        run_local(build("rescale-ref", root / "in", root / "ref", 2, root / "chk"), progress=False)
+    problems = before.leftovers().problems()
+    assert not problems, "; ".join(problems)
+    return written(root / "ref")
+
+
 @pytest.mark.parametrize("parallelism", [1, 3])
 def test_stop_at_two_resume_at_another_parallelism_equals_one_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallelism: int
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parallelism: int,
+    one_run: tuple[collections.Counter[Any], collections.Counter[Any]],
 ) -> None:
     monkeypatch.setenv("ABSFLOW_JOBS_DIR", str(tmp_path / "jobs"))
     inputs, out = tmp_path / "in", tmp_path / "out"
@@ -144,8 +167,5 @@ def test_stop_at_two_resume_at_another_parallelism_equals_one_run(
     resumed = build(name, inputs, out, parallelism, tmp_path / "chk2")
     run_local(resumed, restore_from=savepoint, progress=False)
 
-    reference = tmp_path / "ref"
-    run_local(build(name + "-ref", inputs, reference, 2, tmp_path / "chk3"), progress=False)
-    want = written(reference)
-    assert sum(want[0].values()) == 9 * LINES
-    assert written(out) == want  # Parquet and Delta: each row exactly once
+    assert sum(one_run[0].values()) == 9 * LINES
+    assert written(out) == one_run  # Parquet and Delta: each row exactly once
