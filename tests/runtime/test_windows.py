@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime.api.dataflow import Dataflow
+from runtime.api.dataflow import Dataflow, Loop, Stream
 from runtime.errors import GraphError
 from runtime.graph import StepKind
 from runtime.operators import Operator, build_operator
@@ -40,6 +40,7 @@ def window_op(
         .key_by(key_of)
         .window(kind, name="win", allowed_lateness=lateness, late_output=late)
     )
+    out: Stream[Any]  # one of three finishes, each with its own record type
     if finish == "count":
         out = w.count()
     elif finish == "sum":
@@ -291,7 +292,7 @@ def test_windows_after_a_map_need_a_timestamp_and_refuse_loops() -> None:
 
     flow = Dataflow("loop")
     src = flow.source(CollectionSource([("a", 1, 1)]), name="src").assign_timestamps(ts_of)
-    loop = src.iterate(name="loop")
+    loop: Loop[Any] = src.iterate(name="loop")  # fed back: window counts, not its records
     body = loop.stream.key_by(key_of).window(Tumbling(5), name="wl").count()
     loop.feedback(body.filter(lambda r: False))
     body.collect("out")
