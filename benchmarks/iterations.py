@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.iterations_plot import plot
 from benchmarks.results import write_result
+from runtime.api.iterations import RecoveryMode
 from runtime.iterations import BulkIteration, DeltaIteration, Recovery, l1_below
-from runtime.iterations.api import RecoveryMode
 from runtime.iterations.graphs import (
     adjacency,
     components_graph,

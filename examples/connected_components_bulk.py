@@ -4,10 +4,10 @@
     python examples/connected_components_bulk.py --recovery optimistic --kill-task connected_components[2] --after superstep:4
     python examples/connected_components_bulk.py --recovery blocking --interval 2 --kill-task connected_components[0] --after superstep:5
     python examples/connected_components_bulk.py --chaos 2 --recovery tail
-    python examples/connected_components_bulk.py --streaming --threads --recovery blocking --chaos 2
+    python examples/connected_components_bulk.py --local --recovery blocking --chaos 2
 
-``--streaming`` runs the same iteration as a Dataflow on the streaming runtime
-(``runtime.api.iterations``; ``--threads`` then means local task processes, no Spark).
+The iteration runs as a Dataflow with a loop on the streaming runtime
+(``runtime.api.iterations``); ``--local`` runs its tasks as local processes, no Spark.
 
 (examples/connected_components.py is the asynchronous, streaming-loop version.) The
 solution set holds each vertex's label (the smallest vertex id it has heard of); only
@@ -21,12 +21,10 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import scaffold
-from runtime.api.iterations import kills_at_supersteps, run_on_streaming
 from runtime.iterations import DeltaIteration
 from runtime.iterations.graphs import adjacency, components_graph, union_find_labels
 from runtime.iterations.library import ConnectedComponentsStep, cc_compensation
@@ -41,17 +39,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--parallelism", type=int, default=3)
     ap.add_argument("--seed-graph", type=int, default=2)
-    ap.add_argument(
-        "--threads",
-        action="store_true",
-        help="no Spark: the tasks as driver threads (with --streaming: local task processes)",
-    )
-    ap.add_argument(
-        "--streaming",
-        action="store_true",
-        help="run as a Dataflow on the streaming runtime (runtime.api.iterations); "
-        "--recovery none/blocking/tail/head (tail and head checkpoint like blocking there)",
-    )
     scaffold.add_recovery_arguments(ap)
     return scaffold.run_example(ap, run, argv)
 
@@ -69,12 +56,7 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         side=adjacency(n, edges, undirected=True),
         parallelism=args.parallelism,
     )
-    launcher = "threads" if args.threads else "spark"
-    result: Any
-    if args.streaming:
-        result = run_streaming(ap, args, it)
-    else:
-        result = run_superstep_runtime(ap, args, it, launcher)
+    result = scaffold.run_iteration(ap, args, it, cc_compensation, expected_supersteps=20)
     print(result.summary())
     wrong = sum(1 for v in range(n) if result.solution[v] != reference[v])
     print(
@@ -83,46 +65,6 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     )
     print("OK: equal to union-find" if wrong == 0 else f"MISMATCH: {wrong} vertices labelled wrong")
     return 0 if wrong == 0 else 1
-
-
-def run_superstep_runtime(
-    ap: argparse.ArgumentParser, args: argparse.Namespace, it: Any, launcher: str
-) -> Any:
-    """The iteration on its superstep runtime (every recovery style, optimistic too)."""
-    expected = 20
-    if args.chaos:  # a clean run first: the kills land inside the supersteps it takes
-        clean = it.run(launcher=launcher)
-        expected = clean.supersteps
-        print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
-    kills = scaffold.iteration_kills(ap, args, "connected_components", args.parallelism, expected)
-    return it.run(
-        recovery=scaffold.recovery_from(args, cc_compensation, expected),
-        kills=kills,
-        launcher=launcher,
-        say=print,
-    )
-
-
-def run_streaming(ap: argparse.ArgumentParser, args: argparse.Namespace, it: Any) -> Any:
-    """The iteration as a Dataflow on the streaming runtime (runtime.api.iterations)."""
-    if args.recovery == "optimistic":
-        ap.error(
-            "--streaming: optimistic recovery does not run on the streaming runtime yet; "
-            "pass --recovery none, blocking, tail or head (or drop --streaming)"
-        )
-    launcher = "local" if args.threads else None
-    expected = 20
-    if args.chaos:  # a clean run first: the kills land inside the supersteps it takes
-        clean = run_on_streaming(it, launcher=launcher)
-        expected = clean.supersteps
-        print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
-    kills = scaffold.iteration_kills(ap, args, "connected_components", args.parallelism, expected)
-    return run_on_streaming(
-        it,
-        scaffold.recovery_from(args, cc_compensation, expected),
-        faults=kills_at_supersteps("connected_components", kills),
-        launcher=launcher,
-    )
 
 
 if __name__ == "__main__":

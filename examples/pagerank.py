@@ -5,7 +5,7 @@
     python examples/pagerank.py --recovery tail --interval 3 --kill-task pagerank[0] --after superstep:7
     python examples/pagerank.py --chaos 2 --recovery head
     python examples/pagerank.py --vertices 200000 --edges 1000000  # the seed's scale
-    python examples/pagerank.py --streaming --recovery blocking --interval 3 --kill-task pagerank[1] --after superstep:5
+    python examples/pagerank.py --local --recovery blocking --interval 3 --kill-task pagerank[1] --after superstep:5
 
 The graph is generated (power-law in-degrees, 10 % dangling vertices, no self-loops).
 networkx computes the reference with the same damping (0.85) and tolerance: it stops
@@ -19,12 +19,10 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import scaffold
-from runtime.api.iterations import kills_at_supersteps, run_on_streaming
 from runtime.iterations import BulkIteration, l1_below
 from runtime.iterations.graphs import adjacency, power_law_digraph, rank_order_agreement
 from runtime.iterations.library import PageRankStep, pagerank_compensation
@@ -37,17 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallelism", type=int, default=3)
     ap.add_argument("--tol", type=float, default=1e-6, help="networkx's tol (stop at L1 < n * tol)")
     ap.add_argument("--seed-graph", type=int, default=1)
-    ap.add_argument(
-        "--threads",
-        action="store_true",
-        help="no Spark: the tasks as driver threads (with --streaming: local task processes)",
-    )
-    ap.add_argument(
-        "--streaming",
-        action="store_true",
-        help="run as a Dataflow on the streaming runtime (runtime.api.iterations); "
-        "--recovery none/blocking/tail/head (tail and head checkpoint like blocking there)",
-    )
     scaffold.add_recovery_arguments(ap)
     return scaffold.run_example(ap, run, argv)
 
@@ -72,12 +59,7 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         max_supersteps=1000,
         converged=l1_below(n * args.tol),
     )
-    launcher = "threads" if args.threads else "spark"
-    result: Any
-    if args.streaming:
-        result = run_streaming(ap, args, it)
-    else:
-        result = run_superstep_runtime(ap, args, it, launcher)
+    result = scaffold.run_iteration(ap, args, it, pagerank_compensation)
     print(result.summary())
     ranks = result.solution
     diff = max(abs(ranks[v] - reference[v]) for v in range(n))
@@ -95,46 +77,6 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     ok = diff <= 1e-4 and abs(total - 1.0) < 1e-6
     print("OK: matches networkx" if ok else "MISMATCH with networkx")
     return 0 if ok else 1
-
-
-def run_superstep_runtime(
-    ap: argparse.ArgumentParser, args: argparse.Namespace, it: Any, launcher: str
-) -> Any:
-    """The iteration on its superstep runtime (every recovery style, optimistic too)."""
-    expected = 40
-    if args.chaos:  # a clean run first: the kills land inside the supersteps it takes
-        clean = it.run(launcher=launcher)
-        expected = clean.supersteps
-        print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
-    kills = scaffold.iteration_kills(ap, args, "pagerank", args.parallelism, expected)
-    return it.run(
-        recovery=scaffold.recovery_from(args, pagerank_compensation, expected),
-        kills=kills,
-        launcher=launcher,
-        say=print,
-    )
-
-
-def run_streaming(ap: argparse.ArgumentParser, args: argparse.Namespace, it: Any) -> Any:
-    """The iteration as a Dataflow on the streaming runtime (runtime.api.iterations)."""
-    if args.recovery == "optimistic":
-        ap.error(
-            "--streaming: optimistic recovery does not run on the streaming runtime yet; "
-            "pass --recovery none, blocking, tail or head (or drop --streaming)"
-        )
-    launcher = "local" if args.threads else None
-    expected = 40
-    if args.chaos:  # a clean run first: the kills land inside the supersteps it takes
-        clean = run_on_streaming(it, launcher=launcher)
-        expected = clean.supersteps
-        print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
-    kills = scaffold.iteration_kills(ap, args, "pagerank", args.parallelism, expected)
-    return run_on_streaming(
-        it,
-        scaffold.recovery_from(args, pagerank_compensation, expected),
-        faults=kills_at_supersteps("pagerank", kills),
-        launcher=launcher,
-    )
 
 
 if __name__ == "__main__":

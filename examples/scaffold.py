@@ -30,9 +30,9 @@ from typing import Any
 from jobmanager.faults import Kill, RandomKills
 from jobmanager.result import JobResult
 from runtime import Dataflow
+from runtime.api.iterations import RECOVERY_MODES, Compensation, Recovery
 from runtime.errors import JobCancelledError
 from runtime.graph import StepKind
-from runtime.iterations.api import RECOVERY_MODES, Compensation, Recovery
 from runtime.plan import JobPlan
 from runtime.task_environment import FaultKind
 
@@ -282,8 +282,14 @@ _TASK = re.compile(r"(?:([A-Za-z_][\w.-]*)\[)?(\d+)\]?")
 
 
 def add_recovery_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--recovery`` / ``--interval`` / ``--checkpoint-dir`` / ``--storage-options`` of
-    an iteration; the kill flags are ``add_arguments``' (``--after superstep:K``)."""
+    """``--local`` / ``--recovery`` / ``--interval`` / ``--checkpoint-dir`` /
+    ``--storage-options`` of an iteration; the kill flags are ``add_arguments``'
+    (``--after superstep:K``)."""
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help="no Spark: the tasks as local processes (the test harness's launcher)",
+    )
     parser.add_argument(
         "--recovery",
         choices=RECOVERY_MODES,
@@ -360,3 +366,26 @@ def iteration_kills(
         steps = sorted(rng.sample(range(2, last + 1), min(args.chaos, last - 1)))
         kills.extend((rng.randrange(parallelism), k) for k in steps)
     return kills
+
+
+def run_iteration(
+    parser: argparse.ArgumentParser,
+    args: Any,
+    it: Any,
+    compensation: Compensation,
+    expected_supersteps: int = 40,
+) -> Any:
+    """Run iteration ``it`` with the flags' recovery and kills (``--chaos``: a clean run
+    first, so that the kills land inside the supersteps it takes); its ``IterationRun``."""
+    launcher = "local" if args.local else None
+    name = it.spec.name
+    if args.chaos:
+        clean = it.run(launcher=launcher)
+        expected_supersteps = clean.supersteps
+        print(f"clean run: {clean.supersteps} supersteps, {clean.seconds:.2f} s")
+    kills = iteration_kills(parser, args, name, it.spec.parallelism, expected_supersteps)
+    return it.run(
+        recovery=recovery_from(args, compensation, expected_supersteps),
+        kills=kills,
+        launcher=launcher,
+    )

@@ -23,6 +23,13 @@ from jobmanager.failures import (
 )
 from jobmanager.faults import DriverKill
 from jobmanager.liveness import ctrl_c_deferred
+from jobmanager.optimistic import (
+    Compensator,
+    RescueFailure,
+    RescueOutcome,
+    lost_heads,
+    rescue_survivors,
+)
 from jobmanager.services import RunServices, Stage, TaskInfo
 from jobmanager.stop import begin_stop
 from jobmanager.supersteps import SuperstepDriver, superstep_step
@@ -65,9 +72,15 @@ class Attempt:
         job_started: float,
         submit_wall: float,
         restored_superstep: int = 0,
+        compensator: Compensator | None = None,
     ) -> None:
         """``restored_superstep``: an iteration restored from the checkpoint at that
-        superstep's boundary goes on with the next one."""
+        superstep's boundary goes on with the next one; ``compensator``: it restored a
+        rescue snapshot, whose lost keys it compensates (``jobmanager.optimistic``)."""
+        self.storage = storage
+        self.restored_superstep = restored_superstep
+        self.rescue: RescueOutcome | None = None
+        """Optimistic recovery: the rescue snapshot of this failed attempt's survivors."""
         self.number, self.plan, self.config, self.run_services = number, plan, config, run
         self.clock = run.clock
         self.job_started = job_started
@@ -114,6 +127,7 @@ class Attempt:
                 0 if config.debug_restart_supersteps else restored_superstep,
                 clock=run.clock,
                 starting=self._superstep_starting,
+                compensator=compensator,
             )
             if step is not None and progress is not None
             else None
@@ -145,6 +159,7 @@ class Attempt:
             if not finished:
                 with ctrl_c_deferred():
                     self.coordinator.abort_all(CheckpointFailureReason.TASK_FAILURE)
+                    self.rescue = self._rescue(failure)
                     self.end(stage, failure)
             self.run_services.metrics.end_attempt(self.tasks, finished, self.coordinator.failed)
 
@@ -355,6 +370,7 @@ class Attempt:
             m.checkpoints_completed,
             len(m.restarts),
             m.completed[-1].duration_ms if m.completed else None,
+            self.supersteps.current if self.supersteps is not None else None,
         )
         self.run_services.dashboard.publish(self)
 
@@ -403,6 +419,8 @@ class Attempt:
                     self.termination.on_status(msg)
             case P.SuperstepDone() | P.SolutionEmitted():
                 return self._on_superstep_message(msg)
+            case P.CompensationInput() | P.Compensated():
+                return self._on_compensation_message(msg)
             case P.Failed():
                 return reported_failure(msg)
             case _:
@@ -437,6 +455,64 @@ class Attempt:
                     permanent="a superstep that does not balance is a bug, not a fault",
                 )
         return None
+
+    # -- optimistic recovery (jobmanager.optimistic) ----------------------------------------
+    def _on_compensation_message(self, msg: P.CompensationInput | P.Compensated) -> Failure | None:
+        if self.supersteps is None:
+            return None
+        if isinstance(msg, P.Compensated):
+            self.supersteps.on_compensated(msg)
+            return None
+        error = self.supersteps.on_compensation_input(msg)
+        if error is None:
+            return None
+        return Failure(
+            FailureCause.USER_FUNCTION_RAISED,
+            operator=self.supersteps.step.name,
+            error=error,
+            permanent="the compensation function returned what it must not",
+        )
+
+    def _rescue(self, failure: Failure | None) -> RescueOutcome | None:
+        """Optimistic recovery: before the survivors are ended, write their loop heads'
+        state as a rescue snapshot (bounded by ``rescue_timeout``); None when the job is
+        no iteration with optimistic recovery."""
+        settings, driver = self.config.optimistic_recovery, self.supersteps
+        if settings is None or driver is None or self.storage is None:
+            return None
+        if failure is None or failure.permanent is not None:
+            return RescueOutcome(failure=RescueFailure.PERMANENT)
+        if not driver.superstep_started:
+            return RescueOutcome(failure=RescueFailure.NO_SUPERSTEP)
+        heads = {i: self.tasks[i] for i in driver.heads}
+        liveness = self.run_services.liveness
+
+        def gone(index: int) -> bool:
+            return liveness.gone_task([self.tasks[index]]) is not None
+
+        names = {
+            heads[driver.heads[0]].operator,
+            *(s.name for s in self.plan.chain_steps(self.plan.tasks[driver.heads[0]])),
+        }
+        lost = lost_heads(heads, names, (failure.operator, failure.subtask), gone)
+        n = self.coordinator.next_id
+        self.coordinator.next_id += 1
+        return rescue_survivors(
+            settings=settings,
+            plan=self.plan,
+            step_name=driver.step.name,
+            heads=heads,
+            lost=lost,
+            attempt=self.number,
+            restored=driver.restored,
+            failed_during=driver.current,
+            checkpoint_id=n,
+            storage=self.storage,
+            send=self.send,
+            receive=self.run_services.link.receive,
+            gone=gone,
+            clock=self.clock,
+        )
 
     def _on_heartbeat(self, msg: P.Heartbeat, now: float) -> None:
         t, m = self.tasks[msg.task_index], msg.metrics

@@ -208,6 +208,8 @@ def _print_metadata(meta: CheckpointMetadata, path: str, out: TextIO) -> None:
         + (f"superstep {meta.superstep}, " if meta.superstep is not None else "")
         + f"max parallelism {_cell(meta.max_parallelism)}\n"
     )
+    if meta.rescue is not None:  # a partial checkpoint: an iteration's surviving loop heads
+        out.write(f"  {meta.rescue.describe()}\n")
     out.write(f"  triggered {_time(meta.trigger_time)}, completed {_time(meta.completed_time)}\n\n")
     out.write("summary\n")
     width = max(len(k) for k in SUMMARY_METRICS)

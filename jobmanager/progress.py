@@ -26,7 +26,9 @@ class Progress:
         checkpoints: int,
         restarts: int,
         last_checkpoint_ms: float | None,
+        superstep: int | None = None,
     ) -> None:
+        """``superstep``: an iteration's superstep running (None: no iteration)."""
         if not self.enabled:
             return
         now = time.monotonic()
@@ -38,8 +40,9 @@ class Progress:
         chk = f"  chk {checkpoints}" + (
             f" ({last_checkpoint_ms:.0f} ms)" if last_checkpoint_ms else ""
         )
+        step = f"  superstep {superstep}" if superstep is not None else ""
         line = (
-            f"in {records_in:,}  out {records_out:,}  {rate:,.0f} rec/s  {elapsed:.1f} s"
+            f"in {records_in:,}  out {records_out:,}  {rate:,.0f} rec/s  {elapsed:.1f} s{step}"
             f"{chk if checkpoints else ''}{f'  restarts {restarts}' if restarts else ''}"
             f"{f'  ui {self.ui_url}' if self.ui_url else ''}"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,13 +29,31 @@ class Restart:
         return None if self.resumed_at is None else self.resumed_at - self.failed_at
 
 
+class RecoveryKind(enum.Enum):
+    """How the next attempt of an iteration recovered; the value is the human message."""
+
+    START = "from the start"
+    CHECKPOINT = "from a superstep checkpoint"
+    OPTIMISTIC = "optimistically: the survivors' rescued state, the lost keys compensated"
+
+
 @dataclass(frozen=True)
 class SuperstepRecovery:
-    """An iteration's attempt failed during superstep ``failed_during``; the next one went
-    on after superstep ``resumed_from`` (its checkpoint's; 0: from the start)."""
+    """An iteration's attempt failed during superstep ``failed_during`` (``loading``: before
+    it started any superstep, so ``failed_during`` is the one it was restored at); the next
+    one went on after superstep ``resumed_from`` (0: from the start), ``kind`` says from
+    what. ``note`` says why a fallback happened (the rescue failed); optimistic recovery
+    lists the ``lost`` loop-head subtasks, the ``lost_keys`` it compensated and, when the
+    values are numbers, their sum after the compensation (``mass_after``)."""
 
     failed_during: int
     resumed_from: int
+    kind: RecoveryKind = RecoveryKind.CHECKPOINT
+    note: str = ""
+    lost: tuple[int, ...] = ()
+    loading: bool = False
+    lost_keys: int = 0
+    mass_after: float | None = None
 
     @property
     def rerun(self) -> int:
@@ -58,6 +77,11 @@ class IterationProgress:
     recoveries: list[SuperstepRecovery] = field(default_factory=list)
     failed_during: int | None = None
     """The superstep a failed attempt was in, until the next attempt records its recovery."""
+    failed_loading: bool = False
+    """The failed attempt had not started a superstep (it was loading or compensating)."""
+    planned: SuperstepRecovery | None = None
+    """How the job manager chose to recover (kind, note, lost), for the next attempt to
+    record with the superstep it failed during and the one it resumes from."""
 
     @property
     def rerun(self) -> int:

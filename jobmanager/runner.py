@@ -30,12 +30,14 @@ from jobmanager.faults import DriverKill, relative_to_run, resolve_faults
 from jobmanager.launchers import Launcher, select_launcher
 from jobmanager.liveness import Liveness, ctrl_c_deferred
 from jobmanager.metrics import CommittedOutputs, RunMetrics
+from jobmanager.optimistic import Compensator, OptimisticRun, RescueOutcome
 from jobmanager.progress import Progress
 from jobmanager.restart import default_strategy
 from jobmanager.result import JobResult, Restart
 from jobmanager.router_link import RouterLink, open_router
 from jobmanager.services import RunServices
 from jobmanager.stop import JobEntry, StopRequest, stop_signals
+from jobmanager.supersteps import superstep_step
 from jobmanager.web import Dashboard
 from runtime.config import JobConfig
 from runtime.errors import (
@@ -121,6 +123,8 @@ class JobManager:
         self.history = FailureHistory()
         self.progress = Progress(config.progress)
         self.stop = StopRequest()  # _run() replaces it with one the CLI can reach
+        settings = config.optimistic_recovery
+        self.optimistic = OptimisticRun(settings) if settings is not None else None
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> JobResult:
@@ -207,7 +211,7 @@ class JobManager:
             if failure is None:
                 break
             failed_at = attempt.killed_at or time.time()
-            restore, delay = self._recover(failure, number, restore, failed_at)
+            restore, delay = self._recover(failure, number, restore, failed_at, attempt.rescue)
             time.sleep(delay)
             number += 1
             try:
@@ -254,10 +258,17 @@ class JobManager:
         return path
 
     def _recover(
-        self, failure: Failure, number: int, restore: RestorePoint | None, failed_at: float
+        self,
+        failure: Failure,
+        number: int,
+        restore: RestorePoint | None,
+        failed_at: float,
+        rescue: RescueOutcome | None = None,
     ) -> tuple[RestorePoint | None, float]:
         """After attempt ``number`` (which restored ``restore``) failed: the restore point
-        and delay of the next attempt; raises TaskFailedError when there is none."""
+        and delay of the next attempt; raises TaskFailedError when there is none.
+        ``rescue``: an iteration's optimistic recovery, the failed attempt's rescue
+        snapshot (or why it has none): `_optimistic_restore` decides."""
         restored = restore.checkpoint_id if restore else None
         if failure.permanent is not None:
             raise self._give_up(failure, number, f"not retried: {failure.permanent}")
@@ -276,6 +287,8 @@ class JobManager:
                 failure, number, f"restart strategy gave up: {self.strategy.describe()}"
             )
         restore = self._latest_restore_point()
+        if rescue is not None:
+            restore = self._optimistic_restore(rescue, restore)
         restored = restore.checkpoint_id if restore else None
         self.metrics.restarts.append(
             Restart(
@@ -288,14 +301,34 @@ class JobManager:
             )
         )
         self.outputs.drop_after(restored)
+        rescue_record = restore.metadata.rescue if restore is not None else None
         log.warning(
             "attempt %d failed (%s); restarting from %s in %.2f s",
             number,
             failure.describe(),
-            restore_point_words(restored),
+            restore_point_words(restored)
+            + (f" (a {rescue_record.describe()})" if rescue_record is not None else ""),
             delay,
         )
         return restore, delay
+
+    def _optimistic_restore(
+        self, rescue: RescueOutcome, newest: RestorePoint | None
+    ) -> RestorePoint | None:
+        """Optimistic recovery: the failed attempt's rescue snapshot, else the newest of an
+        earlier rescue and ``newest`` (``jobmanager.optimistic.OptimisticRun``); the
+        iteration's record says how the next attempt recovers."""
+        assert self.optimistic is not None and self.storage is not None
+        metadata, planned = self.optimistic.next_restore(
+            rescue, newest.metadata if newest is not None else None
+        )
+        if self.metrics.iteration is not None:
+            self.metrics.iteration.planned = planned
+        if metadata is None:
+            return None
+        if newest is not None and metadata.checkpoint_id == newest.checkpoint_id:
+            return newest
+        return RestorePoint(self.storage, metadata.checkpoint_id, metadata)
 
     def _refused_connections(self) -> int:
         """Connections the driver's sockets refused (job manager and rendezvous)."""
@@ -364,6 +397,7 @@ class JobManager:
             job_started=started,
             submit_wall=time.time(),
             restored_superstep=(restore.metadata.superstep or 0) if restore else 0,
+            compensator=self._compensator(restore),
         )
         stage = launcher.start(plan, env, f"absflow-{self.run_id}-{attempt}")
         try:
@@ -371,6 +405,18 @@ class JobManager:
         finally:
             self.next_checkpoint_id = max(self.next_checkpoint_id, run.coordinator.next_id)
         return run
+
+    def _compensator(self, restore: RestorePoint | None) -> Compensator | None:
+        """The compensation of an attempt that restores a rescue snapshot."""
+        settings = self.config.optimistic_recovery
+        if restore is None or restore.metadata.rescue is None or settings is None:
+            return None
+        step = superstep_step(self.plan)
+        if step is None:
+            return None
+        return Compensator(
+            settings.compensation, bool(step.args["delta"]), f"iteration step '{step.name}'"
+        )
 
 
 def open_checkpoint_storage(

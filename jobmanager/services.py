@@ -78,6 +78,7 @@ class Progress(Protocol):
         checkpoints: int,
         restarts: int,
         last_checkpoint_ms: float | None,
+        superstep: int | None = None,
     ) -> None: ...
 
 

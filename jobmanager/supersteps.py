@@ -12,6 +12,11 @@ One attempt of an iteration, as phases of one explicit state::
                   converged / workset empty / max_supersteps -> EMITTING
                   a checkpoint due at this boundary           -> CHECKPOINT
                   else                                        -> SUPERSTEP k + 1
+    COMPENSATING (an attempt restored from a rescue snapshot, ``jobmanager.optimistic``)
+                after LOADING: every head reports its restored keys and the lost keys'
+                side input, the compensation function rebuilds the lost keys, every head
+                takes its share; then a checkpoint of the compensated state at the
+                restored superstep (CHECKPOINT), so a later failure restores it
     CHECKPOINT  checkpoint n, triggered at the boundary after k (the channels are empty,
                 so the heads' keyed state is the whole snapshot; its metadata records
                 k); once it completed or failed -> SUPERSTEP k + 1
@@ -28,15 +33,18 @@ Driver side, job-manager thread only.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from jobmanager.result import IterationProgress, SuperstepRecovery
+from jobmanager.optimistic import Compensator
+from jobmanager.result import IterationProgress, RecoveryKind, SuperstepRecovery
 from jobmanager.termination import Wave
 from runtime import control as P
+from runtime.errors import IterationError
 from runtime.graph import Step, StepKind
 from runtime.plan import JobPlan
 
@@ -62,6 +70,7 @@ class Checkpoints(Protocol):
 
 class IterationPhase(enum.Enum):
     LOADING = "loading"
+    COMPENSATING = "compensating"
     SUPERSTEP = "superstep"
     CHECKPOINT = "checkpoint"
     EMITTING = "emitting"
@@ -89,10 +98,15 @@ class SuperstepDriver:
         restored: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         starting: Callable[[int], None] = lambda _k: None,
+        compensator: Compensator | None = None,
     ) -> None:
         """``starting(k)``: called as superstep k starts, before any head hears of it
-        (fault injection: ``Kill(after_superstep=k)``)."""
+        (fault injection: ``Kill(after_superstep=k)``); ``compensator``: this attempt
+        restored a rescue snapshot, the lost keys are compensated after LOADING."""
         self.starting = starting
+        self.compensator = compensator
+        self._inputs: dict[int, P.CompensationInput] = {}
+        self._compensated: set[int] = set()
         self._stop: Callable[[int], None] | None = None
         chain = next(c.id for c in plan.chains if step.id in c.step_ids)
         self.heads = sorted(t.index for t in plan.tasks if t.chain == chain)
@@ -104,13 +118,13 @@ class SuperstepDriver:
         self.converged: Callable[[float], bool] | None = args.get("converged")
         self.phase = IterationPhase.LOADING
         self.current = restored  # the newest superstep started (or restored)
+        self.restored = restored
         self.done: dict[int, P.SuperstepDone] = {}
         self.emitted: set[int] = set()
         self.checkpoint_id: int | None = None
         self.started_at = 0.0
         if progress.failed_during is not None:  # this attempt recovers a failed one
-            progress.recoveries.append(SuperstepRecovery(progress.failed_during, restored))
-            progress.failed_during = None
+            self._record_recovery(progress, restored)
 
     @property
     def where(self) -> str:
@@ -123,9 +137,13 @@ class SuperstepDriver:
     # -- events ----------------------------------------------------------------------------
     def on_loaded(self) -> None:
         """The loop is proven empty after every source ended: the heads hold their input."""
-        if self.phase is IterationPhase.LOADING:
-            log.info("%s: input loaded, superstep %d starts", self.where, self.current + 1)
-            self._go(self.current + 1)
+        if self.phase is not IterationPhase.LOADING:
+            return
+        if self.compensator is not None:
+            self._collect_compensation_input()
+            return
+        log.info("%s: input loaded, superstep %d starts", self.where, self.current + 1)
+        self._go(self.current + 1)
 
     def on_done(self, msg: P.SuperstepDone) -> str | None:
         """A head finished a superstep; returns why the run must fail, if it must."""
@@ -177,9 +195,19 @@ class SuperstepDriver:
         self._stop(self.current)
 
     def on_failed(self) -> None:
-        """The attempt failed: the next one records how it recovered."""
-        if self.phase is not IterationPhase.LOADING or self.current:
-            self.progress.failed_during = self.current
+        """The attempt failed: the next one records how it recovered (also when this one
+        failed before its first superstep: every restart is a recovery)."""
+        self.progress.failed_during = self.current
+        self.progress.failed_loading = self.phase in (
+            IterationPhase.LOADING,
+            IterationPhase.COMPENSATING,
+        )
+
+    @property
+    def superstep_started(self) -> bool:
+        """Whether this attempt started a superstep (its heads hold a newer state than
+        the one it restored)."""
+        return self.current > self.restored
 
     # -- decisions -------------------------------------------------------------------------
     def _go(self, k: int) -> None:
@@ -235,3 +263,68 @@ class SuperstepDriver:
             self._stop_here()
         else:
             self._go(self.current + 1)
+
+    # -- recovery ------------------------------------------------------------------------
+    def _record_recovery(self, progress: IterationProgress, restored: int) -> None:
+        failed = progress.failed_during
+        assert failed is not None
+        planned = progress.planned or SuperstepRecovery(
+            0, 0, RecoveryKind.CHECKPOINT if restored else RecoveryKind.START
+        )
+        progress.recoveries.append(
+            dataclasses.replace(
+                planned,
+                failed_during=failed,
+                resumed_from=restored,
+                loading=progress.failed_loading,
+            )
+        )
+        progress.failed_during, progress.failed_loading, progress.planned = None, False, None
+
+    def _collect_compensation_input(self) -> None:
+        """Restored from a rescue snapshot: ask every head for its survivors and lost keys."""
+        self.phase = IterationPhase.COMPENSATING
+        self._inputs, self._compensated = {}, set()
+        log.info("%s: input loaded, compensating the lost keys", self.where)
+        for index in self.heads:
+            self.send(index, P.CompensationRequest())
+
+    def on_compensation_input(self, msg: P.CompensationInput) -> str | None:
+        """A head's survivors and lost keys; once all are in, the compensation runs and
+        its result goes to every head. Returns why the run must fail, if it must."""
+        if self.phase is not IterationPhase.COMPENSATING or self.compensator is None:
+            return None
+        self._inputs[msg.task_index] = msg
+        if len(self._inputs) < len(self.heads):
+            return None
+        try:
+            values, workset, figures = self.compensator.compensate(
+                (m.surviving, m.lost) for m in self._inputs.values()
+            )
+        except IterationError as err:
+            return f"{self.where}: {err}"
+        if self.progress.recoveries:
+            last = self.progress.recoveries[-1]
+            self.progress.recoveries[-1] = dataclasses.replace(
+                last, lost_keys=figures.lost_keys, mass_after=figures.mass_after
+            )
+        for index in self.heads:
+            self.send(index, P.Compensate(values, workset))
+        return None
+
+    def on_compensated(self, msg: P.Compensated) -> None:
+        """A head took its compensated keys; once all did, the compensated state is
+        checkpointed at the restored superstep (then the next superstep starts)."""
+        if self.phase is not IterationPhase.COMPENSATING:
+            return
+        self._compensated.add(msg.task_index)
+        if len(self._compensated) < len(self.heads):
+            return
+        log.info(
+            "%s: lost keys compensated; checkpointing the compensated state at superstep %d",
+            self.where,
+            self.current,
+        )
+        self.compensator = None
+        self.phase = IterationPhase.CHECKPOINT
+        self.checkpoint_id = self.coordinator.trigger(final=False, superstep=self.current)

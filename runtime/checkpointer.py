@@ -451,6 +451,20 @@ class TaskCheckpointer:
         t = self.task
         self._send(P.Decline(t.index, t.attempt, checkpoint_id, reason, detail))
 
+    # -- rescue snapshots (an iteration's optimistic recovery) -------------------------------
+    def rescue(self, checkpoint_id: int) -> TaskStateHandle | None:
+        """Capture and write this task's operator state now, synchronously, as its part of
+        rescue snapshot ``checkpoint_id`` (no barrier: the attempt has failed and ends
+        after it); the handle, or None without storage. Task-loop thread only."""
+        if self.storage is None:
+            return None
+        captured = self.chain.capture(checkpoint_id, self.storage, False)
+        if not captured.chains and not captured.stores:
+            handle = self.storage.inline_handle(captured.snapshots, captured.layout)
+            if handle is not None:
+                return handle
+        return self._write(checkpoint_id, captured, False)[0]
+
     # -- completion ----------------------------------------------------------------------
     def aborted(self, checkpoint_id: int) -> None:
         """The job manager aborted ``checkpoint_id`` and removes its files: a write of it

@@ -24,6 +24,43 @@ class SnapshotMode(enum.Enum):
 
 
 @dataclass(frozen=True)
+class OptimisticRecovery:
+    """An iteration's optimistic recovery (seed 004; ``jobmanager.optimistic``): when a
+    task fails, the surviving loop heads' state is written as a rescue snapshot (waiting
+    up to ``rescue_timeout`` seconds for it), the next attempt restores it and rebuilds
+    the lost keys with ``compensation(surviving solution, lost keys, the lost keys' side
+    input)`` (a delta iteration's returns ``(values, workset additions)``), and goes on
+    with the superstep that failed. With more than ``max_lost_fraction`` of the loop
+    heads lost, or when the rescue fails, the run falls back to its newest checkpoint
+    (``superstep_checkpoint_interval`` makes some), else to the start, and says so."""
+
+    compensation: Any
+    max_lost_fraction: float = 0.5
+    rescue_timeout: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not callable(self.compensation):
+            raise GraphError(
+                f"optimistic recovery needs a compensation function, got "
+                f"{self.compensation!r}; e.g. runtime.iterations.library.pagerank_compensation"
+            )
+        if not 0.0 <= self.max_lost_fraction <= 1.0:
+            raise GraphError(
+                f"max_lost_fraction must be between 0 and 1, got {self.max_lost_fraction!r}"
+            )
+        if not self.rescue_timeout > 0:
+            raise GraphError(f"rescue_timeout must be > 0 seconds, got {self.rescue_timeout!r}")
+
+
+def _check_optimistic(value: object) -> None:
+    if value is not None and not isinstance(value, OptimisticRecovery):
+        raise GraphError(
+            f"optimistic_recovery must be a runtime.config.OptimisticRecovery (or None), "
+            f"got {value!r}"
+        )
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """Settings of one run; pass them to ``Dataflow(...)`` or ``run(...)`` as keywords.
 
@@ -48,6 +85,14 @@ class JobConfig:
         metadata={
             "help": "Iterations: a checkpoint at the boundary after every k-th superstep "
             "(a restart goes on from the latest); None: none (a restart starts over)."
+        },
+    )
+    optimistic_recovery: OptimisticRecovery | None = field(
+        default=None,
+        metadata={
+            "help": "Iterations: recover a failed task optimistically (rescue the "
+            "survivors' state, compensate the lost keys; runtime.config.OptimisticRecovery); "
+            "None: restart from the newest checkpoint or the start."
         },
     )
     checkpoint_dir: str | None = field(
@@ -288,6 +333,13 @@ class JobConfig:
             "checkpoint and counts from 1 again (the companion of superstep checkpoints)."
         },
     )
+    debug_rescue_after_send: bool = field(
+        default=False,
+        metadata={
+            "help": "Tests only: a loop head blocked in a send serves an optimistic "
+            "recovery's rescue only after the send (the companion of the rescue test)."
+        },
+    )
     debug_drop_event_time: bool = field(
         default=False,
         metadata={"help": "Tests only: restore without timers and watermarks."},
@@ -328,6 +380,7 @@ class JobConfig:
                 f"launcher {self.launcher!r} is unknown; use one of {', '.join(LAUNCHERS)} "
                 "('local' runs the tasks as local processes without Spark, for tests)."
             )
+        _check_optimistic(self.optimistic_recovery)
         if self.task_scheduling not in TASK_SCHEDULING:
             raise GraphError(
                 f"task_scheduling {self.task_scheduling!r} is unknown; use 'batch' (SCHED_BATCH "
@@ -409,7 +462,9 @@ class JobConfig:
     @property
     def checkpointing(self) -> bool:
         return (
-            self.checkpoint_interval is not None or self.superstep_checkpoint_interval is not None
+            self.checkpoint_interval is not None
+            or self.superstep_checkpoint_interval is not None
+            or self.optimistic_recovery is not None  # rescue snapshots go to the storage
         )
 
     def replace(self, **changes: Any) -> JobConfig:

@@ -227,6 +227,46 @@ class SolutionEmitted(Message):
     records: int
 
 
+@dataclass(frozen=True, slots=True)
+class Rescued(Message):
+    """The answer to ``Rescue``: this loop head's keyed state, written as its part of
+    rescue snapshot ``checkpoint_id`` (``state``: its handle; None without storage), is
+    the state after superstep ``after`` (-1: the state it was loaded or restored with,
+    before any superstep of this attempt)."""
+
+    CODE: ClassVar[int] = 13
+    task_index: int
+    attempt: int
+    checkpoint_id: int
+    after: int
+    state: TaskStateHandle | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompensationInput(Message):
+    """The answer to ``CompensationRequest``: what a loop head restored from a rescue
+    snapshot (``surviving``: its restored keys and values) and the keys it lacks
+    (``lost``: the keys of lost key groups with their side input), each a data-plane
+    record frame (``channels.messages.encode_data``) of ``(key, value)`` pairs."""
+
+    CODE: ClassVar[int] = 14
+    task_index: int
+    attempt: int
+    surviving: bytes
+    lost: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Compensated(Message):
+    """The answer to ``Compensate``: the loop head set its ``keys`` lost keys to their
+    compensated values (and its share of the workset additions)."""
+
+    CODE: ClassVar[int] = 15
+    task_index: int
+    attempt: int
+    keys: int
+
+
 # -- job manager -> task ------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Trigger(Message):
@@ -317,6 +357,37 @@ class EmitSolution(Message):
     superstep: int
 
 
+@dataclass(frozen=True, slots=True)
+class Rescue(Message):
+    """Iteration loop heads only, optimistic recovery: the attempt failed; write your keyed
+    state now (between two batches: the state after some superstep) as your part of
+    rescue snapshot ``checkpoint_id``, and answer ``Rescued``. The job manager ends the
+    attempt after it."""
+
+    CODE: ClassVar[int] = 30
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompensationRequest(Message):
+    """Iteration loop heads only, restored from a rescue snapshot, input loaded: answer
+    ``CompensationInput`` (the restored keys' values, the lost keys' side input)."""
+
+    CODE: ClassVar[int] = 31
+
+
+@dataclass(frozen=True, slots=True)
+class Compensate(Message):
+    """Iteration loop heads only: the compensation function's result for every lost key
+    (``values``: a record frame of ``(key, value)``) and the keys it adds to the workset
+    (``workset``: a record frame of keys; delta iterations); a head takes the keys it
+    holds and answers ``Compensated``."""
+
+    CODE: ClassVar[int] = 32
+    values: bytes
+    workset: bytes
+
+
 Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]
 _RECORDS = (MetricsRecord, TaskStateHandle)  # typed records: their own encode/decode
 
@@ -384,6 +455,12 @@ _TYPES: dict[int, type[Message]] = {
         Halt,
         SuperstepGo,
         EmitSolution,
+        Rescued,
+        CompensationInput,
+        Compensated,
+        Rescue,
+        CompensationRequest,
+        Compensate,
     )
 }
 _WIRES: dict[type[Message], _Wire] = {}

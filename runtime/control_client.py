@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 import zmq
 
 from runtime import control as P
+from runtime.control import M
 from runtime.errors import AbsflowError, TaskCancelled
 from runtime.task_io import ControlSocket
 
@@ -106,6 +107,15 @@ class ControlClient:
     def wait(self, timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for a message; whether one is there."""
         return bool(self._queued) or bool(self._sock.poll(timeout_ms))
+
+    def take_of(self, kind: type[M]) -> list[M]:
+        """Read, then hand out (and unqueue) only the queued messages of ``kind``, oldest
+        first; the others stay queued in their order."""
+        self.read()
+        mine = [m for m in self._queued if isinstance(m, kind)]
+        if mine:
+            self._queued = deque(m for m in self._queued if not isinstance(m, kind))
+        return mine
 
     def take(self) -> Iterator[P.Message]:
         """Read, then hand out the queued messages oldest first."""

@@ -35,18 +35,29 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from channels.messages import SuperstepMarker
+from channels.messages import SuperstepMarker, decode_records, encode_data
 from runtime import control as P
 from runtime.barriers.superstep import SuperstepAligner
 from runtime.errors import IterationError, OperatorFailure
 from runtime.graph import Step, StepKind
 from runtime.operators import KeyedOperator, OperatorContext, register
 from runtime.task_outputs import TaskOutputs
+from statebackend.metadata import TaskStateHandle
 
-__all__ = ["SIDE", "SOLUTION", "WORKSET", "SuperstepHead", "SuperstepOperator", "entry_key"]
+__all__ = [
+    "SIDE",
+    "SIDE_ITEM",
+    "SOLUTION",
+    "WORKSET",
+    "SuperstepHead",
+    "SuperstepOperator",
+    "entry_key",
+]
 
-SOLUTION, SIDE, WORKSET = 0, 1, 2
-"""Tags of the entry's ``(key, tag, payload)`` records."""
+SOLUTION, SIDE, WORKSET, SIDE_ITEM = 0, 1, 2, 3
+"""Tags of the entry's ``(key, tag, payload)`` records (``runtime.superstep_entry``):
+a key's solution value, its side value, its workset membership, one item of its side
+value (the items of a key are collected into a tuple before the first superstep)."""
 _MISSING = object()
 
 
@@ -66,15 +77,21 @@ class SuperstepOperator(KeyedOperator):
         super().__init__(step, ctx)
         self.logic = step.fn
         self.delta: bool = bool(step.args["delta"])
+        self.iteration: str = step.args.get("iteration", step.name)
         keyed = self.keyed_state
         assert keyed is not None
         # Declared now: the live dicts stay the same objects across a restore.
         self.solution = keyed.value_state("solution")
         self.side = keyed.value_state("side")
         self.workset = keyed.value_state("workset")
+        self.side_items = keyed.list_state("side_items")
+        """Grouped side input while it loads; folded into ``side`` by check_loaded."""
         self.inbox: dict[Any, Any] = {}
         self.received = 0
         """Messages absorbed since the last update (all of the current superstep's)."""
+        self.kept: frozenset[Any] | None = None
+        """Restored from a rescue snapshot (optimistic recovery): the keys restored, whose
+        values and workset entries the input does not overwrite (`keep_restored`)."""
 
     # -- the per-record path -------------------------------------------------------------
     def process(self, batch: list[Any], side: int = 0) -> list[Any]:
@@ -86,13 +103,36 @@ class SuperstepOperator(KeyedOperator):
 
     def _load(self, batch: list[Any]) -> None:
         solution, side_input, workset = self.solution, self.side, self.workset
+        kept = self.kept
+        if kept is not None:  # restored from a rescue: keep what survived, take the rest
+            batch = [r for r in batch if r[0] not in kept and r[1] != WORKSET]
+        side_items = self.side_items
         for key, tag, payload in batch:
             if tag == SOLUTION:
+                if key in solution:
+                    self._twice("solution", key, "a key has one initial value")
                 solution[key] = payload
+            elif tag == SIDE_ITEM:
+                items = side_items.get(key)
+                if items is None:
+                    side_items[key] = [payload]
+                else:
+                    items.append(payload)
             elif tag == SIDE:
+                if key in side_input:
+                    self._twice(
+                        "side input",
+                        key,
+                        "pass group_side=True to collect a key's side values into a tuple",
+                    )
                 side_input[key] = payload
             else:
                 workset[key] = True
+
+    def _twice(self, what: str, key: Any, fix: str) -> None:
+        raise IterationError(
+            f"iteration '{self.iteration}': its {what} holds key {key!r} twice; {fix}"
+        )
 
     def _absorb(self, batch: list[Any]) -> None:
         inbox, solution, combine = self.inbox, self.solution, self.logic.combine
@@ -111,7 +151,12 @@ class SuperstepOperator(KeyedOperator):
 
     # -- supersteps ----------------------------------------------------------------------
     def check_loaded(self) -> None:
-        """Before the first superstep: every workset and side key has a solution value."""
+        """Before the first superstep: a grouped side input is folded into one tuple per
+        key; every workset and side key has a solution value."""
+        if self.side_items:
+            for key, items in self.side_items.items():
+                self.side[key] = tuple(items)
+            self.side_items.clear()
         for name, keys in (("workset", self.workset), ("side input", self.side)):
             unknown = [k for k in keys if k not in self.solution]
             if unknown:
@@ -169,6 +214,34 @@ class SuperstepOperator(KeyedOperator):
     def solution_records(self) -> list[tuple[Any, Any]]:
         return list(self.solution.items())
 
+    # -- optimistic recovery (restored from a rescue snapshot) ----------------------------
+    def keep_restored(self) -> None:
+        """This subtask restored a rescue snapshot: the keys it holds now survived (with
+        their side input and workset entries); while the input loads again, it takes only
+        the keys it lacks (the lost key groups': their side input, and a solution value
+        the compensation replaces). The input's workset is not taken: the compensation
+        says which keys join it."""
+        self.kept = frozenset(self.solution)
+
+    def compensation_input(self) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """``(restored keys with their values, lost keys with their side input)``."""
+        kept = self.kept or frozenset()
+        solution, side = self.solution, self.side
+        surviving = [(k, solution[k]) for k in kept]
+        lost = [(k, side.get(k)) for k in solution if k not in kept]
+        return surviving, lost
+
+    def compensate(self, values: list[tuple[Any, Any]], workset: list[Any]) -> int:
+        """Set the lost keys this subtask holds to their compensated ``values`` and add the
+        keys it holds of ``workset`` to its workset (delta); the lost keys set."""
+        kept, solution = self.kept or frozenset(), self.solution
+        mine = [(k, v) for k, v in values if k in solution and k not in kept]
+        solution.update(mine)
+        if self.delta:
+            self.workset.update(dict.fromkeys((k for k in workset if k in solution), True))
+        self.kept = None  # from now on an ordinary head
+        return len(mine)
+
 
 class SuperstepHead:
     """The superstep protocol of one iteration task (see the module docstring): acts on
@@ -194,6 +267,8 @@ class SuperstepHead:
         self.checked = False
         self._sent = 0
         self._started_at = 0.0
+        self.after = -1
+        """The newest superstep this head updated its keys for in this attempt (-1: none)."""
 
     def go(self, superstep: int) -> None:
         """Send superstep ``superstep``'s messages, then its marker on every feedback channel."""
@@ -219,6 +294,7 @@ class SuperstepHead:
             aggregate, active, received = self.operator.end(total)
         except Exception as err:
             raise OperatorFailure(self.operator.name, err) from err
+        self.after = superstep
         self.send(
             P.SuperstepDone(
                 self.task_index,
@@ -239,3 +315,25 @@ class SuperstepHead:
         self.outputs.emit_to(self.result_edge, records)
         self.outputs.flush()
         self.send(P.SolutionEmitted(self.task_index, self.attempt, superstep, len(records)))
+
+    # -- optimistic recovery ------------------------------------------------------------
+    def rescue(self, checkpoint_id: int, write: Callable[[int], TaskStateHandle | None]) -> None:
+        """The attempt failed: ``write`` this task's state (its keyed state changes only at
+        an update, between two turns of the task loop, so it is the state after
+        ``self.after``) as part of rescue snapshot ``checkpoint_id``; answer ``Rescued``."""
+        handle = write(checkpoint_id)
+        self.send(P.Rescued(self.task_index, self.attempt, checkpoint_id, self.after, handle))
+
+    def send_compensation_input(self) -> None:
+        surviving, lost = self.operator.compensation_input()
+        self.send(
+            P.CompensationInput(
+                self.task_index, self.attempt, encode_data(0, surviving), encode_data(0, lost)
+            )
+        )
+
+    def compensate(self, msg: P.Compensate) -> None:
+        values = decode_records(msg.values) if msg.values else []
+        workset = decode_records(msg.workset) if msg.workset else []
+        keys = self.operator.compensate(values, workset)
+        self.send(P.Compensated(self.task_index, self.attempt, keys))

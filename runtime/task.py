@@ -196,6 +196,9 @@ class Task:
                 raise TaskCancelled(f"restoring {where} failed: {err}") from err
         self.chain.apply_operator_states(states)
         self.input_side.valve.restore(self.chain.restore_watermark(env.restore_metadata))
+        rescued = env.restore_metadata is not None and env.restore_metadata.rescue is not None
+        if rescued and self.supersteps is not None:  # optimistic recovery: keep survivors
+            self.supersteps.operator.keep_restored()
 
     def _superstep_head(self) -> SuperstepHead | None:
         """The superstep protocol, if this task is an iteration's loop head: its feedback
@@ -256,6 +259,12 @@ class Task:
                 self._superstep_head_of(msg).go(msg.superstep)
             elif isinstance(msg, P.EmitSolution):
                 self._superstep_head_of(msg).emit_solution(msg.superstep)
+            elif isinstance(msg, P.Rescue):
+                self._superstep_head_of(msg).rescue(msg.checkpoint_id, self.checkpointer.rescue)
+            elif isinstance(msg, P.CompensationRequest):
+                self._superstep_head_of(msg).send_compensation_input()
+            elif isinstance(msg, P.Compensate):
+                self._superstep_head_of(msg).compensate(msg)
             elif isinstance(msg, P.LoopProbe):
                 t = self.identity
                 received = 0 if self.chain.reader is not None else self.counters.records_in
@@ -270,9 +279,20 @@ class Task:
         # trigger here would put a barrier in the middle of a batch), keep heartbeating,
         # and keep reading the back-edges (a loop must never block its own feedback).
         self.control.read()
+        if self.supersteps is not None and not self.config.debug_rescue_after_send:
+            self._rescue_now()  # a rescue must not wait for a send to a dead loop head
         if self.feedback is not None:
             self.feedback.drain()
         self._housekeeping(time.monotonic(), timers=False)  # no records in a blocked send
+
+    def _rescue_now(self) -> None:
+        """Serve a queued ``Rescue`` inside a blocked send: the keyed state of a loop head
+        is never mid-update there (its loading, absorbing and updating send nothing), and
+        after a failure its sends may block for good on a dead peer's channel."""
+        head = self.supersteps
+        assert head is not None
+        for msg in self.control.take_of(P.Rescue):
+            head.rescue(msg.checkpoint_id, self.checkpointer.rescue)
 
     def _heartbeat(self) -> P.Heartbeat:
         m, t = self._measure(), self.identity

@@ -8,6 +8,9 @@
   ``_metadata`` lists one per task.
 * `StepState` — a step whose state the checkpoint holds (name, kind, parallelism,
   keyed): what a restore checks the new job against.
+* `RescueRecord` — what a rescue snapshot holds (optimistic recovery of an iteration):
+  the surviving loop heads' subtasks and key groups, the superstep each one's state is
+  after, and the subtasks lost.
 * `CheckpointMetadata` — the ``_metadata`` file: readable JSON with a ``"crc32"`` of
   its canonical body (``json.dumps(body, sort_keys=True, separators=(",", ":"))`` of
   every other key), written by the coordinator, read by restore and the CLI.
@@ -213,6 +216,58 @@ class StepState:
         return f"{what}step '{self.name}' ({keyed}, parallelism {self.parallelism})"
 
 
+@dataclass(frozen=True, slots=True)
+class RescueRecord:
+    """A **rescue snapshot** (an iteration's optimistic recovery, ``jobmanager.optimistic``):
+    a partial checkpoint of the loop heads of superstep step ``step`` that survived a
+    failed attempt, taken before they were ended. It holds the keyed state of
+    ``subtasks`` (key groups ``key_groups``, as ``(start, stop)`` ranges), each after the
+    superstep in ``supersteps`` (by subtask; all equal, else no rescue is written); the
+    key groups of ``lost`` are not in it: the next attempt rebuilds them with the user's
+    compensation function. ``failed_during``: the superstep the failed attempt was in."""
+
+    step: str
+    subtasks: tuple[int, ...]
+    key_groups: tuple[tuple[int, int], ...]
+    supersteps: Mapping[int, int]
+    lost: tuple[int, ...]
+    failed_during: int
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "subtasks": list(self.subtasks),
+            "key_groups": [list(r) for r in self.key_groups],
+            "supersteps": {str(s): k for s, k in sorted(self.supersteps.items())},
+            "lost": list(self.lost),
+            "failed_during": self.failed_during,
+        }
+
+    @classmethod
+    def decode(cls, data: Any) -> RescueRecord:
+        try:
+            return cls(
+                str(data["step"]),
+                tuple(int(s) for s in data["subtasks"]),
+                tuple((int(a), int(b)) for a, b in data["key_groups"]),
+                {int(s): int(k) for s, k in data["supersteps"].items()},
+                tuple(int(s) for s in data["lost"]),
+                int(data["failed_during"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise CorruptCheckpointError(
+                f"rescue record {reprlib.repr(data)} is malformed ({err!r}): expected "
+                "{'step': str, 'subtasks': [int], 'key_groups': [[start, stop]], "
+                "'supersteps': {subtask: int}, 'lost': [int], 'failed_during': int}"
+            ) from err
+
+    def describe(self) -> str:
+        return (
+            f"rescue of '{self.step}' subtasks {list(self.subtasks)} (lost {list(self.lost)}, "
+            f"failed during superstep {self.failed_during})"
+        )
+
+
 def steps_of(tasks: Mapping[str, TaskStateHandle]) -> tuple[StepState, ...]:
     """The steps the state files hold, from their layouts (kinds unknown), by name."""
     found: dict[str, StepState] = {}
@@ -250,6 +305,8 @@ class CheckpointMetadata:
     superstep: int | None = None
     """An iteration's checkpoint: taken at the boundary after this superstep (a restore
     goes on with the next one); None for other checkpoints."""
+    rescue: RescueRecord | None = None
+    """A rescue snapshot (partial: the surviving loop heads only), see `RescueRecord`."""
 
     def step(self, name: str) -> StepState | None:
         return next((s for s in self.steps if s.name == name), None)
@@ -275,6 +332,7 @@ class CheckpointMetadata:
             "steps": [s.encode() for s in self.steps],
             "savepoint": self.savepoint,
             "superstep": self.superstep,
+            **({} if self.rescue is None else {"rescue": self.rescue.encode()}),
         }
 
     def to_json(self) -> str:
@@ -332,6 +390,7 @@ class CheckpointMetadata:
                 else tuple(StepState.decode(s) for s in steps),
                 savepoint=bool(body.get("savepoint", False)),
                 superstep=None if body.get("superstep") is None else int(body["superstep"]),
+                rescue=None if body.get("rescue") is None else RescueRecord.decode(body["rescue"]),
             )
         except KeyError as err:
             raise CorruptCheckpointError(

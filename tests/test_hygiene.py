@@ -42,8 +42,9 @@ def test_mypy_strict() -> None:
     run_tool("mypy")
 
 
-# Who may import whom. A module's part: the user API (``runtime.api`` and the ``runtime``
-# package's face), the task side (the rest of ``runtime``), or its top-level package.
+# Who may import whom. A module's part: the user API (``runtime.api``, the ``runtime``
+# package's face and ``runtime.iterations``: the iteration front, its ready-made steps and
+# graphs), the task side (the rest of ``runtime``), or its top-level package.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "channels": frozenset({"channels"}),
     "statebackend": frozenset({"channels", "statebackend"}),
@@ -51,24 +52,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "jobmanager": frozenset({"channels", "statebackend", "task", "jobmanager"}),
     "api": frozenset({"channels", "statebackend", "task", "jobmanager", "api"}),
 }
-# Debts with an open issue: the superstep iterations still run on a runtime of their own
-# (issue 39). Each entry must still exist, so the list shrinks as the debt is paid.
-PENDING_ARROWS = {("runtime.iterations.api", "jobmanager.iterations")}
-PENDING_CIRCLES = [
-    {
-        "jobmanager.iteration_attempt",
-        "jobmanager.iteration_launch",
-        "jobmanager.iterations",
-        "runtime.iterations.api",
-        "runtime.iterations.loop_plan",
-        "runtime.iterations.partition",
-        "runtime.iterations.worker",
-    }
-]
 
 
 def part(module: str) -> str:
-    if module == "runtime" or module.startswith("runtime.api"):
+    if module == "runtime" or module.startswith(("runtime.api", "runtime.iterations")):
         return "api"
     top = module.split(".")[0]
     return "task" if top == "runtime" else top
@@ -180,21 +167,17 @@ SOURCE_TOPS = (*PACKAGES, "benchmarks", "examples")
 
 def test_no_arrow_back_up() -> None:
     arrows = arrows_back_up(import_graph(ROOT, SOURCE_TOPS))
-    new = sorted(arrows - PENDING_ARROWS)
-    assert not new, (
+    assert not arrows, (
         "imports that run back up (channels/statebackend -> runtime/jobmanager, the task "
-        f"side -> jobmanager or runtime.api, jobmanager -> runtime.api): {new}"
+        f"side -> jobmanager or runtime.api, jobmanager -> runtime.api): {sorted(arrows)}"
     )
-    paid = sorted(PENDING_ARROWS - arrows)
-    assert not paid, f"these pending arrows are gone: remove them from PENDING_ARROWS: {paid}"
 
 
 def test_no_import_circle() -> None:
     found = circles(import_graph(ROOT, SOURCE_TOPS))
-    new = [sorted(c) for c in found if c not in PENDING_CIRCLES]
-    assert not new, f"import circles (late and TYPE_CHECKING imports count): {new}"
-    paid = [sorted(c) for c in PENDING_CIRCLES if c not in found]
-    assert not paid, f"these pending circles are gone: remove them from PENDING_CIRCLES: {paid}"
+    assert not found, (
+        f"import circles (late and TYPE_CHECKING imports count): {[sorted(c) for c in found]}"
+    )
 
 
 def test_the_checks_see_an_arrow_back_up_and_a_circle(tmp_path: pathlib.Path) -> None:

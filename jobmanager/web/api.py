@@ -191,6 +191,14 @@ def _metrics(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]
     }
 
 
+def _iteration(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
+    snap = _snapshot(board)
+    return {
+        "job": board.job_id,
+        "iteration": None if snap.iteration is None else dict(snap.iteration),
+    }
+
+
 def _overview(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
     """What the dashboard polls: job, tasks, checkpoints, restarts in one answer."""
     return {
@@ -198,6 +206,7 @@ def _overview(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object
         "tasks": _tasks(board, {})["tasks"],
         "checkpoints": _checkpoints(board, params),
         "restarts": _restarts(board, {})["restarts"],
+        "iteration": _iteration(board, {})["iteration"],
     }
 
 
@@ -265,10 +274,19 @@ API: tuple[Endpoint, ...] = (
         "per restart: the failed attempt, cause, error, restored checkpoint, recovery seconds",
     ),
     Endpoint(
+        "iteration",
+        _iteration,
+        ("job",),
+        "a superstep iteration's progress (null for other jobs): phase, the superstep running, "
+        "supersteps done and started, convergence aggregate per superstep, superstep "
+        "checkpoints, recoveries and supersteps re-run",
+    ),
+    Endpoint(
         "overview",
         _overview,
         ("job", "limit", "since"),
-        "job, tasks, checkpoints and restarts in one answer (what the dashboard polls)",
+        "job, tasks, checkpoints, restarts and the iteration in one answer (what the "
+        "dashboard polls)",
     ),
 )
 _PER_JOB: dict[str, tuple[Handler, tuple[str, ...]]] = {

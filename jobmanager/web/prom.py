@@ -152,12 +152,43 @@ JOB_COUNTERS = (
         "refused_connections",
     ),
 )
+ITERATION_METRICS = (
+    MetricSpec(
+        "absflow_superstep",
+        _G,
+        "An iteration's superstep running (or last started).",
+        ("job", "phase"),
+        "superstep",
+    ),
+    MetricSpec(
+        "absflow_supersteps_done",
+        _G,
+        "An iteration's supersteps agreed by every loop head.",
+        ("job",),
+        "supersteps_done",
+    ),
+    MetricSpec(
+        "absflow_superstep_aggregate",
+        _G,
+        "An iteration's convergence aggregate of its last superstep (delta: changed keys).",
+        ("job",),
+        "aggregate",
+    ),
+    MetricSpec(
+        "absflow_supersteps_started",
+        _C,
+        "Supersteps started over all attempts (re-runs after recoveries included).",
+        ("job",),
+        "supersteps_started",
+    ),
+)
 METRICS: tuple[MetricSpec, ...] = (
     *TASK_METRICS,
     CHECKPOINT_DURATION,
     CHECKPOINT_SIZE,
     LAST_COMPLETED,
     *JOB_COUNTERS,
+    *ITERATION_METRICS,
 )
 
 
@@ -223,6 +254,20 @@ class SnapshotCollector(Collector):
             c = CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
             c.add_metric([job], _figure(snap.job, spec.key))
             yield c
+        if snap.iteration is not None:
+            yield from self._iteration_metrics(job, snap.iteration)
+
+    @staticmethod
+    def _iteration_metrics(job: str, it: Mapping[str, object]) -> Iterator[Metric]:
+        for spec in ITERATION_METRICS:
+            family_type = (
+                CounterMetricFamily if spec.type is MetricType.COUNTER else GaugeMetricFamily
+            )
+            family = family_type(spec.name, spec.help, labels=list(spec.labels))
+            if it[spec.key] is not None:
+                labels = [job, str(it["phase"])] if "phase" in spec.labels else [job]
+                family.add_metric(labels, _figure(it, spec.key))
+            yield family
 
 
 def _figure(row: Mapping[str, object], key: str) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import enum
 import time
 import uuid
 from collections import deque
@@ -28,7 +29,7 @@ from statebackend.metrics import TaskMetrics
 
 if TYPE_CHECKING:
     from jobmanager.coordinator import CompletedCheckpoint
-    from jobmanager.result import FailedCheckpoint, Restart
+    from jobmanager.result import FailedCheckpoint, IterationProgress, Restart
     from jobmanager.services import TaskInfo
 
 HISTORY = 200  # completed (and failed) checkpoints kept for the API and the dashboard
@@ -196,6 +197,15 @@ class CoordinatorView(Protocol):
     def failed(self) -> Sequence[FailedCheckpoint]: ...
 
 
+class SuperstepsView(Protocol):
+    """What a snapshot reads of an iteration's driver (``jobmanager.supersteps``)."""
+
+    @property
+    def phase(self) -> enum.Enum: ...
+    @property
+    def current(self) -> int: ...
+
+
 class AttemptView(Protocol):
     """What a snapshot reads of the running attempt (``jobmanager.attempt.Attempt``)."""
 
@@ -205,6 +215,8 @@ class AttemptView(Protocol):
     def tasks(self) -> Mapping[int, TaskInfo]: ...
     @property
     def coordinator(self) -> CoordinatorView: ...
+    @property
+    def supersteps(self) -> SuperstepsView | None: ...
 
 
 @dataclass(frozen=True)
@@ -218,6 +230,7 @@ class JobSnapshot:
     restarts: tuple[RestartRow, ...]
     duration_buckets: tuple[int, ...]  # cumulative counts per DURATION_BUCKETS_MS, then +Inf
     duration_sum_ms: float
+    iteration: Mapping[str, object] | None = None  # an iteration's supersteps (iteration_view)
     published_at: float = field(default_factory=time.time)
 
 
@@ -292,6 +305,33 @@ def config_view(config: JobConfig) -> dict[str, JsonScalar]:
     return out
 
 
+def iteration_view(progress: IterationProgress, phase: str, superstep: int) -> dict[str, object]:
+    """An iteration's supersteps, JSON-ready: ``phase`` (loading, superstep, checkpoint,
+    emitting, ended, stopped; ``finished``/``failed`` once the job ended), the
+    ``superstep`` running (or last started), those agreed so far, the convergence
+    aggregate of each (the last ``HISTORY``), superstep checkpoints and recoveries."""
+    aggregates = progress.aggregates[-HISTORY:]
+    return {
+        "phase": phase,
+        "superstep": superstep,
+        "supersteps_done": progress.supersteps,
+        "supersteps_started": progress.supersteps_started,
+        "converged": progress.converged,
+        "aggregate": aggregates[-1][1] if aggregates else None,
+        "aggregates": [{"superstep": k, "aggregate": a} for k, a in aggregates],
+        "superstep_seconds": [
+            {"superstep": k, "seconds": round(t, 6)}
+            for k, t in progress.superstep_seconds[-HISTORY:]
+        ],
+        "checkpoints": [{"superstep": k, "checkpoint_id": n} for k, n in progress.checkpoints],
+        "recoveries": [
+            {"failed_during": r.failed_during, "resumed_from": r.resumed_from, "rerun": r.rerun}
+            for r in progress.recoveries
+        ],
+        "rerun": progress.rerun,
+    }
+
+
 class SnapshotBuilder:
     """Publishes the running job's state to ``board`` (see the module docstring)."""
 
@@ -312,6 +352,7 @@ class SnapshotBuilder:
         self._tasks: tuple[TaskRow, ...] = ()
         self._attempt = 0
         self._last: AttemptView | None = None  # the attempt last published
+        self._phase, self._superstep = "", 0  # an iteration's, as last published
 
     # -- called by the job manager ----------------------------------------------------------
     def publish(self, attempt: AttemptView) -> None:
@@ -324,6 +365,9 @@ class SnapshotBuilder:
         for n in attempt.coordinator.pending:
             self._attempt_of.setdefault(n, attempt.number)
         self._tasks = tuple(self._task_rows(attempt))
+        if attempt.supersteps is not None:
+            self._phase = attempt.supersteps.phase.value
+            self._superstep = attempt.supersteps.current
         failed = [*self.metrics.failed_checkpoints, *attempt.coordinator.failed]
         live = self.metrics.live(attempt.tasks)
         self._publish("running", failed, sorted(attempt.coordinator.pending), live)
@@ -377,6 +421,11 @@ class SnapshotBuilder:
             restarts=tuple(self._restart_row(r) for r in m.restarts[-HISTORY:]),
             duration_buckets=tuple(self._buckets),
             duration_sum_ms=self._duration_sum,
+            iteration=None
+            if m.iteration is None
+            else iteration_view(
+                m.iteration, self._phase if state == "running" else state, self._superstep
+            ),
         )
 
     def _take_completed(self) -> None:

@@ -44,6 +44,8 @@ from runtime.keyed_process import process_args
 from runtime.plan import JobPlan, build_plan
 from runtime.sinks import CollectSink, PrintSink, Sink
 from runtime.sources import Source
+from runtime.superstep import SIDE, SIDE_ITEM, SOLUTION, WORKSET, entry_key
+from runtime.superstep_entry import EntryTag
 from runtime.timestamps import check_assigner_args, check_assigner_position, check_event_time
 from runtime.window_kinds import WindowKind
 from runtime.windows import LATE, MAIN
@@ -432,6 +434,77 @@ class Dataflow:
         step = self.graph.add_step(step_name, StepKind.SOURCE, par, fn=source)
         return Stream(self, step)
 
+    # -- iterations -------------------------------------------------------------------
+    def bulk_iteration(
+        self,
+        name: str,
+        *,
+        solution: Stream | KeyedStream,
+        step: Any,
+        side: Stream | KeyedStream | None = None,
+        group_side: bool = False,
+        max_supersteps: int | None = None,
+        converged: Callable[[float], bool] | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """A bulk superstep iteration (``runtime.superstep``); returns its result, a stream
+        of ``(key, final value)`` for any sink (exactly once, like every sink).
+
+        ``solution``: a stream of ``(key, initial value)`` pairs (each key once);
+        ``side``: a stream of ``(key, side value)`` pairs, a static input every key sees
+        in ``step.messages``/``update``; with ``group_side=True`` a key's values are
+        collected into a tuple (an edge stream ``(source, target)`` gives every vertex
+        its targets, like ``groupByKey``). ``step``: a ``runtime.iterations.Step``;
+        every key sends its messages every superstep. The iteration ends after
+        ``max_supersteps`` or once ``converged(sum of step.aggregate)`` holds. Every
+        input may come from any source; all are hashed by key into the loop head::
+
+            edges = flow.source(ParquetSource("edges/")).map(lambda r: (r["src"], r["dst"]))
+            ranks = flow.source(ParquetSource("vertices/")).map(lambda r: (r["id"], 1 / n))
+            result = flow.bulk_iteration("pagerank", solution=ranks, side=edges,
+                                         group_side=True, step=PageRankStep(n),
+                                         max_supersteps=100, converged=l1_below(n * 1e-9))
+            result.sink(PostgresUpsertSink(dsn, "ranks", key_columns=["vertex"]))
+        """
+        where = f"iteration '{name}'"
+        if max_supersteps is None and converged is None:
+            raise GraphError(
+                f"{where} can never end: a bulk iteration needs max_supersteps=, a "
+                "converged= criterion (e.g. runtime.iterations.l1_below(eps)), or both."
+            )
+        if converged is not None:
+            check_callable(converged, name, "converged criterion")
+            check_picklable(converged, name, "converged criterion")
+        inputs: list[tuple[str, Any, int, int | None]] = [("solution", solution, SOLUTION, None)]
+        if side is not None:
+            inputs.append(("side", side, SIDE_ITEM if group_side else SIDE, None))
+        return _iteration(self, name, step, False, inputs, parallelism, max_supersteps, converged)
+
+    def delta_iteration(
+        self,
+        name: str,
+        *,
+        solution: Stream | KeyedStream,
+        step: Any,
+        workset: Stream | KeyedStream | None = None,
+        side: Stream | KeyedStream | None = None,
+        group_side: bool = False,
+        max_supersteps: int | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """A delta superstep iteration: only workset keys send; keys whose value changed
+        (``step.update`` returned other than None) form the next workset; it ends when
+        the workset is empty everywhere (or after ``max_supersteps``). ``workset``: a
+        stream of keys (None: every solution key). Otherwise as ``bulk_iteration``."""
+        inputs: list[tuple[str, Any, int, int | None]] = [
+            ("solution", solution, SOLUTION, None if workset is not None else WORKSET)
+        ]
+        if side is not None:
+            inputs.append(("side", side, SIDE_ITEM if group_side else SIDE, None))
+        if workset is not None:
+            inputs.append(("workset", workset, WORKSET, None))
+        return _iteration(self, name, step, True, inputs, parallelism, max_supersteps, None)
+
     def validate(self, config: JobConfig | None = None) -> None:
         """Raise GraphError naming the first problem; called by explain() and run()."""
         self.graph.validate()
@@ -470,6 +543,73 @@ class Dataflow:
 
         config = self.config.replace(**overrides) if overrides else self.config
         return run_job(self.plan(config), config, restore_from=restore_from, faults=list(faults))
+
+
+def _iteration(
+    flow: Dataflow,
+    name: str,
+    step: Any,
+    delta: bool,
+    inputs: list[tuple[str, Any, int, int | None]],
+    parallelism: int | None,
+    max_supersteps: int | None,
+    converged: Callable[[float], bool] | None,
+) -> Stream:
+    """The loop of an iteration (``runtime.superstep``)::
+
+        input --tag--+--hash by key--> <name> (iterate) -> <step>:superstep --> result
+        input --tag--+                     ^                        |
+                                           +---- feedback, hash ----+
+
+    Each input ``(what, stream, tag, also tag)`` is mapped to ``(key, tag, payload)``
+    records (``EntryTag``, in the input's own task) and hashed by key into the loop
+    head."""
+    graph = flow.graph
+    loop_name = graph.unique_name(name, "iteration")
+    where = f"iteration '{loop_name}'"
+    for method in ("messages", "update"):
+        if not callable(getattr(step, method, None)):
+            raise GraphError(
+                f"{where}: step= must be a runtime.iterations.Step (with messages() and "
+                f"update()), got {type(step).__name__} {step!r} without {method}()."
+            )
+    if max_supersteps is not None and (
+        not isinstance(max_supersteps, int)
+        or isinstance(max_supersteps, bool)
+        or max_supersteps < 1
+    ):
+        raise GraphError(f"{where}: max_supersteps must be an int >= 1, got {max_supersteps!r}.")
+    par = check_parallelism(parallelism if parallelism is not None else flow.parallelism, name)
+    head_name = graph.unique_name(f"{getattr(step, 'name', 'step')}:superstep", "superstep")
+    check_picklable(step, head_name, "step")
+    tagged: list[Step] = []
+    for what, stream, tag, also in inputs:
+        if not isinstance(stream, Stream | KeyedStream):
+            raise GraphError(
+                f"{where}: its {what} input must be a Stream of this Dataflow (e.g. "
+                f"flow.source(CollectionSource(pairs)) or a ParquetSource mapped to pairs), "
+                f"got {type(stream).__name__}."
+            )
+        if stream.flow is not flow:
+            raise GraphError(
+                f"{where}: its {what} input '{stream.step.name}' belongs to another Dataflow."
+            )
+        fn = EntryTag(loop_name, what, tag, what != "workset", also)
+        plain = Stream(flow, stream.step)  # the tag map runs in the input's own task
+        tagged.append(plain._then(StepKind.FLAT_MAP, fn, f"{loop_name}:{what}", None))
+    loop = Loop.open(flow, tagged[0], loop_name, par, Partitioning.HASH, entry_key)
+    for step_in in tagged[1:]:
+        graph.connect(step_in, loop.head, Partitioning.HASH, entry_key)
+    args = {
+        "delta": delta,
+        "max_supersteps": max_supersteps,
+        "converged": converged,
+        "iteration": loop_name,
+    }
+    head = graph.add_step(head_name, StepKind.SUPERSTEP, par, fn=step, args=args, key_fn=entry_key)
+    graph.connect(loop.head, head, Partitioning.FORWARD)
+    graph.connect(head, loop.head, Partitioning.HASH, entry_key, EdgeKind.FEEDBACK)
+    return Stream(flow, head)
 
 
 # ----------------------------------------------------------------------------

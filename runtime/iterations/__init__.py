@@ -1,12 +1,14 @@
-"""Superstep iterations (seed 004): bulk and delta iterations with optimistic
-(compensation) and pessimistic (superstep checkpoint) recovery. See docs/iterations.md."""
+"""Superstep iterations (seed 004) for users: bulk and delta iterations with optimistic
+(compensation) and pessimistic (superstep checkpoint) recovery, run as Dataflows with a
+loop on the streaming runtime (``runtime.api.iterations``); ready-made steps and
+compensations (``library``) and generated graphs with their references (``graphs``).
+See docs/iterations.md."""
 
-from runtime.iterations.api import (
+from runtime.api.iterations import (
     BulkIteration,
+    Compensation,
     DeltaIteration,
     IterationError,
-    KeyPartitioner,
-    Partitioned,
     Recovery,
     Step,
     l1_below,
@@ -14,10 +16,9 @@ from runtime.iterations.api import (
 
 __all__ = [
     "BulkIteration",
+    "Compensation",
     "DeltaIteration",
     "IterationError",
-    "KeyPartitioner",
-    "Partitioned",
     "Recovery",
     "Step",
     "l1_below",

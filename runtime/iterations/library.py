@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from runtime.iterations.api import Step
+from runtime.api.iterations import Step
 
 __all__ = [
     "ConnectedComponentsStep",

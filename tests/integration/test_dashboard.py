@@ -246,3 +246,87 @@ def test_the_dashboard_in_chromium_shows_graph_checkpoints_and_a_restart(
     finally:
         quit_browser(browser, tmp_path / "chromium-profile")
     assert (shots / "dashboard-restart.png").stat().st_size > 10_000
+
+
+# -- an iteration ------------------------------------------------------------------------------
+def test_a_running_iteration_shows_its_supersteps_over_rest_and_metrics(
+    server: DashboardServer, tmp_path: Path
+) -> None:
+    """While a bulk iteration runs (each superstep takes >= 0.3 s), /api/iteration shows
+    the superstep moving on and the kill's recovery; at the end the figures are the run's
+    own (JobResult.iteration), and /metrics exports absflow_superstep & co."""
+    import dataclasses
+
+    from runtime.api.iterations import run_on_streaming
+    from runtime.iterations import Recovery
+    from tests.iterations.test_supersteps import SlowBulkComponentsStep, bulk_components
+
+    it = bulk_components()
+    it.spec = dataclasses.replace(it.spec, step=SlowBulkComponentsStep())
+    job = Background(
+        lambda: (
+            run_on_streaming(
+                it,
+                Recovery("blocking", interval=2, checkpoint_dir=str(tmp_path)),
+                faults=[Kill("bulk_components[1]", after_superstep=4)],
+                ui_port=server.port,
+            ).job
+        )
+    )
+    wait_for("the job running", lambda: (j := current_job(server)) and j["state"] == "running")
+
+    def iteration() -> Any:
+        return api(server, "iteration")["iteration"]
+
+    first = wait_for("superstep 2", lambda: (i := iteration()) and i["superstep"] >= 2 and i)
+    assert first["phase"] in ("superstep", "checkpoint") and first["supersteps_done"] >= 1
+    recovered = wait_for(
+        "the recovery while it runs",
+        lambda: (i := iteration()) and i["recoveries"] and i["phase"] != "finished" and i,
+        timeout=120,
+    )
+    assert recovered["recoveries"][0]["failed_during"] == 4
+    assert api(server, "job")["restarts"] == 1
+    with urllib.request.urlopen(server.url + "metrics", timeout=10) as res:
+        families = {f.name: f for f in text_string_to_metric_families(res.read().decode())}
+    (live,) = families["absflow_superstep"].samples  # resumed after superstep 2, or later
+    assert live.value >= recovered["recoveries"][0]["resumed_from"] == 2
+
+    result = job.join()
+    progress = result.iteration
+    assert progress is not None and progress.converged
+    final = wait_for("the finished state", lambda: (i := iteration())["phase"] == "finished" and i)
+    assert final["supersteps_done"] == progress.supersteps
+    assert final["supersteps_started"] == progress.supersteps_started
+    assert [a["aggregate"] for a in final["aggregates"]] == [a for _, a in progress.aggregates]
+    assert [(c["superstep"], c["checkpoint_id"]) for c in final["checkpoints"]] == [
+        tuple(c) for c in progress.checkpoints
+    ]
+    assert final["recoveries"] == [
+        {"failed_during": r.failed_during, "resumed_from": r.resumed_from, "rerun": r.rerun}
+        for r in progress.recoveries
+    ]
+    assert final["aggregate"] == 0.0  # converged: no label changed in the last superstep
+
+    # The page (headless Chromium): the Iteration section with the run's figures.
+    browser = _browser(tmp_path)
+    try:
+        browser.get(f"{server.url}?job={api(server, 'job')['id']}&poll=300")
+        summary = wait_for(
+            "the iteration section",
+            lambda: browser.execute_script(
+                "const s = document.querySelector('#iteration');"
+                "return s && !s.hidden && document.querySelector('#iteration-summary').textContent"
+            ),
+        )
+        assert f"done {progress.supersteps}" in summary and "converged" in summary
+        rows = browser.execute_script(
+            "return [...document.querySelectorAll('#superstep-recoveries tbody tr')]"
+            ".map((r) => [...r.cells].map((c) => c.textContent.trim()))"
+        )
+        assert rows == [
+            [str(r.failed_during), str(r.resumed_from), str(r.rerun)] for r in progress.recoveries
+        ]
+        browser.save_screenshot(str(artifacts(tmp_path) / "dashboard-iteration.png"))
+    finally:
+        quit_browser(browser, tmp_path / "chromium-profile")

@@ -363,7 +363,8 @@ def test_a_kill_restores_rocksdb_files_uploaded_to_s3(
             retained_checkpoints=100,
             **ROCKSDB,
         ),
-        faults=[Kill("sum[1]", after_checkpoint=2)],
+        # after the first: on a loaded machine the S3 uploads may let the job end first
+        faults=[Kill("sum[1]", after_checkpoint=1)],
     )
     [restart] = killed.restarts
     assert restart.restored_checkpoint is not None

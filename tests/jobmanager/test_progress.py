@@ -44,3 +44,14 @@ def test_the_dashboard_address_is_announced_and_shown_in_the_line() -> None:
     progress.ui_url = "http://127.0.0.1:8081/?job=j-1"
     progress.update(10, 10, checkpoints=0, restarts=0, last_checkpoint_ms=None)
     assert term.getvalue().rstrip().endswith("ui http://127.0.0.1:8081/?job=j-1")
+
+
+def test_an_iterations_line_shows_its_superstep() -> None:
+    term = FakeTerminal()
+    progress = Progress(None, term)
+    progress.update(600, 0, checkpoints=2, restarts=1, last_checkpoint_ms=9.0, superstep=7)
+    line = term.getvalue().rsplit("\r", 1)[1]
+    assert "superstep 7" in line and "restarts 1" in line
+    plain = FakeTerminal()
+    Progress(None, plain).update(1, 1, checkpoints=0, restarts=0, last_checkpoint_ms=None)
+    assert "superstep" not in plain.getvalue()

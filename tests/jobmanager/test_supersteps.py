@@ -74,6 +74,7 @@ def driver(
         every,
         restored,
         clock=lambda: 0.0,
+        compensator=kw.get("compensator"),
     )
     return d, sent, coordinator, progress
 

@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobmanager.coordinator import CompletedCheckpoint
 from jobmanager.failures import FailureCause
 from jobmanager.metrics import RunMetrics
-from jobmanager.result import FailedCheckpoint, Restart
+from jobmanager.result import FailedCheckpoint, Restart, SuperstepRecovery
 from jobmanager.services import TaskInfo
+from jobmanager.supersteps import IterationPhase
 from jobmanager.web import Dashboard, close_all, serve
 from jobmanager.web.server import DashboardServer, UiError
 from jobmanager.web.snapshot import JobBoard, SnapshotBuilder
@@ -41,6 +42,7 @@ class FakeAttempt:
     number: int
     tasks: dict[int, TaskInfo]
     coordinator: FakeCoordinator = field(default_factory=FakeCoordinator)
+    supersteps: Any = None  # an iteration's driver (jobmanager.supersteps)
 
 
 def get(url: str) -> tuple[int, str, bytes]:
@@ -246,3 +248,65 @@ def test_a_long_lived_driver_keeps_the_newest_jobs_only(server: DashboardServer)
         server.add(board)
     assert list(server.jobs) == [b.job_id for b in boards[-20:]]
     assert set(server.registries) == set(server.jobs)  # their /metrics registries too
+
+
+@dataclass
+class FakeSupersteps:
+    phase: IterationPhase
+    current: int
+
+
+def test_an_iterations_supersteps_show_in_the_api_and_metrics(server: DashboardServer) -> None:
+    """A running iteration: its phase, superstep, aggregate, checkpoints and recoveries in
+    /api/iteration and /api/overview, and absflow_superstep & co in /metrics; a job that
+    is no iteration answers null and exports none of them."""
+    plain, _, _ = published(server)
+    assert json.loads(get(server.url + f"api/iteration?job={plain.job_id}")[2])["iteration"] is None
+    families = {
+        f.name
+        for f in text_string_to_metric_families(
+            get(server.url + f"metrics?job={plain.job_id}")[2].decode()
+        )
+    }
+    assert "absflow_superstep" not in families
+
+    from runtime.api.iterations import iteration_dataflow
+    from runtime.iterations.library import ConnectedComponentsStep
+
+    graph = {0: (1,), 1: (0,), 2: ()}
+    flow = iteration_dataflow(
+        "cc", ConnectedComponentsStep(), {v: v for v in graph}, graph, list(graph), 2, None, None
+    )
+    plan = flow.plan()
+    metrics = RunMetrics(plan)
+    assert metrics.iteration is not None
+    progress = metrics.iteration
+    progress.supersteps, progress.supersteps_started = 4, 6
+    progress.aggregates = [(1, 3.0), (2, 2.0), (3, 1.0), (4, 1.0)]
+    progress.checkpoints = [(2, 1), (4, 3)]
+    progress.recoveries = [SuperstepRecovery(4, 2)]
+    board = JobBoard(plan, JobConfig())
+    builder = SnapshotBuilder(board, plan, metrics, interval=0.0)
+    server.add(board)
+    tasks = {t.index: TaskInfo(t.task_id, t.subtask, pid=200 + t.index) for t in plan.tasks}
+    builder.publish(FakeAttempt(1, tasks, supersteps=FakeSupersteps(IterationPhase.SUPERSTEP, 5)))
+
+    it = json.loads(get(server.url + f"api/iteration?job={board.job_id}")[2])["iteration"]
+    assert (it["phase"], it["superstep"], it["supersteps_done"]) == ("superstep", 5, 4)
+    assert it["supersteps_started"] == 6 and it["aggregate"] == 1.0 and it["rerun"] == 2
+    assert [c["superstep"] for c in it["checkpoints"]] == [2, 4]
+    assert it["recoveries"] == [{"failed_during": 4, "resumed_from": 2, "rerun": 2}]
+    overview = json.loads(get(server.url + f"api/overview?job={board.job_id}")[2])
+    assert overview["iteration"] == it
+    text = get(server.url + f"metrics?job={board.job_id}")[2].decode()
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples["absflow_superstep"].value == 5
+    assert samples["absflow_superstep"].labels["phase"] == "superstep"
+    assert samples["absflow_supersteps_done"].value == 4
+    assert samples["absflow_superstep_aggregate"].value == 1.0
+    assert samples["absflow_supersteps_started_total"].value == 6
+    builder.finish("finished")
+    assert (
+        json.loads(get(server.url + f"api/iteration?job={board.job_id}")[2])["iteration"]["phase"]
+        == "finished"
+    )

@@ -88,6 +88,13 @@ MESSAGES: list[P.Message] = [
     P.SolutionEmitted(2, 1, 7, 40),
     P.SuperstepGo(8),
     P.EmitSolution(7),
+    P.Rescued(2, 0, 9, 4, HANDLE),
+    P.Rescued(1, 0, 9, -1, None),
+    P.CompensationInput(2, 1, b"\x00frame", b""),
+    P.Compensated(2, 1, 17),
+    P.Rescue(9),
+    P.CompensationRequest(),
+    P.Compensate(b"\x01values", b""),
 ]
 
 

@@ -59,6 +59,15 @@ def test_messages_are_queued_until_taken_in_order() -> None:
     assert not c.has_messages() and signals == []
 
 
+def test_one_kind_is_taken_out_of_order_and_the_rest_stays_in_order() -> None:
+    """A loop head serves a Rescue inside a blocked send (``Task._rescue_now``)."""
+    c, sock, _, _ = client()
+    sock.tell(P.Complete(1), P.Rescue(9), P.Trigger(2, 0.0, False))
+    assert c.take_of(P.Rescue) == [P.Rescue(9)]
+    assert c.take_of(P.Rescue) == []
+    assert list(c.take()) == [P.Complete(1), P.Trigger(2, 0.0, False)]
+
+
 def test_kill_self_is_obeyed_the_moment_it_is_read() -> None:
     c, sock, signals, _ = client()
     sock.tell(P.Trigger(1, 0.0, False), P.KillSelf(signal.SIGKILL, "Kill('x[0]')"))

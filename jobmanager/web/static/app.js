@@ -154,6 +154,25 @@
     }).join("");
   }
 
+  function showIteration(it) {
+    const section = $("#iteration");
+    section.hidden = !it;
+    if (!it) return;
+    $("#iteration-summary").innerHTML = [
+      `phase <b>${esc(it.phase)}</b>`, `superstep <b>${it.superstep}</b>`,
+      `done <b>${it.supersteps_done}</b>`, `started in all attempts ${it.supersteps_started}`,
+      `aggregate <b>${fmt(it.aggregate, 6)}</b>`, it.converged ? "converged" : "",
+      `re-run ${it.rerun}`,
+    ].filter((x) => x).map((x) => `<span>${x}</span>`).join("");
+    const seconds = Object.fromEntries(it.superstep_seconds.map((s) => [s.superstep, s.seconds]));
+    const checkpoint = Object.fromEntries(it.checkpoints.map((c) => [c.superstep, c.checkpoint_id]));
+    setRows($("#supersteps tbody"), it.aggregates.slice(-20).reverse().map((a) => `<tr data-superstep="${a.superstep}">
+      <td>${a.superstep}</td><td>${fmt(a.aggregate, 6)}</td><td>${fmt(seconds[a.superstep], 3)}</td>
+      <td>${checkpoint[a.superstep] === undefined ? "" : checkpoint[a.superstep]}</td></tr>`));
+    setRows($("#superstep-recoveries tbody"), it.recoveries.map((r) => `<tr>
+      <td>${r.failed_during}</td><td>${r.resumed_from}</td><td>${r.rerun}</td></tr>`));
+  }
+
   function showConfig(cfg) {
     setRows($("#config tbody"), Object.entries(cfg.config).map(([k, v]) => `<tr><td>${esc(k)}</td><td>${esc(fmt(v, 6))}</td></tr>`));
   }
@@ -173,7 +192,7 @@
       if (!state.plan) await start();
       const o = await get("overview");
       showJob(o.job); showTasks(o.tasks); updateGraph(o.tasks);
-      showCheckpoints(o.checkpoints); showRestarts(o.job, o.restarts);
+      showCheckpoints(o.checkpoints); showRestarts(o.job, o.restarts); showIteration(o.iteration);
       state.lastPoll = Date.now();
     } catch (err) {
       const e = $("#error");
