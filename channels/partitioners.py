@@ -18,8 +18,8 @@ from __future__ import annotations
 import operator
 import types
 import zlib
-from collections.abc import Callable
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Protocol, TypeVar, cast
 
 import msgpack
 
@@ -36,7 +36,7 @@ _crc32 = zlib.crc32
 # packing. Safe to share across threads: it packs canonical values (plain builtins)
 # without running Python code, so each call completes under the GIL, and it resets
 # its buffer when packing raises.
-_pack_key: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
+_pack_key: Callable[[object], bytes] = msgpack.Packer(use_bin_type=True).pack
 _BIG_INT_EXT: Final = 0
 
 
@@ -44,7 +44,7 @@ _CO_VARARGS: Final = 0x04
 _CO_VARKEYWORDS: Final = 0x08
 
 
-def bytecode_match(fn: Any, template: Callable[..., Any]) -> types.CodeType | None:
+def bytecode_match(fn: object, template: Callable[..., object]) -> types.CodeType | None:
     """``fn``'s code object when ``fn`` is a plain Python function with ``template``'s
     bytecode and number of positional parameters, and no ``*args``, ``**kwargs`` or
     keyword-only ones; else None. Its body then does exactly what ``template``'s does, on
@@ -64,15 +64,17 @@ def bytecode_match(fn: Any, template: Callable[..., Any]) -> types.CodeType | No
     return code
 
 
-def _identity(record: Any) -> Any:  # the templates of the fast paths below
+def _identity(record: object) -> object:  # the templates of the fast paths below
     return record
 
 
-def _subscript(record: Any) -> Any:  # ``record[<constant>]``: the constant is co_consts[1]
+def _subscript(
+    record: Sequence[object],
+) -> object:  # ``record[<constant>]``: the constant is co_consts[1]
     return record[0]
 
 
-def is_identity(fn: Any) -> bool:
+def is_identity(fn: object) -> bool:
     """Whether ``fn`` is a plain Python function that returns its one argument as is
     (``lambda w: w``, ``def key(r): return r``): keyed steps then use the record as its
     key without calling ``fn`` per record (the key of a word count is the word).
@@ -83,14 +85,14 @@ def is_identity(fn: Any) -> bool:
     return bytecode_match(fn, _identity) is not None
 
 
-def fast_key_fn(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def fast_key_fn(fn: Callable[..., object]) -> Callable[..., object]:
     """``fn``, or a C-level equivalent: ``operator.itemgetter(c)`` for a plain function whose
     body is ``return record[c]`` with ``c`` an int or str constant (``lambda r: r[0]``,
     ``lambda e: e["user"]``): the same ``record[c]`` with the same errors, without a
     Python frame per record. Decided from the bytecode, like ``is_identity``."""
     code = bytecode_match(fn, _subscript)
     if code is not None and type(code.co_consts[1]) in (int, str):
-        getter: Callable[[Any], Any] = operator.itemgetter(code.co_consts[1])
+        getter: Callable[..., object] = operator.itemgetter(code.co_consts[1])
         return getter
     return fn
 
@@ -103,16 +105,20 @@ class UnroutableKeyError(AbsflowError, TypeError):
     """A key function returned a value that cannot be hashed stably."""
 
 
+R = TypeVar("R")  # the records a partitioner splits (never looked inside but for their key)
+
+
 class Partitioner(Protocol):
     """Splits a batch into per-target sub-batches."""
 
-    def partition(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+    def partition(self, records: list[R]) -> list[tuple[int, list[R]]]:
         """Return ``(target, sub-batch)`` pairs, non-empty, order kept per target."""
         ...
 
 
-def _canonical(value: Any) -> Any:
-    """Map values Python considers equal to one msgpack encoding.
+def _canonical(value: Any) -> object:
+    """Map values Python considers equal to one msgpack encoding (``value``: any key,
+    dispatched on its exact type).
 
     ``True == 1 == 1.0`` and ``(1,) == (True,)`` in Python (so they share a dict
     entry, and keyed state), but msgpack encodes them differently. Bools and
@@ -135,7 +141,7 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-def stable_hash(key: Any) -> int:
+def stable_hash(key: object) -> int:
     """Hash ``key`` identically in every process and Python version.
 
     ``zlib.crc32`` of ``msgpack.packb(key, use_bin_type=True)``: Python's own
@@ -164,7 +170,7 @@ def stable_hash(key: Any) -> int:
         ) from err
 
 
-def key_group_for(key: Any, max_parallelism: int) -> int:
+def key_group_for(key: object, max_parallelism: int) -> int:
     """Key group of ``key``: ``stable_hash(key) % max_parallelism``."""
     return stable_hash(key) % max_parallelism
 
@@ -214,7 +220,7 @@ class ForwardPartitioner:
     def __init__(self, target: int) -> None:
         self._target = target
 
-    def partition(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+    def partition(self, records: list[R]) -> list[tuple[int, list[R]]]:
         return [(self._target, records)] if records else []
 
 
@@ -244,24 +250,24 @@ class HashPartitioner:
     )
 
     def __init__(
-        self, key_fn: Callable[[Any], Any], num_targets: int, max_parallelism: int
+        self, key_fn: Callable[..., object], num_targets: int, max_parallelism: int
     ) -> None:
         _check_parallelism(num_targets, max_parallelism)
         self._key_fn = fast_key_fn(key_fn)
         self._identity = is_identity(key_fn)
         self._num_targets = num_targets
         self._max_parallelism = max_parallelism
-        self._buckets: list[list[Any]] = [[] for _ in range(num_targets)]
-        self._appends: list[Callable[[Any], None]] = [b.append for b in self._buckets]
-        self._cache: dict[Any, Callable[[Any], None]] = {}
+        self._buckets: list[list[object]] = [[] for _ in range(num_targets)]
+        self._appends: list[Callable[[object], None]] = [b.append for b in self._buckets]
+        self._cache: dict[object, Callable[[object], None]] = {}
         # The last batch found every key cached: try the all-hits loop first.
         self._warm = False
 
-    def target_for_key(self, key: Any) -> int:
+    def target_for_key(self, key: object) -> int:
         """The target index of ``key`` (uncached)."""
         return stable_hash(key) % self._max_parallelism * self._num_targets // self._max_parallelism
 
-    def partition(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+    def partition(self, records: list[R]) -> list[tuple[int, list[R]]]:
         if not records:
             return []
         if self._num_targets == 1:
@@ -274,14 +280,15 @@ class HashPartitioner:
             for bucket in buckets:
                 bucket.clear()
             raise
-        out = []
+        out: list[tuple[int, list[object]]] = []
         for target, bucket in enumerate(buckets):
             if bucket:
                 out.append((target, bucket[:]))
                 bucket.clear()
-        return out
+        # the buckets hold this call's records only (emptied after every call)
+        return cast("list[tuple[int, list[R]]]", out)
 
-    def _route_cached(self, records: list[Any]) -> bool:
+    def _route_cached(self, records: list[R]) -> bool:
         """Route a batch whose keys are all cached; False (buckets emptied) at the first
         new or unhashable key: the batch is then redone by `_route_resolving`."""
         route = self._cache
@@ -299,7 +306,7 @@ class HashPartitioner:
             return False
         return True
 
-    def _route_resolving(self, records: list[Any]) -> None:
+    def _route_resolving(self, records: list[R]) -> None:
         appends = self._appends
         cache = self._cache
         get = cache.get
@@ -333,7 +340,7 @@ class RebalancePartitioner:
         self._num_targets = num_targets
         self._next = start % num_targets
 
-    def partition(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+    def partition(self, records: list[R]) -> list[tuple[int, list[R]]]:
         n = self._num_targets
         first = self._next
         self._next = (first + len(records)) % n
@@ -353,7 +360,7 @@ class BroadcastPartitioner:
         _check_targets(num_targets)
         self._targets = range(num_targets)
 
-    def partition(self, records: list[Any]) -> list[tuple[int, list[Any]]]:
+    def partition(self, records: list[R]) -> list[tuple[int, list[R]]]:
         if not records:
             return []
         return [(target, records) for target in self._targets]

@@ -279,7 +279,7 @@ class OutputChannel:
         self._batch_size = sizer.batch_size if sizer is not None else batch_size
         self._compress_min_bytes = compress_min_bytes
         self._on_backpressure = on_backpressure
-        self._pending: list[Any] = []
+        self._pending: list[object] = []  # records, passed on to the wire as they are
         self._first_pending_at = 0.0
         self.records_sent = 0
         self.bytes_sent = 0
@@ -301,7 +301,7 @@ class OutputChannel:
         """Records written but not yet sent."""
         return len(self._pending)
 
-    def write(self, records: list[Any]) -> None:
+    def write(self, records: list[object]) -> None:
         """Append ``records`` (copied) and send every full batch.
 
         Blocks while the receiver applies backpressure, calling
@@ -397,7 +397,7 @@ class OutputChannel:
         if self._priority is not None and not self._priority.closed:
             self._priority.close(linger=linger_ms)
 
-    def _send_batch(self, batch: list[Any]) -> None:
+    def _send_batch(self, batch: list[object]) -> None:
         frame = encode_data(self._channel_id, batch, self._compress_min_bytes)
         self._send(frame)
         self.records_sent += len(batch)

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgpack
 
+from channels.messages import Watermark
 from runtime.changelog import ChainWrite, KeyedChangelog, restore_chains
 from runtime.config import JobConfig
 from runtime.errors import (
@@ -49,10 +50,12 @@ log = logging.getLogger("absflow.task")
 BUDGET_EVERY = 16
 """Batches between two estimates of the in-memory keyed state against its budget."""
 
-Emit = Callable[[list[Any]], None]
+Emit = Callable[[list[object]], None]
 """Write records that leave the chain outside ``process`` (timers, watermarks, finish)."""
 
-SinkOutputSender = Callable[[str, int, int, list[Any] | bytes], None]  # step, subtask, checkpoint
+SinkOutputSender = Callable[
+    [str, int, int, list[object] | bytes], None
+]  # step, subtask, checkpoint
 """``send(sink step, checkpoint id, records)``: committed collect() output to the driver."""
 
 
@@ -69,7 +72,7 @@ class Capture:
     """RocksDB checkpoints taken locally, to upload (``statebackend.rocksdb``)."""
 
 
-def pack(state: Any) -> bytes:
+def pack(state: object) -> bytes:
     packed: bytes = msgpack.packb(state, use_bin_type=True)
     return packed
 
@@ -122,7 +125,7 @@ class OperatorChain:
         """The step whose records leave the task on its output channels."""
         self.reader: SourceReader | None = None
         self.operators: list[Operator] = []
-        self._processes: list[Callable[[list[Any], int], list[Any]]] = []
+        self._processes: list[Callable[[list[object], int], list[object]]] = []
         self._sink_position = -1
         self.emit: Emit = lambda records: None
         """Set by the task: partition and write records that leave the chain."""
@@ -196,16 +199,16 @@ class OperatorChain:
         step = self.steps[position]
         return ", ".join(self.plan.steps[edge.source].name for edge in step.inputs)
 
-    def _sink_sender(self, step: str) -> Callable[[int, list[Any] | bytes], None]:
+    def _sink_sender(self, step: str) -> Callable[[int, list[object] | bytes], None]:
         send, subtask = self._send_sink_output, self.spec.subtask
 
-        def send_to_driver(checkpoint_id: int, records: list[Any] | bytes) -> None:
+        def send_to_driver(checkpoint_id: int, records: list[object] | bytes) -> None:
             send(step, subtask, checkpoint_id, records)
 
         return send_to_driver
 
     # -- the per-record path -------------------------------------------------------------
-    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
+    def process(self, batch: list[object], side: int = 0) -> list[object]:
         """Run a batch from input ``side`` through the operators; returns what leaves the
         chain. (The head operator is told the side; the rest take the previous output.)
 
@@ -233,7 +236,7 @@ class OperatorChain:
         self.records_out += len(batch)
         return batch
 
-    def _run_from(self, start: int, batch: list[Any]) -> list[Any]:
+    def _run_from(self, start: int, batch: list[object]) -> list[object]:
         """Records emitted by operator ``start - 1`` (a timer, a watermark, finish):
         through the rest of the chain; what leaves it is returned (off the hot path)."""
         processes = self._processes
@@ -253,7 +256,7 @@ class OperatorChain:
             self.records_out += len(batch)
         return batch
 
-    def _call(self, i: int, call: Callable[[Operator], list[Any]]) -> None:
+    def _call(self, i: int, call: Callable[[Operator], list[object]]) -> None:
         """``call`` operator ``i``; what it emits runs through the operators after it
         and leaves through ``emit``."""
         op = self.operators[i]
@@ -268,7 +271,7 @@ class OperatorChain:
             if out:
                 self.emit(out)
 
-    def _each(self, start: int, call: Callable[[Operator], list[Any]]) -> None:
+    def _each(self, start: int, call: Callable[[Operator], list[object]]) -> None:
         """`_call` each operator from ``start`` on, in chain order (so records emitted
         by one reach the next before the next is called)."""
         for i in range(start, len(self.operators)):
@@ -316,7 +319,7 @@ class OperatorChain:
         self._each(start, lambda op: op.on_watermark(watermark))
         return True
 
-    def poll_watermark(self) -> Any:
+    def poll_watermark(self) -> Watermark | None:
         """A source chain after a batch: the assigner's watermark to send (a
         ``Watermark``) after advancing the operators behind it; None if nothing to send."""
         assigner = self.assigner
@@ -422,7 +425,7 @@ class OperatorChain:
             targets.append(RestoreTarget(step_state(op.step), keyed.key_groups if keyed else None))
         return targets
 
-    def restore_state(self, plan: RestorePlan, storage: CheckpointStorage) -> dict[str, Any]:
+    def restore_state(self, plan: RestorePlan, storage: CheckpointStorage) -> dict[str, object]:
         """Seek the source and load keyed state as ``plan`` says; returns the operators'
         own states by name (for `apply_operator_states`)."""
         n = plan.checkpoint_id
@@ -431,7 +434,7 @@ class OperatorChain:
             blob = storage.read_operator_state(n, handle, name)
             return None if blob is None else unpack(blob)
 
-        def operator_state(name: str) -> Any:
+        def operator_state(name: str) -> object:
             part = plan.operators.get(name)
             if part is not None and part.rescaled:  # union state at another parallelism
                 parts = tuple((j, read(name, handle)) for j, handle in part.rescaled)
@@ -446,7 +449,7 @@ class OperatorChain:
                 self.reader.restore_rescaled(position)
             elif position is not None:
                 self.reader.restore(position)
-        states: dict[str, Any] = {}
+        states: dict[str, object] = {}
         for op in self.operators:
             states[op.name] = operator_state(op.name)
             keyed = op.keyed_state
@@ -467,7 +470,7 @@ class OperatorChain:
                 op.after_keyed_restore()
         return states
 
-    def apply_operator_states(self, states: dict[str, Any]) -> None:
+    def apply_operator_states(self, states: dict[str, object]) -> None:
         """Hand restored states to their operators; sinks always get theirs (None on a
         fresh start: they roll back output no checkpoint covers)."""
         for op in self.operators:
@@ -525,7 +528,10 @@ def _keyed_state_factory(
     directory, drop = state_dir, cfg.debug_drop_deltas
 
     def factory(
-        operator: str, max_parallelism: int, key_groups: range, key_group_of: Callable[[Any], int]
+        operator: str,
+        max_parallelism: int,
+        key_groups: range,
+        key_group_of: Callable[[object], int],
     ) -> KeyedStateBackend:
         return RocksDBStateBackend(
             operator, max_parallelism, key_groups, key_group_of, directory, budget, drop

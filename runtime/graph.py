@@ -76,7 +76,7 @@ class Edge:
     source: int
     target: int
     partitioning: Partitioning
-    key_fn: Callable[[Any], Any] | None = None
+    key_fn: Callable[..., object] | None = None
     kind: EdgeKind = EdgeKind.REGULAR
 
 
@@ -93,7 +93,7 @@ class Step:
     inputs: list[Edge] = field(default_factory=list)
     outputs: list[Edge] = field(default_factory=list)
     # Keyed steps: the key function of their (hash) input edges.
-    key_fn: Callable[[Any], Any] | None = None
+    key_fn: Callable[..., object] | None = None
     # The name was made up (``aggregate_2``), not given: see runtime.step_ids.
     auto: bool = False
     signature: str = ""  # an auto-named step's position in the graph (runtime.step_ids)
@@ -102,7 +102,7 @@ class Step:
         return f"{self.kind.value} '{self.name}' (parallelism {self.parallelism})"
 
 
-def check_picklable(obj: Any, step_name: str, what: str) -> None:
+def check_picklable(obj: object, step_name: str, what: str) -> None:
     """Raise UnpicklableFunctionError if ``obj`` cannot travel to a task process."""
     try:
         cloudpickle.dumps(obj)
@@ -114,14 +114,14 @@ def check_picklable(obj: Any, step_name: str, what: str) -> None:
         ) from err
 
 
-def check_callable(fn: Any, step_name: str, what: str = "function") -> None:
+def check_callable(fn: object, step_name: str, what: str = "function") -> None:
     if not callable(fn):
         raise GraphError(
             f"step '{step_name}': its {what} must be callable, got {type(fn).__name__} {fn!r}."
         )
 
 
-def check_parallelism(parallelism: Any, step_name: str) -> int:
+def check_parallelism(parallelism: object, step_name: str) -> int:
     if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
         raise GraphError(
             f"step '{step_name}': parallelism must be a positive int, got {parallelism!r}."
@@ -164,7 +164,7 @@ class LogicalGraph:
         parallelism: int,
         fn: Any = None,
         args: dict[str, Any] | None = None,
-        key_fn: Callable[[Any], Any] | None = None,
+        key_fn: Callable[..., object] | None = None,
     ) -> Step:
         step = Step(
             id=len(self.steps),
@@ -185,7 +185,7 @@ class LogicalGraph:
         source: Step,
         target: Step,
         partitioning: Partitioning,
-        key_fn: Callable[[Any], Any] | None = None,
+        key_fn: Callable[..., object] | None = None,
         kind: EdgeKind = EdgeKind.REGULAR,
     ) -> Edge:
         edge = Edge(source.id, target.id, partitioning, key_fn, kind)

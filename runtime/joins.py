@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from runtime.graph import Step, StepKind
 from runtime.keyed_process import IGNORE_CHANGES, ProcessOperator
@@ -32,15 +32,19 @@ from runtime.window_kinds import WindowKind
 from statebackend.timers import NamespacedState, TimerService
 
 LEFT, RIGHT = 0, 1
+N = TypeVar("N")  # a join's timer namespace
+
+KeyFn = Callable[[object], object]
+StampFn = Callable[[object], float]  # the user's timestamp: a number, checked per record
 
 
-def _sided_fns(step: Step) -> tuple[list[Callable[[Any], Any]], list[Callable[[Any], Any]]]:
-    keys: list[Callable[[Any], Any]] = step.args["key_fns"]
-    stamps: list[Callable[[Any], Any]] = step.args.get("timestamp_fns") or [None, None]
+def _sided_fns(step: Step) -> tuple[list[KeyFn], list[StampFn | None]]:
+    keys: list[KeyFn] = step.args["key_fns"]
+    stamps: list[StampFn | None] = step.args.get("timestamp_fns") or [None, None]
     return keys, stamps
 
 
-def _timestamp(step: str, fn: Callable[[Any], Any], record: Any) -> float:
+def _timestamp(step: str, fn: StampFn, record: object) -> float:
     ts = fn(record)
     if ts.__class__ is not int and ts.__class__ is not float:
         raise TimestampError.of(step, record, ts)
@@ -55,10 +59,10 @@ class CoProcessOperator(ProcessOperator):
         super().__init__(step, ctx)
         self.key_fns, self.ts_fns = _sided_fns(step)
 
-    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
+    def process(self, batch: list[object], side: int = 0) -> list[object]:
         key_fn, ts_fn = self.key_fns[side], self.ts_fns[side]
         fn, handle, ctx, name = self.step.fn, self.handle, self.ctx, self.name
-        out: list[Any] = []
+        out: list[object] = []
         touch = self._touch()
         for r in batch:
             k = key_fn(r)
@@ -72,11 +76,11 @@ class CoProcessOperator(ProcessOperator):
         return out
 
 
-class _JoinBase(KeyedOperator):
+class _JoinBase(KeyedOperator, Generic[N]):
     uses_event_time = True
     tracks_changes = True  # buffers and timers mark their keys; in-place appends below
 
-    def _touch(self) -> Callable[[Any], Any]:
+    def _touch(self) -> Callable[[object], object]:
         assert self.keyed_state is not None
         changed = self.keyed_state.changed
         return IGNORE_CHANGES if changed is None else changed.add
@@ -84,11 +88,14 @@ class _JoinBase(KeyedOperator):
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         super().__init__(step, ctx)
         assert self.keyed_state is not None
-        self.key_fns, self.ts_fns = _sided_fns(step)
-        self.timers = TimerService(self.keyed_state)
+        self.key_fns, stamps = _sided_fns(step)
+        self.ts_fns = [fn for fn in stamps if fn is not None]
+        if len(self.ts_fns) != 2:  # check_event_time derives them before a plan exists
+            raise ValueError(f"join step '{step.name}' lacks the timestamp function of a side")
+        self.timers: TimerService[N] = TimerService(self.keyed_state)
         self._drop = ctx.debug_drop_event_time
 
-    def snapshot_state(self, checkpoint_id: int) -> Any:
+    def snapshot_state(self, checkpoint_id: int) -> object:
         return {"watermark": self.watermark}
 
     def restore_state(self, state: Any) -> None:
@@ -102,19 +109,19 @@ class _JoinBase(KeyedOperator):
 
 
 @register(StepKind.INTERVAL_JOIN)
-class IntervalJoinOperator(_JoinBase):
+class IntervalJoinOperator(_JoinBase[tuple[int, float]]):  # timers: (side, timestamp)
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         super().__init__(step, ctx)
         assert self.keyed_state is not None
         self.lower: float = step.args["lower"]
         self.upper: float = step.args["upper"]
         # per key: {timestamp: [records]} of each side
-        self.buffers = (
+        self.buffers: tuple[NamespacedState[float, list[object]], ...] = (
             NamespacedState(self.keyed_state, "__join/left"),
             NamespacedState(self.keyed_state, "__join/right"),
         )
 
-    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
+    def process(self, batch: list[object], side: int = 0) -> list[object]:
         key_fn, ts_fn, name = self.key_fns[side], self.ts_fns[side], self.name
         mine, theirs = self.buffers[side], self.buffers[1 - side]
         lower, upper = self.lower, self.upper
@@ -123,7 +130,7 @@ class IntervalJoinOperator(_JoinBase):
         else:
             lo, hi, keep_until = -upper, -lower, -lower  # partners: [ts - upper, ts - lower]
         events = self.timers.event
-        out: list[Any] = []
+        out: list[object] = []
         touch = self._touch()
         for r in batch:
             k = key_fn(r)
@@ -146,7 +153,7 @@ class IntervalJoinOperator(_JoinBase):
                 mine.put(k, ts, [*held, r])
         return out
 
-    def on_watermark(self, watermark: float) -> list[Any]:
+    def on_watermark(self, watermark: float) -> list[object]:
         self.watermark = watermark
         buffers = self.buffers
         for key, _t, (side, ts) in self.timers.event.due(watermark):
@@ -155,15 +162,17 @@ class IntervalJoinOperator(_JoinBase):
 
 
 @register(StepKind.WINDOW_JOIN)
-class WindowJoinOperator(_JoinBase):
+class WindowJoinOperator(_JoinBase[tuple[float, float]]):  # timers: the window
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         super().__init__(step, ctx)
         assert self.keyed_state is not None
         self.kind: WindowKind = step.args["kind"]
         # per key: {(start, end): [left records, right records]}
-        self.windows = NamespacedState(self.keyed_state, "__join/windows")
+        self.windows: NamespacedState[tuple[float, float], list[list[object]]] = NamespacedState(
+            self.keyed_state, "__join/windows"
+        )
 
-    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
+    def process(self, batch: list[object], side: int = 0) -> list[object]:
         key_fn, ts_fn, name = self.key_fns[side], self.ts_fns[side], self.name
         windows, events, kind = self.windows, self.timers.event, self.kind
         touch = self._touch()
@@ -184,14 +193,14 @@ class WindowJoinOperator(_JoinBase):
                 held[side].append(r)
         return []
 
-    def on_watermark(self, watermark: float) -> list[Any]:
+    def on_watermark(self, watermark: float) -> list[object]:
         self.watermark = watermark
-        out: list[Any] = []
+        out: list[object] = []
         windows = self.windows
         for key, _t, window in self.timers.event.due(watermark):
-            held = windows.pop(key, tuple(window))
+            start, end = window
+            held = windows.pop(key, (start, end))
             if held is None:
                 continue
-            start, end = window
             out.extend((key, start, end, a, b) for a in held[LEFT] for b in held[RIGHT])
         return out

@@ -12,7 +12,7 @@ rescale with their key and fire exactly once across restores.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from runtime.errors import GraphError
@@ -88,17 +88,17 @@ class ProcessContext:
 
     def register_event_time_timer(self, timestamp: float) -> None:
         """Call ``on_timer`` once the watermark reaches ``timestamp``."""
-        self._op.timers.event.register(self.key, timestamp)
+        self._op.timers.event.register(self.key, timestamp, None)
 
     def register_processing_time_timer(self, timestamp: float) -> None:
         """Call ``on_timer`` once the wall clock (``time.time()``) reaches ``timestamp``."""
-        self._op.timers.processing.register(self.key, timestamp)
+        self._op.timers.processing.register(self.key, timestamp, None)
 
     def delete_event_time_timer(self, timestamp: float) -> None:
-        self._op.timers.event.delete(self.key, timestamp)
+        self._op.timers.event.delete(self.key, timestamp, None)
 
     def delete_processing_time_timer(self, timestamp: float) -> None:
-        self._op.timers.processing.delete(self.key, timestamp)
+        self._op.timers.processing.delete(self.key, timestamp, None)
 
 
 IGNORE_CHANGES = frozenset().__contains__  # changes not tracked
@@ -113,22 +113,23 @@ class ProcessOperator(KeyedOperator):
         super().__init__(step, ctx)
         assert self.keyed_state is not None
         self.handle = KeyedStateHandle(self.keyed_state)
-        self.timers = TimerService(self.keyed_state)
+        self.timers: TimerService[None] = TimerService(self.keyed_state)  # no namespaces
         self.ctx = ProcessContext(self)
-        self.on_timer: Callable[..., Any] | None = step.args.get("on_timer")
-        self.ts_fn: Callable[[Any], Any] | None = step.args.get("timestamp_fn")
+        self.on_timer: Callable[..., Iterable[object] | None] | None = step.args.get("on_timer")
+        # the user's timestamp: a number, checked per record (TimestampError otherwise)
+        self.ts_fn: Callable[[object], float] | None = step.args.get("timestamp_fn")
         self.wants_processing_time = self.on_timer is not None
         self.with_ctx = bool(step.args.get("with_ctx"))
         self.drop_timers = ctx.debug_drop_event_time
 
-    def _touch(self) -> Callable[[Any], Any]:
+    def _touch(self) -> Callable[[object], object]:
         assert self.keyed_state is not None
         changed = self.keyed_state.changed
         return IGNORE_CHANGES if changed is None else changed.add
 
-    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
+    def process(self, batch: list[object], side: int = 0) -> list[object]:
         key_fn, fn, handle = self.key_fn, self.step.fn, self.handle
-        out: list[Any] = []
+        out: list[object] = []
         extend = out.extend
         touch = self._touch()
         if not self.with_ctx:
@@ -155,9 +156,9 @@ class ProcessOperator(KeyedOperator):
                 extend(emitted)
         return out
 
-    def _fire(self, queue_due: Any, domain: str) -> list[Any]:
+    def _fire(self, queue_due: Iterable[tuple[object, float, None]], domain: str) -> list[object]:
         on_timer, handle, ctx = self.on_timer, self.handle, self.ctx
-        out: list[Any] = []
+        out: list[object] = []
         if on_timer is None:
             return out
         ctx.time_domain = domain
@@ -172,18 +173,18 @@ class ProcessOperator(KeyedOperator):
         ctx.time_domain = None
         return out
 
-    def on_watermark(self, watermark: float) -> list[Any]:
+    def on_watermark(self, watermark: float) -> list[object]:
         self.watermark = watermark
         return self._fire(self.timers.event.due(watermark), EVENT_TIME)
 
-    def on_processing_time(self, now: float) -> list[Any]:
+    def on_processing_time(self, now: float) -> list[object]:
         queue = self.timers.processing
         nxt = queue.next_time()
         if nxt is None or nxt > now:
             return []
         return self._fire(queue.due(now), PROCESSING_TIME)
 
-    def snapshot_state(self, checkpoint_id: int) -> Any:
+    def snapshot_state(self, checkpoint_id: int) -> object:
         if not self.with_ctx:
             return None
         return {"watermark": self.watermark}

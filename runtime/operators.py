@@ -46,7 +46,7 @@ _MISSING = object()
 _IGNORE = frozenset().__contains__  # a call in C that does nothing: changes not tracked
 
 
-KeyedStateFactory = Callable[[str, int, range, Callable[[Any], int]], KeyedStateBackend]
+KeyedStateFactory = Callable[[str, int, range, Callable[[object], int]], KeyedStateBackend]
 """``(operator, max parallelism, key groups, key group of) -> backend``."""
 
 
@@ -84,22 +84,25 @@ class Operator:
     def open(self, ctx: OperatorContext) -> None:
         pass
 
-    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
+    # Records are the user's: an operator passes them to the step's functions and on,
+    # never looking inside (``object``); the user API types them (runtime.api.dataflow).
+    def process(self, batch: list[object], side: int = 0) -> list[object]:
         return batch
 
-    def on_watermark(self, watermark: float) -> list[Any]:
+    def on_watermark(self, watermark: float) -> list[object]:
         self.watermark = watermark
         return []
 
-    def on_processing_time(self, now: float) -> list[Any]:
+    def on_processing_time(self, now: float) -> list[object]:
         return []
 
-    def snapshot_state(self, checkpoint_id: int) -> Any:
+    def snapshot_state(self, checkpoint_id: int) -> object:
         """The operator's own (non-keyed) state for checkpoint ``checkpoint_id``."""
         return None
 
     def restore_state(self, state: Any) -> None:
-        pass
+        """``state``: what ``snapshot_state`` returned, as msgpack gives it back (each
+        operator reads its own shape)."""
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         pass
@@ -108,7 +111,7 @@ class Operator:
         """The job manager aborted ``checkpoint_id``: what its snapshot covered will not
         be committed by it (a later checkpoint's complete covers it)."""
 
-    def finish(self) -> list[Any]:
+    def finish(self) -> list[object]:
         return []
 
     def close(self) -> None:
@@ -172,7 +175,7 @@ class KeyedOperator(Operator):
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         super().__init__(step, ctx)
         assert step.key_fn is not None
-        self.key_fn: Callable[[Any], Any] = fast_key_fn(step.key_fn)  # r[c]: itemgetter
+        self.key_fn: Callable[[object], object] = fast_key_fn(step.key_fn)  # r[c]: itemgetter
         # The record is its own key (key_by(lambda w: w)): no key_fn call per record.
         self.key_is_record = is_identity(step.key_fn)
         n = ctx.max_parallelism
@@ -189,11 +192,11 @@ class KeyedOperator(Operator):
 class ReduceOperator(KeyedOperator):
     tracks_changes = True
 
-    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
+    def process(self, batch: list[object], side: int = 0) -> list[object]:
         assert self.keyed_state is not None
         state = self.keyed_state.value_state()
         key_fn, fn, get = self.key_fn, self.step.fn, state.get
-        out: list[Any] = []
+        out: list[object] = []
         append = out.append
         changed = self.keyed_state.changed
         if self.key_is_record:
@@ -216,11 +219,11 @@ class ReduceOperator(KeyedOperator):
         return out
 
 
-def _plus_constant(acc: Any, _record: Any) -> Any:  # the template of constant_addend
+def _plus_constant(acc: int, _record: object) -> int:  # the template of constant_addend
     return acc + 1
 
 
-def constant_addend(fn: Any) -> Any:
+def constant_addend(fn: object) -> object:
     """``c`` when ``fn`` is a plain Python function of two parameters whose body is
     ``return <first parameter> + c`` with ``c`` a constant (the running count
     ``lambda n, _r: n + 1``, ``def add(acc, r): return acc + 10``), else ``_MISSING``:
@@ -252,7 +255,7 @@ a Python call to start the key again) and save ~20 ns a record: an epoch with fe
 records per key than this turns them off for the operator (Python's loop again)."""
 
 
-class _RunningTotals(dict[Any, Any]):
+class _RunningTotals(dict[object, "itertools.count[int] | _Total"]):
     """An int aggregate's totals of the keys it met since its last snapshot, each an
     ``itertools.count`` that goes on from the key's value in keyed state, so that
     ``next(totals[key])`` is ``acc + c`` computed in C: a batch runs through ``map`` and
@@ -273,9 +276,9 @@ class _RunningTotals(dict[Any, Any]):
         self.enabled = True
         self.records = 0  # taken through the totals since the last flush
 
-    def __missing__(self, key: Any) -> Any:
+    def __missing__(self, key: object) -> itertools.count[int] | _Total:
         acc = self.state.get(key, self.initial)
-        total = (
+        total: itertools.count[int] | _Total = (
             itertools.count(acc + self.addend, self.addend)
             if type(acc) is int
             else _Total(acc, self.addend)
@@ -318,7 +321,7 @@ class AggregateOperator(KeyedOperator):
         if self.totals is not None:
             self.totals.clear()
 
-    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
+    def process(self, batch: list[object], side: int = 0) -> list[object]:
         totals = self.totals
         if totals is not None and totals.enabled:
             keys = batch if self.key_is_record else list(map(self.key_fn, batch))
@@ -328,7 +331,7 @@ class AggregateOperator(KeyedOperator):
         state = self.keyed_state.value_state()
         key_fn, add, get = self.key_fn, self.step.fn, state.get
         initial = self.step.args["initial"]
-        out: list[Any] = []
+        out: list[object] = []
         append = out.append
         addend = self.addend
         changed = self.keyed_state.changed
@@ -382,7 +385,7 @@ class SinkOperator(Operator):
         self.sink: Sink = step.fn
         write = self.sink.write_batch
 
-        def process(batch: list[Any], side: int = 0) -> list[Any]:
+        def process(batch: list[object], side: int = 0) -> list[object]:
             write(batch)
             return []
 
@@ -392,7 +395,7 @@ class SinkOperator(Operator):
         assert ctx.sink is not None
         self.sink.open(ctx.sink)
 
-    def snapshot_state(self, checkpoint_id: int) -> Any:
+    def snapshot_state(self, checkpoint_id: int) -> object:
         return self.sink.snapshot_state(checkpoint_id)
 
     def restore_state(self, state: Any) -> None:
@@ -406,7 +409,7 @@ class SinkOperator(Operator):
         if aborted is not None:
             aborted(checkpoint_id)
 
-    def finish(self) -> list[Any]:
+    def finish(self) -> list[object]:
         self.sink.finish()
         return []
 

@@ -12,21 +12,27 @@ import glob
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import IO, Any, Generic
+
+from typing_extensions import TypeVar
 
 from runtime import strided
 from runtime.errors import GraphError
 from statebackend.restore import RescaledState
 
+# A source's record type. A source that does not say (``class S(Source)``) gives records
+# of any type, as a raw ``list`` does; PEP 696 defaults need typing_extensions on 3.11.
+T = TypeVar("T", default=Any)
 
-class SourceReader:
+
+class SourceReader(Generic[T]):
     """One subtask's reader. Task-loop thread only."""
 
-    def read_batch(self, max_records: int) -> list[Any] | None:
+    def read_batch(self, max_records: int) -> list[T] | None:
         """Up to ``max_records`` records, [] if none right now, None once the input has ended."""
         raise NotImplementedError
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> object:
         """The position to resume from (a msgpack value); called between two batches."""
         raise NotImplementedError
 
@@ -39,12 +45,12 @@ class SourceReader:
         source whose ``rescalable`` is True): take the splits this subtask owns now."""
         raise NotImplementedError
 
-    def current_split(self) -> Any:
+    def current_split(self) -> object:
         """The split the last batch came from (one watermark per split); None for a
         reader that is one split."""
         return None
 
-    def take_ended_splits(self) -> list[Any]:
+    def take_ended_splits(self) -> list[object]:
         """Splits that ended since the last call (they stop holding the watermark)."""
         return []
 
@@ -52,15 +58,15 @@ class SourceReader:
         pass
 
 
-class Source:
-    """A picklable, partitioned, replayable source."""
+class Source(Generic[T]):
+    """A picklable, partitioned, replayable source of records of type ``T``."""
 
     name = "source"
     # True if its readers implement ``restore_rescaled``: a restore at another
     # parallelism then redistributes the splits instead of being refused.
     rescalable = False
 
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader[T]:
         raise NotImplementedError
 
     def validate(self, step_name: str) -> None:
@@ -86,10 +92,10 @@ class _RateLimiter:
         self.emitted += n
 
 
-class _GeneratorReader(SourceReader):
+class _GeneratorReader(SourceReader[T]):
     def __init__(
         self,
-        fn: Callable[[int], Any],
+        fn: Callable[[int], T],
         count: int | None,
         subtask: int,
         parallelism: int,
@@ -100,7 +106,7 @@ class _GeneratorReader(SourceReader):
         self.pos = strided.StridedPosition(subtask, parallelism)
         self.limiter = _RateLimiter(rate / parallelism if rate else None)
 
-    def read_batch(self, max_records: int) -> list[Any] | None:
+    def read_batch(self, max_records: int) -> list[T] | None:
         if self.pos.ended(self.count):
             return None
         n = self.limiter.allowance(max_records)
@@ -111,7 +117,7 @@ class _GeneratorReader(SourceReader):
         self.limiter.emitted_now(len(batch))
         return batch
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> object:
         return strided.encode(self.pos.next, self.pos.gaps)
 
     def restore(self, state: Any) -> None:
@@ -123,7 +129,7 @@ class _GeneratorReader(SourceReader):
         )
 
 
-class GeneratorSource(Source):
+class GeneratorSource(Source[T]):
     """Deterministic records ``fn(i)`` for i in [0, count); subtask s takes i = s, s+p, ...
 
     ``count=None`` never ends; ``rate`` limits records/s over all subtasks.
@@ -133,7 +139,7 @@ class GeneratorSource(Source):
     rescalable = True  # its positions are redistributed (runtime.strided)
 
     def __init__(
-        self, fn: Callable[[int], Any], count: int | None, rate: float | None = None
+        self, fn: Callable[[int], T], count: int | None, rate: float | None = None
     ) -> None:
         self.fn, self.count, self.rate = fn, count, rate
 
@@ -149,22 +155,22 @@ class GeneratorSource(Source):
                 f"source '{step_name}': rate must be > 0 records/s, got {self.rate!r}."
             )
 
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader[T]:
         return _GeneratorReader(self.fn, self.count, subtask, parallelism, self.rate)
 
 
-class _CollectionReader(SourceReader):
-    def __init__(self, items: Sequence[Any], subtask: int, parallelism: int) -> None:
+class _CollectionReader(SourceReader[T]):
+    def __init__(self, items: Sequence[T], subtask: int, parallelism: int) -> None:
         self.items, self.subtask, self.parallelism = items, subtask, parallelism
         self.pos = strided.StridedPosition(subtask, parallelism)
 
-    def read_batch(self, max_records: int) -> list[Any] | None:
+    def read_batch(self, max_records: int) -> list[T] | None:
         count = len(self.items)
         if self.pos.ended(count):
             return None
         return [self.items[i] for i in self.pos.take(max_records, count)]
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> object:
         return {"next": self.pos.next, "gaps": list(self.pos.gaps)}
 
     def _decode(self, state: Any, subtask: int, parallelism: int) -> tuple[int, list[int]]:
@@ -183,16 +189,16 @@ class _CollectionReader(SourceReader):
         )
 
 
-class CollectionSource(Source):
+class CollectionSource(Source[T]):
     """The items of a list; subtask s takes items[s::p]."""
 
     name = "collection"
     rescalable = True  # its positions are redistributed (runtime.strided)
 
-    def __init__(self, items: Iterable[Any]) -> None:
+    def __init__(self, items: Iterable[T]) -> None:
         self.items = list(items)
 
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader[T]:
         return _CollectionReader(self.items, subtask, parallelism)
 
 
@@ -216,15 +222,15 @@ def _file_splits(paths: list[str], parallelism: int) -> list[list[tuple[str, int
     return splits
 
 
-class _TextFileReader(SourceReader):
+class _TextFileReader(SourceReader[str]):
     def __init__(self, splits: list[tuple[str, int, int]], encoding: str) -> None:
         self.splits = splits
         self.encoding = encoding
         self.split = 0
         self.pos: int | None = None  # byte position of the next line to read in the split
-        self.fh: Any = None
+        self.fh: IO[bytes] | None = None
         self._last_split = 0
-        self._ended: list[Any] = []
+        self._ended: list[object] = []
 
     def _open(self) -> bool:
         while self.split < len(self.splits):
@@ -251,15 +257,15 @@ class _TextFileReader(SourceReader):
         self.split += 1
         self.pos = None
 
-    def read_batch(self, max_records: int) -> list[Any] | None:
+    def read_batch(self, max_records: int) -> list[str] | None:
         if self.fh is None and not self._open():
             return None
         end = self.splits[self.split][2]
         self._last_split = self.split
         fh, enc = self.fh, self.encoding
-        out: list[Any] = []
+        out: list[str] = []
         pos = self.pos
-        assert pos is not None
+        assert pos is not None and fh is not None
         while len(out) < max_records and pos < end:
             line = fh.readline()
             if not line:
@@ -272,14 +278,14 @@ class _TextFileReader(SourceReader):
             self._next_split()
         return out
 
-    def current_split(self) -> Any:
+    def current_split(self) -> object:
         return self._last_split
 
-    def take_ended_splits(self) -> list[Any]:
+    def take_ended_splits(self) -> list[object]:
         ended, self._ended = self._ended, []
         return ended
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> object:
         return [self.split, self.pos]
 
     def restore(self, state: Any) -> None:
@@ -292,7 +298,7 @@ class _TextFileReader(SourceReader):
             self.fh = None
 
 
-class TextFileSource(Source):
+class TextFileSource(Source[str]):
     """Lines of text files (a path, a glob, or a list of them), split by byte ranges over subtasks.
 
     The position (file split, byte offset) is checkpointed, so replay is exact.
@@ -322,5 +328,5 @@ class TextFileSource(Source):
                 f"(working directory {os.getcwd()}); check the path or glob."
             )
 
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader[str]:
         return _TextFileReader(_file_splits(self.files(), parallelism)[subtask], self.encoding)

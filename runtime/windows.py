@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from runtime.graph import Step, StepKind
@@ -57,22 +57,27 @@ class WindowOperator(KeyedOperator):
         args = step.args
         self.kind: WindowKind = args["kind"]
         self.mode: str = args["mode"]  # "aggregate" | "reduce" | "process"
-        self.fn: Callable[..., Any] = step.fn
-        self.initial: Any = args.get("initial")
-        self.merge: Callable[[Any, Any], Any] | None = args.get("merge")
+        self.fn: Callable[..., object] = step.fn
+        self.initial: object = args.get("initial")
+        self.merge: Callable[[object, object], object] | None = args.get("merge")
         self.lateness: float = args.get("allowed_lateness", 0)
         self.tagged: bool = args.get("late_output") is not None
-        self.ts_fn: Callable[[Any], Any] | None = args.get("timestamp_fn")
-        self.state = NamespacedState(self.keyed_state, "__windows")
-        self.timers = TimerService(self.keyed_state)
+        # the user's timestamp: a number, checked per record (TimestampError otherwise)
+        self.ts_fn: Callable[[object], float] | None = args.get("timestamp_fn")
+        # {(start, end): accumulator}: the user's accumulator, in process mode the list
+        # of the window's records (a tuple once restored)
+        self.state: NamespacedState[tuple[float, float], Any] = NamespacedState(
+            self.keyed_state, "__windows"
+        )
+        self.timers: TimerService[tuple[float, float, int]] = TimerService(self.keyed_state)
         self.wants_processing_time = not self.kind.event_time
         self.clock: Callable[[], float] = time.time
         self.late_records = 0
         self._drop = ctx.debug_drop_event_time
 
     # -- records -------------------------------------------------------------------------
-    def process(self, batch: list[Any], side: int = 0) -> list[Any]:
-        out: list[Any] = []
+    def process(self, batch: list[object], side: int = 0) -> list[object]:
+        out: list[object] = []
         key_fn, add = self.key_fn, self._add
         ts_fn = self.ts_fn
         if ts_fn is None:  # processing time: the wall clock at arrival
@@ -91,12 +96,13 @@ class WindowOperator(KeyedOperator):
         return out
 
     def _process_tumbling(
-        self, batch: list[Any], ts_fn: Callable[[Any], Any], out: list[Any]
+        self, batch: list[object], ts_fn: Callable[[object], float], out: list[object]
     ) -> None:
         """`_add` for tumbling windows with an incremental function, inlined: one window
         per record, its accumulator straight from the key's map (the per-batch path the
         profile showed: method calls and window lists per record)."""
-        kind: Any = self.kind
+        kind = self.kind
+        assert isinstance(kind, Tumbling)  # the caller's test
         size, offset = kind.size, kind.offset
         watermark = self.watermark
         horizon = watermark - self.lateness
@@ -130,7 +136,7 @@ class WindowOperator(KeyedOperator):
             if end <= watermark:  # fired already: late within lateness
                 out.append(self._result(key, window, acc))
 
-    def _fresh(self, record: Any) -> Any:
+    def _fresh(self, record: object) -> object:
         mode = self.mode
         if mode == "reduce":
             return record
@@ -139,7 +145,8 @@ class WindowOperator(KeyedOperator):
         initial = self.initial
         return self.fn(initial() if callable(initial) else initial, record)
 
-    def _update(self, acc: Any, record: Any) -> Any:
+    def _update(self, acc: Any, record: object) -> object:
+        """``acc``: the window's accumulator, in ``process`` mode its list of records."""
         mode = self.mode
         if mode == "process":
             if acc.__class__ is tuple:  # restored from a checkpoint (sequences are tuples)
@@ -148,7 +155,7 @@ class WindowOperator(KeyedOperator):
             return acc
         return self.fn(acc, record)
 
-    def _add(self, key: Any, record: Any, ts: float, out: list[Any]) -> None:
+    def _add(self, key: object, record: object, ts: float, out: list[object]) -> None:
         horizon = self.watermark - self.lateness  # windows ending at or before: cleaned up
         if self.kind.merging:
             self._add_session(key, record, ts, out, horizon)
@@ -172,7 +179,7 @@ class WindowOperator(KeyedOperator):
             self._late(record, out)
 
     def _add_session(
-        self, key: Any, record: Any, ts: float, out: list[Any], horizon: float
+        self, key: object, record: object, ts: float, out: list[object], horizon: float
     ) -> None:
         state, merge = self.state, self.merge
         if ts < horizon:  # it could belong to a session already cleaned up: too late
@@ -192,7 +199,7 @@ class WindowOperator(KeyedOperator):
         if end <= self.watermark:
             out.append(self._result(key, window, acc))
 
-    def _late(self, record: Any, out: list[Any]) -> None:
+    def _late(self, record: object, out: list[object]) -> None:
         self.late_records += 1
         if self.tagged:
             out.append((LATE, record))
@@ -207,27 +214,27 @@ class WindowOperator(KeyedOperator):
             )
 
     # -- timers --------------------------------------------------------------------------
-    def _register(self, key: Any, window: tuple[float, float]) -> None:
+    def _register(self, key: object, window: tuple[float, float]) -> None:
         queue = self.timers.event if self.kind.event_time else self.timers.processing
         if window[1] > self.watermark:  # else it fired: its late updates are emitted at once
             queue.register(key, window[1], (window[0], window[1], FIRE))
         if self.lateness:
             queue.register(key, window[1] + self.lateness, (window[0], window[1], CLEANUP))
 
-    def _unregister(self, key: Any, window: tuple[float, float]) -> None:
+    def _unregister(self, key: object, window: tuple[float, float]) -> None:
         queue = self.timers.event
         queue.delete(key, window[1], (window[0], window[1], FIRE))
         if self.lateness:
             queue.delete(key, window[1] + self.lateness, (window[0], window[1], CLEANUP))
 
-    def _result(self, key: Any, window: tuple[float, float], acc: Any) -> Any:
+    def _result(self, key: object, window: tuple[float, float], acc: object) -> object:
         start, end = window
         value = self.fn(key, start, end, acc) if self.mode == "process" else acc
         result = (key, start, end, value)
         return (MAIN, result) if self.tagged else result
 
-    def _fire(self, due: Any) -> list[Any]:
-        out: list[Any] = []
+    def _fire(self, due: Iterable[tuple[object, float, tuple[float, float, int]]]) -> list[object]:
+        out: list[object] = []
         state, lateness = self.state, self.lateness
         for key, _ts, (start, end, what) in due:
             window = (start, end)
@@ -242,25 +249,25 @@ class WindowOperator(KeyedOperator):
                 state.pop(key, window)
         return out
 
-    def on_watermark(self, watermark: float) -> list[Any]:
+    def on_watermark(self, watermark: float) -> list[object]:
         self.watermark = watermark
         return self._fire(self.timers.event.due(watermark))
 
-    def on_processing_time(self, now: float) -> list[Any]:
+    def on_processing_time(self, now: float) -> list[object]:
         queue = self.timers.processing
         nxt = queue.next_time()
         if nxt is None or nxt > now:
             return []
         return self._fire(queue.due(now))
 
-    def finish(self) -> list[Any]:
+    def finish(self) -> list[object]:
         """End of input: processing-time windows fire now (event time ends by watermark)."""
         if self.kind.event_time:
             return []
         return self._fire(self.timers.processing.due(float("inf")))
 
     # -- checkpoints ---------------------------------------------------------------------
-    def snapshot_state(self, checkpoint_id: int) -> Any:
+    def snapshot_state(self, checkpoint_id: int) -> object:
         return {"watermark": self.watermark, "late_records": self.late_records}
 
     def restore_state(self, state: Any) -> None:

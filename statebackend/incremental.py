@@ -43,7 +43,7 @@ from typing import Any
 import msgpack
 
 from statebackend.errors import CorruptCheckpointError
-from statebackend.keyed import FORMAT_VERSION, pack_delta, unpack_blob
+from statebackend.keyed import FORMAT_VERSION, Deletion, Entry, pack_delta, unpack_blob
 
 SHARED_DIR = "shared"
 
@@ -120,7 +120,7 @@ def chain_bytes(chain: Sequence[StateRef]) -> int:
 def merge_chain(
     blobs: Sequence[tuple[StateRef, bytes]],
     key_groups: range,
-    key_group_of: Callable[[Any], int],
+    key_group_of: Callable[[object], int],
 ) -> tuple[bytes, bool]:
     """Merge a run of a chain (in order) into one blob for an instance owning
     ``key_groups``: ``(blob, base)``. Starting at a base, the result is a full blob
@@ -131,8 +131,8 @@ def merge_chain(
         raise ValueError("merge_chain needs at least one file")
     is_base = blobs[0][0].base
     kinds: dict[str, str] = {}
-    values: dict[str, dict[Any, Any]] = {}
-    deleted: dict[str, set[Any]] = {}
+    values: dict[str, dict[object, object]] = {}
+    deleted: dict[str, set[object]] = {}
     for ref, blob in blobs:
         lo = max(ref.key_groups[0], key_groups.start)
         hi = min(ref.key_groups[1], key_groups.stop)
@@ -156,11 +156,11 @@ def merge_chain(
             state.update(state_entries)
             if gone:
                 gone.difference_update(state_entries)
-    layout = [[kind, name, values[name]] for name, kind in kinds.items()]
+    layout: list[Entry] = [(kind, name, values[name]) for name, kind in kinds.items()]
     if is_base:
         packed: bytes = msgpack.packb([FORMAT_VERSION, layout], use_bin_type=True)
         return packed, True
-    removals = [[name, list(keys)] for name, keys in deleted.items() if keys]
+    removals: list[Deletion] = [(name, list(keys)) for name, keys in deleted.items() if keys]
     return pack_delta(layout, removals), False
 
 

@@ -56,22 +56,29 @@ class StateKind(StrEnum):
     MAP = "map"
 
 
-def _freeze(obj: Any) -> Any:
+Entry = tuple[str, str, dict[object, object]]
+"""One state in a blob: ``[kind, name, {key: value}]`` (a msgpack array: a list once
+unpacked). Keys and values are the user's, passed along: the backend never looks inside."""
+Deletion = tuple[str, list[object]]
+"""The keys a delta deletes from one state: ``[name, [key, ...]]``."""
+
+
+def _freeze(obj: object) -> object:
     """Arrays (unpacked as lists) to tuples, recursively, so they can be dict keys."""
-    if obj.__class__ is list:
+    if type(obj) is list:
         return tuple([_freeze(x) if x.__class__ is list else x for x in obj])
     return obj
 
 
-def _value_thaw(value: Any) -> Any:
+def _value_thaw(value: object) -> object:
     return _freeze(value) if value.__class__ is list else value
 
 
-def _list_thaw(value: list[Any]) -> list[Any]:
+def _list_thaw(value: list[object]) -> list[object]:
     return [_freeze(x) if x.__class__ is list else x for x in value]
 
 
-def _map_thaw(value: dict[Any, Any]) -> dict[Any, Any]:
+def _map_thaw(value: dict[object, object]) -> dict[object, object]:
     return {k: (_freeze(v) if v.__class__ is list else v) for k, v in value.items()}
 
 
@@ -85,17 +92,17 @@ def restored_kind(operator: str, name: str, kind: str) -> StateKind:
         ) from None
 
 
-def _pairs_to_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+def _pairs_to_dict(pairs: list[tuple[object, object]]) -> dict[object, object]:
     return {(_freeze(k) if k.__class__ is list else k): v for k, v in pairs}
 
 
-def _unpack(blob: bytes) -> list[list[Any]]:
+def _unpack(blob: bytes) -> list[Entry]:
     """Unpack a full keyed-state blob to its list of ``[kind, name, dict]`` entries."""
     entries, _deleted = _unpack_any(blob)
     return entries
 
 
-def _unpack_any(blob: bytes) -> tuple[list[list[Any]], list[list[Any]]]:
+def _unpack_any(blob: bytes) -> tuple[list[Entry], list[Deletion]]:
     """A full blob's or a delta's ``[kind, name, dict]`` entries and ``[name, [key, ...]]``
     deletions (none in a full blob)."""
     try:
@@ -105,8 +112,9 @@ def _unpack_any(blob: bytes) -> tuple[list[list[Any]], list[list[Any]]]:
     except (ValueError, msgpack.UnpackException) as err:
         raise StateError(f"keyed state blob of {len(blob)} bytes is not msgpack: {err}") from err
     if isinstance(decoded, list) and len(decoded) == 3 and decoded[0] == DELTA_VERSION:
-        deleted = [[name, [_freeze(k) for k in keys]] for name, keys in decoded[2]]
-        return decoded[1], deleted
+        deleted: list[Deletion] = [(name, [_freeze(k) for k in keys]) for name, keys in decoded[2]]
+        delta: list[Entry] = decoded[1]
+        return delta, deleted
     if (
         not isinstance(decoded, list)
         or len(decoded) != 2
@@ -118,23 +126,24 @@ def _unpack_any(blob: bytes) -> tuple[list[list[Any]], list[list[Any]]]:
             f"keyed state blob has format {head!r}, expected [{FORMAT_VERSION}, [...]] or "
             f"[{DELTA_VERSION}, [...], [...]]; it was written by another version of absflow"
         )
-    entries: list[list[Any]] = decoded[1]
+    entries: list[Entry] = decoded[1]
     return entries, []
 
 
-def sizeof(obj: Any, depth: int = 2) -> int:
+def sizeof(obj: object, depth: int = 2) -> int:
     """A cheap size of ``obj``: ``sys.getsizeof`` plus its first elements', scaled to its
     length, two levels deep (an estimate for sampling, not an exact measure)."""
     size = sys.getsizeof(obj)
     if depth and obj.__class__ in (list, tuple, set, frozenset):
+        assert isinstance(obj, list | tuple | set | frozenset)  # narrowing: the test above
         items = list(itertools.islice(obj, 8))
         if items:
             size += sum(sizeof(x, depth - 1) for x in items) * len(obj) // len(items)
-    elif depth and obj.__class__ is dict:
-        items = list(itertools.islice(obj.items(), 8))
-        if items:
-            per = sum(sizeof(k, depth - 1) + sizeof(v, depth - 1) for k, v in items)
-            size += per * len(obj) // len(items)
+    elif depth and type(obj) is dict:
+        pairs = list(itertools.islice(obj.items(), 8))
+        if pairs:
+            per = sum(sizeof(k, depth - 1) + sizeof(v, depth - 1) for k, v in pairs)
+            size += per * len(obj) // len(pairs)
     return size
 
 
@@ -144,25 +153,26 @@ about two thirds full (1 M int keys and values: estimate 106 B, measured 106 B).
 SAMPLE = 16
 
 
-def _pack(entries: list[list[Any]]) -> bytes:
+def _pack(entries: list[Entry]) -> bytes:
     packed: bytes = msgpack.packb([FORMAT_VERSION, entries], use_bin_type=True)
     return packed
 
 
-def pack_delta(entries: list[list[Any]], deleted: list[list[Any]]) -> bytes:
+def pack_delta(entries: list[Entry], deleted: list[Deletion]) -> bytes:
     """A delta blob: ``entries`` as in a full blob, ``deleted`` as ``[name, [key, ...]]``."""
     packed: bytes = msgpack.packb([DELTA_VERSION, entries, deleted], use_bin_type=True)
     return packed
 
 
-def unpack_blob(blob: bytes) -> tuple[list[list[Any]], list[list[Any]]]:
+def unpack_blob(blob: bytes) -> tuple[list[Entry], list[Deletion]]:
     """``(entries, deletions)`` of a full blob (no deletions) or a delta, keys frozen."""
     return _unpack_any(blob)
 
 
 # Restored values follow the channels' rule (sequences are tuples), except the list of
-# a list state, which stays a list so it can be appended to.
-_THAW: dict[StateKind, Callable[[Any], Any]] = {
+# a list state, which stays a list so it can be appended to. A thaw takes the unpacked
+# value of its kind's shape (what the blob's kind says it is).
+_THAW: dict[StateKind, Callable[[Any], object]] = {
     StateKind.VALUE: _value_thaw,
     StateKind.LIST: _list_thaw,
     StateKind.MAP: _map_thaw,
@@ -198,7 +208,7 @@ class KeyedStateBackend:
         operator: str,
         max_parallelism: int,
         key_groups: range,
-        key_group_of: Callable[[Any], int],
+        key_group_of: Callable[[object], int],
     ) -> None:
         if max_parallelism < 1:
             raise StateError(
@@ -216,11 +226,11 @@ class KeyedStateBackend:
         self.key_groups = key_groups
         self.key_group_of = key_group_of
         self._kinds: dict[str, StateKind] = {}
-        self._states: dict[str, dict[Any, Any]] = {}
+        self._states: dict[str, dict[object, object]] = {}
         # [kind, name, live dict] per state: snapshot() packs this list as it is.
-        self._layout: list[list[Any]] = []
+        self._layout: list[Entry] = []
         self._write_backs: list[Callable[[], None]] = []
-        self.changed: set[Any] | None = None
+        self.changed: set[object] | None = None
         """Keys written (set, changed in place, or deleted) in any state since the last
         :meth:`snapshot_delta` or :meth:`start_chain`, once :meth:`track_changes` was
         called (None before: nothing is tracked); operators that track changes add to it,
@@ -241,12 +251,14 @@ class KeyedStateBackend:
             write_back()
 
     def _state(self, name: str, kind: StateKind) -> dict[Any, Any]:
+        """The live dict of state ``name``; its values have the shape ``kind`` says (the
+        typed accessors below name it)."""
         known = self._kinds.get(name)
         if known is None:
-            state: dict[Any, Any] = {}
+            state: dict[object, object] = {}
             self._kinds[name] = kind
             self._states[name] = state
-            self._layout.append([kind.value, name, state])
+            self._layout.append((kind.value, name, state))
             return state
         if known is not kind:
             raise StateError(
@@ -267,12 +279,12 @@ class KeyedStateBackend:
         """The live dict key -> dict of the map state ``name``."""
         return self._state(name, StateKind.MAP)
 
-    def states_of_kind(self, kind: str) -> list[dict[Any, Any]]:
+    def states_of_kind(self, kind: str) -> list[dict[object, object]]:
         """The live dicts of every state of ``kind`` ("value", "list" or "map")."""
         wanted = StateKind(kind)
         return [self._states[name] for name, k in self._kinds.items() if k is wanted]
 
-    def named_states(self, kind: str) -> list[tuple[str, dict[Any, Any]]]:
+    def named_states(self, kind: str) -> list[tuple[str, dict[object, object]]]:
         """``(name, live dict)`` of every state of ``kind``."""
         wanted = StateKind(kind)
         return [(name, self._states[name]) for name, k in self._kinds.items() if k is wanted]
@@ -314,16 +326,16 @@ class KeyedStateBackend:
         self.changed = set()
         if drop:
             changed = set()
-        entries: list[list[Any]] = []
-        deleted: list[list[Any]] = []
+        entries: list[Entry] = []
+        deleted: list[Deletion] = []
         for kind, name, state in self._layout:
             # set and dict operations in C: no Python step per changed key
             present = changed & state.keys()
             entries.append(
-                [kind, name, dict(zip(present, map(state.__getitem__, present), strict=True))]
+                (kind, name, dict(zip(present, map(state.__getitem__, present), strict=True)))
             )
             if len(present) < len(changed):
-                deleted.append([name, list(changed - present)])
+                deleted.append((name, list(changed - present)))
         try:
             return pack_delta(entries, deleted)
         except (TypeError, ValueError, OverflowError) as err:
@@ -358,16 +370,16 @@ class KeyedStateBackend:
         return max((len(state) for state in self._states.values()), default=0)
 
     @staticmethod
-    def split_by_key_group(blob: bytes, key_group_of: Callable[[Any], int]) -> dict[int, bytes]:
+    def split_by_key_group(blob: bytes, key_group_of: Callable[[object], int]) -> dict[int, bytes]:
         """Regroup a :meth:`snapshot` blob per key group (asynchronous part).
 
         Each value is a blob of the same format holding only that key group's keys;
         states without keys in a group are left out of its blob. Groups without any
         key are absent.
         """
-        groups: dict[int, list[list[Any]]] = {}
+        groups: dict[int, list[Entry]] = {}
         for kind, name, state in _unpack(blob):
-            buckets: dict[int, dict[Any, Any]] = {}
+            buckets: dict[int, dict[object, object]] = {}
             for key, value in state.items():
                 kg = key_group_of(key)
                 bucket = buckets.get(kg)
@@ -375,7 +387,7 @@ class KeyedStateBackend:
                     bucket = buckets[kg] = {}
                 bucket[key] = value
             for kg, bucket in buckets.items():
-                groups.setdefault(kg, []).append([kind, name, bucket])
+                groups.setdefault(kg, []).append((kind, name, bucket))
         return {kg: _pack(entries) for kg, entries in sorted(groups.items())}
 
     def restore(
@@ -402,10 +414,10 @@ class KeyedStateBackend:
         )
         first = owned.start
 
-        def inside(key: Any) -> int:
+        def inside(key: object) -> int:
             return first
 
-        key_group_of: Callable[[Any], int] = inside if trusted else self.key_group_of
+        key_group_of: Callable[[object], int] = inside if trusted else self.key_group_of
         for blob in blobs:
             entries_of, deletions = _unpack_any(blob)
             for name, keys in deletions:
@@ -435,7 +447,7 @@ class KeyedStateBackend:
         return len(set().union(*self._states.values()))
 
 
-def _packable(obj: Any) -> bool:
+def _packable(obj: object) -> bool:
     try:
         msgpack.packb(obj, use_bin_type=True)
     except (TypeError, ValueError, OverflowError):

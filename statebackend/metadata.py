@@ -36,7 +36,7 @@ from statebackend.metrics import AckMetrics, CheckpointSummary, decode
 _LIST_HINT = "list the checkpoints with `python -m jobmanager checkpoints DIR`"
 
 
-def _canonical(body: Mapping[str, Any]) -> bytes:
+def _canonical(body: Mapping[str, object]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -49,8 +49,8 @@ class OperatorLayout:
     parallelism: int
     key_groups: tuple[int, int] | None = None
 
-    def encode(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"subtask": self.subtask, "parallelism": self.parallelism}
+    def encode(self) -> dict[str, object]:
+        out: dict[str, object] = {"subtask": self.subtask, "parallelism": self.parallelism}
         if self.key_groups is not None:
             out["key_groups"] = list(self.key_groups)
         return out
@@ -112,8 +112,8 @@ class TaskStateHandle:
         )
         return files
 
-    def encode(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def encode(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "file": self.file,
             "size": self.size,
             "crc32": self.crc32,
@@ -183,8 +183,8 @@ class StepState:
     def auto(self) -> bool:
         return bool(self.signature)
 
-    def encode(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def encode(self) -> dict[str, object]:
+        body: dict[str, object] = {
             "name": self.name,
             "kind": self.kind,
             "parallelism": self.parallelism,
@@ -311,7 +311,7 @@ class CheckpointMetadata:
     def step(self, name: str) -> StepState | None:
         return next((s for s in self.steps if s.name == name), None)
 
-    def _body(self) -> dict[str, Any]:
+    def _body(self) -> dict[str, object]:
         """What ``_metadata`` holds besides its crc. Every key is a str and every value
         a JSON type (tuples as lists aside): dumped, it is already canonical, and a reader
         that loads and dumps it again gets the same bytes, so the crc of one dump covers

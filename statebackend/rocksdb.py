@@ -56,7 +56,8 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -76,6 +77,9 @@ from statebackend.keyed import (
 )
 from statebackend.storage import CheckpointStorage
 
+if TYPE_CHECKING:  # an optional dependency (the rocksdb extra), typed (py.typed)
+    from rocksdict import Options, Rdict, WriteBatch
+
 META = b"\xff\xff"
 """Prefix of the entries that name each state's kind (above every key group)."""
 _GONE = object()  # a deleted key in the cache, until written back
@@ -86,7 +90,7 @@ _MUTABLE = (list, dict, bytearray, set)
 DEFAULT_BUDGET = 256 << 20
 
 
-def _rocksdict() -> Any:
+def _rocksdict() -> ModuleType:
     try:
         import rocksdict
     except ImportError as err:
@@ -98,7 +102,7 @@ def _rocksdict() -> Any:
     return rocksdict
 
 
-_pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
+_pack: Callable[[object], bytes] = msgpack.Packer(use_bin_type=True).pack
 """msgpack bytes of a key or value (one packer: ``packb`` builds one per call)."""
 
 
@@ -128,7 +132,7 @@ class EntryCost:
         self.samples = 0
         self._total = 0
 
-    def sample(self, key: Any, value: Any) -> None:
+    def sample(self, key: object, value: object) -> None:
         self.samples += 1
         self._total += sizeof(key) + sizeof(value) + ENTRY_OVERHEAD
 
@@ -137,7 +141,7 @@ class EntryCost:
         return self._total // self.samples if self.samples else 200
 
 
-class StoreState(MutableMapping[Any, Any]):
+class StoreState(MutableMapping[object, object]):
     """One named state of a `RocksDBStateBackend`: key -> value, a bounded cache of hot
     keys in front of the store (see the module docstring)."""
 
@@ -151,15 +155,15 @@ class StoreState(MutableMapping[Any, Any]):
         ]
         self._thaw = _THAW[kind]
         self._always_mutable = kind is not StateKind.VALUE
-        self._cache: dict[Any, Any] = {}
-        self._dirty: set[Any] = set()
+        self._cache: dict[object, object] = {}
+        self._dirty: set[object] = set()
         self.capacity = 1 << 30  # set by the backend from its budget
 
     # -- encoding --------------------------------------------------------------------------
-    def _store_key(self, key: Any) -> bytes:
+    def _store_key(self, key: object) -> bytes:
         return self._heads[self._backend.key_group_of(key)] + _pack(key)
 
-    def _load(self, key: Any) -> Any:
+    def _load(self, key: object) -> object:
         raw = self._backend.db.get(self._store_key(key))
         if raw is None:
             return _MISS
@@ -169,7 +173,7 @@ class StoreState(MutableMapping[Any, Any]):
             self._dirty.add(key)  # it may be changed in place
         return value
 
-    def _put_cache(self, key: Any, value: Any) -> None:
+    def _put_cache(self, key: object, value: object) -> None:
         cache = self._cache
         if len(cache) >= self.capacity:
             self._evict(keep=key)
@@ -179,7 +183,7 @@ class StoreState(MutableMapping[Any, Any]):
         if cost.count & cost.every_mask == 0 or cost.samples < 32:
             cost.sample(key, value)
 
-    def _evict(self, keep: Any) -> None:
+    def _evict(self, keep: object) -> None:
         """Drop the oldest eighth of the cache, writing its dirty keys back (an eighth: the
         pause stays short, the task loop heart-beats between batches)."""
         cache, dirty = self._cache, self._dirty
@@ -193,13 +197,13 @@ class StoreState(MutableMapping[Any, Any]):
                 self._write(batch, key, value)
         self._backend.db.write(batch)
 
-    def _write(self, batch: Any, key: Any, value: Any) -> None:
+    def _write(self, batch: WriteBatch, key: object, value: object) -> None:
         if value is _GONE:
             batch.delete(self._store_key(key))
         else:
             batch.put(self._store_key(key), _pack(value))
 
-    def flush(self, batch: Any) -> None:
+    def flush(self, batch: WriteBatch) -> None:
         """Write the dirty keys into ``batch``; deleted keys leave the cache."""
         cache = self._cache
         for key in self._dirty:
@@ -214,7 +218,7 @@ class StoreState(MutableMapping[Any, Any]):
         self._dirty.clear()
 
     # -- the mapping -------------------------------------------------------------------------
-    def get(self, key: Any, default: Any = None) -> Any:
+    def get(self, key: object, default: object = None) -> object:
         value = self._cache.get(key, _MISS)
         if value is _MISS:
             value = self._load(key)
@@ -225,13 +229,13 @@ class StoreState(MutableMapping[Any, Any]):
             self._dirty.add(key)
         return value
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: object) -> object:
         value = self.get(key, _MISS)
         if value is _MISS:
             raise KeyError(key)
         return value
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: object, value: object) -> None:
         cache = self._cache
         if key not in cache:
             self._put_cache(key, value)
@@ -239,13 +243,13 @@ class StoreState(MutableMapping[Any, Any]):
             cache[key] = value
         self._dirty.add(key)
 
-    def __delitem__(self, key: Any) -> None:
+    def __delitem__(self, key: object) -> None:
         if self.get(key, _MISS) is _MISS:
             raise KeyError(key)
         self._cache[key] = _GONE
         self._dirty.add(key)
 
-    def pop(self, key: Any, default: Any = _MISS) -> Any:
+    def pop(self, key: object, default: object = _MISS) -> object:
         value = self.get(key, _MISS)
         if value is _MISS:
             if default is _MISS:
@@ -258,7 +262,7 @@ class StoreState(MutableMapping[Any, Any]):
     def __contains__(self, key: object) -> bool:
         return self.get(key, _MISS) is not _MISS
 
-    def items(self) -> Iterator[tuple[Any, Any]]:  # type: ignore[override]
+    def items(self) -> Iterator[tuple[object, object]]:  # type: ignore[override]
         """Every (key, value), from the store after writing the cache back (not for the
         hot path: a scan of the instance's key groups)."""
         self._backend.flush()
@@ -267,14 +271,15 @@ class StoreState(MutableMapping[Any, Any]):
             cached = cache.get(key, _MISS)
             yield key, (self._thaw(_unpack(raw)) if cached is _MISS else cached)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         for key, _ in self.items():
             yield key
 
-    def keys(self) -> Any:
+    # lists, not views: each is a scan of the store (not for the hot path)
+    def keys(self) -> list[object]:  # type: ignore[override]
         return list(iter(self))
 
-    def values(self) -> Any:
+    def values(self) -> list[object]:  # type: ignore[override]
         return [v for _, v in self.items()]
 
     def __len__(self) -> int:
@@ -309,7 +314,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         operator: str,
         max_parallelism: int,
         key_groups: range,
-        key_group_of: Callable[[Any], int],
+        key_group_of: Callable[[object], int],
         directory: Callable[[], str],
         memory_budget: int | None = None,
         drop_shared: bool = False,
@@ -325,14 +330,14 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._directory = directory
         self.memory_budget = memory_budget or DEFAULT_BUDGET
         self.cost = EntryCost()
-        self._db: Any = None
+        self._db: Rdict | None = None
         self._path: str | None = None
         self._uploaded = _Uploaded()
         self._db_id = uuid.uuid4().hex[:8]
         self.drop_shared = drop_shared
 
     # -- the database ------------------------------------------------------------------------
-    def _options(self) -> Any:
+    def _options(self) -> Options:
         r = _rocksdict()
         opts = r.Options(raw_mode=True)
         opts.create_if_missing(True)
@@ -352,12 +357,14 @@ class RocksDBStateBackend(KeyedStateBackend):
         table.set_cache_index_and_filter_blocks(True)
         table.set_bloom_filter(10, False)
         opts.set_block_based_table_factory(table)
-        return opts
+        options: Options = opts
+        return options
 
     @property
-    def db(self) -> Any:
+    def db(self) -> Rdict:
         if self._db is None:
             self._open(None)
+        assert self._db is not None  # _open opened it
         return self._db
 
     def _open(self, from_dir: str | None) -> None:
@@ -368,10 +375,11 @@ class RocksDBStateBackend(KeyedStateBackend):
         if from_dir is not None:
             os.replace(from_dir, self._path)
         r = _rocksdict()
-        self._db = r.Rdict(self._path, self._options())
+        db: Rdict = r.Rdict(self._path, self._options())
         no_log = r.WriteOptions()
         no_log.disable_wal = True  # a restore starts from a checkpoint, never from the log
-        self._db.set_write_options(no_log)
+        db.set_write_options(no_log)
+        self._db = db
         self._size_caches()
 
     def _size_caches(self) -> None:
@@ -380,8 +388,9 @@ class RocksDBStateBackend(KeyedStateBackend):
         for state in self._states.values():
             state.capacity = max(64, per_state // self.cost.per_entry)  # type: ignore[attr-defined]
 
-    def batch(self) -> Any:
-        return _rocksdict().WriteBatch(raw_mode=True)
+    def batch(self) -> WriteBatch:
+        batch: WriteBatch = _rocksdict().WriteBatch(raw_mode=True)
+        return batch
 
     def close(self) -> None:
         """Close and remove the database (idempotent)."""
@@ -400,7 +409,8 @@ class RocksDBStateBackend(KeyedStateBackend):
             state = StoreState(self, name, kind)
             self._kinds[name] = kind
             self._states[name] = state  # type: ignore[assignment]
-            self._layout.append([kind.value, name, state])
+            # the store state stands in for the live dict (as in _states above)
+            self._layout.append((kind.value, name, state))  # type: ignore[arg-type]
             if self._db is not None:
                 self._db.put(META + name.encode(), kind.value.encode())
                 self._size_caches()
@@ -430,7 +440,7 @@ class RocksDBStateBackend(KeyedStateBackend):
             it.next()
         return kinds
 
-    def scan_state(self, prefix: bytes, flush: bool = False) -> Iterator[tuple[Any, bytes]]:
+    def scan_state(self, prefix: bytes, flush: bool = False) -> Iterator[tuple[object, bytes]]:
         """(key, raw value) of one state (``prefix``: its name prefix), by key group."""
         if flush:
             self.flush()

@@ -25,12 +25,20 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from statebackend.keyed import KeyedStateBackend
 
+# Keys are the user's: passed along, never looked inside (object). A timer's namespace and
+# a namespaced state's namespace and value are the operator's own (a window, a side and
+# a timestamp, ...): its operator names their types.
+N = TypeVar("N", default=object)
+V = TypeVar("V", default=object)
 
-def _touch(backend: KeyedStateBackend, key: Any) -> None:
+
+def _touch(backend: KeyedStateBackend, key: object) -> None:
     """``key``'s state changed (incremental checkpoints: ``KeyedStateBackend.changed``)."""
     changed = backend.changed
     if changed is not None:
@@ -41,7 +49,7 @@ EVENT_TIME = "event"
 PROCESSING_TIME = "processing"
 
 
-class TimerQueue:
+class TimerQueue(Generic[N]):
     """The pending timers of one time domain, by key; see the module docstring."""
 
     __slots__ = ("_backend", "_heap", "_seq", "_timers", "domain")
@@ -50,16 +58,16 @@ class TimerQueue:
         self.domain = domain
         self._backend = backend  # its changed keys (incremental checkpoints), when tracked
         # key -> {(timestamp, namespace): None}: the checkpointed truth
-        self._timers: dict[Any, dict[tuple[float, Any], None]] = backend.map_state(
+        self._timers: dict[object, dict[tuple[float, N], None]] = backend.map_state(
             f"__timers/{domain}"
         )
-        self._heap: list[tuple[float, int, Any, Any]] = []
+        self._heap: list[tuple[float, int, object, N]] = []
         self._seq = itertools.count()
 
     def __len__(self) -> int:
         return sum(len(t) for t in self._timers.values())
 
-    def register(self, key: Any, timestamp: float, namespace: Any = None) -> None:
+    def register(self, key: object, timestamp: float, namespace: N) -> None:
         """A timer for ``key`` at ``timestamp`` (once per (key, timestamp, namespace))."""
         timers = self._timers.get(key)
         if timers is None:
@@ -70,7 +78,7 @@ class TimerQueue:
             heapq.heappush(self._heap, (timestamp, next(self._seq), key, namespace))
             _touch(self._backend, key)
 
-    def delete(self, key: Any, timestamp: float, namespace: Any = None) -> None:
+    def delete(self, key: object, timestamp: float, namespace: N) -> None:
         timers = self._timers.get(key)
         if timers is not None and (timestamp, namespace) in timers:
             del timers[(timestamp, namespace)]
@@ -89,7 +97,7 @@ class TimerQueue:
             heapq.heappop(heap)
         return None
 
-    def due(self, time: float) -> Iterator[tuple[Any, float, Any]]:
+    def due(self, time: float) -> Iterator[tuple[object, float, N]]:
         """Pop and yield ``(key, timestamp, namespace)`` of every timer <= ``time``, in
         timestamp order. Each is removed before it is yielded, so a timer registered by
         the callback for a time <= ``time`` fires in the same pass."""
@@ -120,14 +128,14 @@ class TimerQueue:
         self._heap.clear()
 
 
-class TimerService:
+class TimerService(Generic[N]):
     """Event-time and processing-time timers of one keyed operator instance."""
 
     __slots__ = ("event", "processing")
 
     def __init__(self, backend: KeyedStateBackend) -> None:
-        self.event = TimerQueue(backend, EVENT_TIME)
-        self.processing = TimerQueue(backend, PROCESSING_TIME)
+        self.event: TimerQueue[N] = TimerQueue(backend, EVENT_TIME)
+        self.processing: TimerQueue[N] = TimerQueue(backend, PROCESSING_TIME)
 
     def rebuild(self) -> None:
         self.event.rebuild()
@@ -138,28 +146,29 @@ class TimerService:
         self.processing.clear()
 
 
-class NamespacedState:
+class NamespacedState(Generic[N, V]):
     """Keyed state per (key, namespace): map state ``name`` holds ``{namespace: value}``
     per key (e.g. a window's accumulator per window). Rescales with its key."""
 
     __slots__ = ("_backend", "_states")
 
     def __init__(self, backend: KeyedStateBackend, name: str) -> None:
-        self._states: dict[Any, dict[Any, Any]] = backend.map_state(name)
+        self._states: dict[object, dict[N, V]] = backend.map_state(name)
         self._backend = backend
 
-    def get(self, key: Any, namespace: Any, default: Any = None) -> Any:
+    def get(self, key: object, namespace: N, default: Any = None) -> Any:
+        """The value, else ``default`` (a sentinel of the caller's: any type)."""
         m = self._states.get(key)
         return default if m is None else m.get(namespace, default)
 
-    def put(self, key: Any, namespace: Any, value: Any) -> None:
+    def put(self, key: object, namespace: N, value: V) -> None:
         m = self._states.get(key)
         if m is None:
             m = self._states[key] = {}
         m[namespace] = value
         _touch(self._backend, key)
 
-    def pop(self, key: Any, namespace: Any) -> Any:
+    def pop(self, key: object, namespace: N) -> V | None:
         m = self._states.get(key)
         if m is None:
             return None
@@ -170,13 +179,13 @@ class NamespacedState:
         return value
 
     @property
-    def by_key(self) -> dict[Any, dict[Any, Any]]:
+    def by_key(self) -> dict[object, dict[N, V]]:
         """The live ``{key: {namespace: value}}`` (a per-record fast path's direct access;
         drop a key's map once it is empty, as ``pop`` does, and add each key written to
         the backend's ``changed`` keys when they are tracked)."""
         return self._states
 
-    def namespaces(self, key: Any) -> dict[Any, Any]:
+    def namespaces(self, key: object) -> dict[N, V]:
         """The live ``{namespace: value}`` of ``key`` (empty if none; do not keep it)."""
         return self._states.get(key) or {}
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 from urllib.parse import parse_qs
 
 from jobmanager.web.snapshot import JobBoard, JobSnapshot
 
-Answer = tuple[int, Any]
+Answer = tuple[int, object]  # status, the JSON body (json.dumps takes it as it is)
 
 MAX_LIMIT = 1000
 
@@ -99,7 +99,19 @@ def _snapshot(board: JobBoard) -> JobSnapshot:
     return snap
 
 
-def _jobs(jobs: Jobs, params: Mapping[str, str]) -> Any:
+TaskFigure = Literal[
+    "bytes_in",
+    "bytes_out",
+    "backpressure_seconds",
+    "input_queue",
+    "output_queue",
+    "refused_connections",
+    "malformed_frames",
+]
+"""The task figures ``/metrics`` sums over the tasks."""
+
+
+def _jobs(jobs: Jobs, params: Mapping[str, str]) -> Mapping[str, object]:
     return {
         "jobs": [
             dict(b.latest.job)
@@ -110,24 +122,24 @@ def _jobs(jobs: Jobs, params: Mapping[str, str]) -> Any:
     }
 
 
-def _job(board: JobBoard, params: Mapping[str, str]) -> Any:
+def _job(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
     return dict(_snapshot(board).job)
 
 
-def _plan(board: JobBoard, params: Mapping[str, str]) -> Any:
+def _plan(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
     return board.plan
 
 
-def _config(board: JobBoard, params: Mapping[str, str]) -> Any:
+def _config(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
     return {"job": board.job_id, "config": board.config}
 
 
-def _tasks(board: JobBoard, params: Mapping[str, str]) -> Any:
+def _tasks(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
     snap = _snapshot(board)
     return {"job": board.job_id, "attempt": snap.job["attempt"], "tasks": list(snap.tasks)}
 
 
-def _checkpoints(board: JobBoard, params: Mapping[str, str]) -> Any:
+def _checkpoints(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
     snap = _snapshot(board)
     limit = int_param(params, "limit", 100, 1, MAX_LIMIT)
     since = int_param(params, "since", 0, 0, 2**62)
@@ -141,18 +153,18 @@ def _checkpoints(board: JobBoard, params: Mapping[str, str]) -> Any:
     }
 
 
-def _restarts(board: JobBoard, params: Mapping[str, str]) -> Any:
+def _restarts(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
     snap = _snapshot(board)
     limit = int_param(params, "limit", 100, 1, MAX_LIMIT)
     return {"job": board.job_id, "restarts": list(snap.restarts)[-limit:]}
 
 
-def _metrics(board: JobBoard, params: Mapping[str, str]) -> Any:
+def _metrics(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
     """Job-level sums of the task figures and the checkpoint duration histogram."""
     snap = _snapshot(board)
     tasks = snap.tasks
 
-    def total(key: str) -> Any:
+    def total(key: TaskFigure) -> float:
         return sum(t[key] for t in tasks)
 
     return {
@@ -179,7 +191,7 @@ def _metrics(board: JobBoard, params: Mapping[str, str]) -> Any:
     }
 
 
-def _iteration(board: JobBoard, params: Mapping[str, str]) -> Any:
+def _iteration(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
     snap = _snapshot(board)
     return {
         "job": board.job_id,
@@ -187,7 +199,7 @@ def _iteration(board: JobBoard, params: Mapping[str, str]) -> Any:
     }
 
 
-def _overview(board: JobBoard, params: Mapping[str, str]) -> Any:
+def _overview(board: JobBoard, params: Mapping[str, str]) -> Mapping[str, object]:
     """What the dashboard polls: job, tasks, checkpoints, restarts in one answer."""
     return {
         "job": _job(board, {}),
@@ -198,7 +210,7 @@ def _overview(board: JobBoard, params: Mapping[str, str]) -> Any:
     }
 
 
-Handler = Callable[[JobBoard, Mapping[str, str]], Any]
+Handler = Callable[[JobBoard, Mapping[str, str]], Mapping[str, object]]
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,8 @@ subtask; per-job families the label job.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,7 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from jobmanager.web.snapshot import DURATION_BUCKETS_MS, JobBoard
+from jobmanager.web.snapshot import DURATION_BUCKETS_MS, JobBoard, JobSnapshot, TaskRow
 
 __all__ = ["CONTENT_TYPE_LATEST", "exposition", "registry_for"]
 
@@ -209,15 +208,15 @@ class SnapshotCollector(Collector):
             )
             family = family_type(spec.name, spec.help, labels=list(spec.labels))
             for t in snap.tasks:
-                if t.get(spec.key) is not None:
-                    family.add_metric(self._labels(job, t), float(t[spec.key]))
+                if t.get(spec.key) is not None:  # None: not there yet (a watermark)
+                    family.add_metric(self._labels(job, t), _figure(t, spec.key))
             yield family
         yield from self._job_metrics(job, snap)
 
-    def _labels(self, job: str, t: Any) -> list[str]:
+    def _labels(self, job: str, t: TaskRow) -> list[str]:
         return [job, self.chain_name.get(t["chain"], "?"), str(t["subtask"])]
 
-    def _job_metrics(self, job: str, snap: Any) -> Iterator[Metric]:
+    def _job_metrics(self, job: str, snap: JobSnapshot) -> Iterator[Metric]:
         buckets, cumulative = [], 0
         for bound, count in zip(
             (*DURATION_BUCKETS_MS, float("inf")), snap.duration_buckets, strict=True
@@ -253,22 +252,30 @@ class SnapshotCollector(Collector):
         yield g
         for spec in JOB_COUNTERS:
             c = CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
-            c.add_metric([job], float(snap.job[spec.key]))
+            c.add_metric([job], _figure(snap.job, spec.key))
             yield c
         if snap.iteration is not None:
             yield from self._iteration_metrics(job, snap.iteration)
 
     @staticmethod
-    def _iteration_metrics(job: str, it: Any) -> Iterator[Metric]:
+    def _iteration_metrics(job: str, it: Mapping[str, object]) -> Iterator[Metric]:
         for spec in ITERATION_METRICS:
             family_type = (
                 CounterMetricFamily if spec.type is MetricType.COUNTER else GaugeMetricFamily
             )
             family = family_type(spec.name, spec.help, labels=list(spec.labels))
             if it[spec.key] is not None:
-                labels = [job, it["phase"]] if "phase" in spec.labels else [job]
-                family.add_metric(labels, float(it[spec.key]))
+                labels = [job, str(it["phase"])] if "phase" in spec.labels else [job]
+                family.add_metric(labels, _figure(it, spec.key))
             yield family
+
+
+def _figure(row: Mapping[str, object], key: str) -> float:
+    """The number ``row[key]`` (a figure named by a metric spec) as a float."""
+    value = row[key]
+    if not isinstance(value, int | float):
+        raise TypeError(f"figure {key!r} of a snapshot row is {value!r}, not a number")
+    return float(value)
 
 
 def registry_for(board: JobBoard) -> CollectorRegistry:

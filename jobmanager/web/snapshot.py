@@ -20,7 +20,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from jobmanager.metrics import RecordCounts, RunMetrics
 from runtime.config import JobConfig
@@ -37,9 +37,162 @@ DURATION_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000
 """Upper bounds (ms) of the checkpoint duration histogram (``/metrics``)."""
 
 
+# -- the JSON payloads of the REST API (and the dashboard), one per kind of row -----------
+JsonScalar = str | int | float | bool | None
+"""A setting as ``/config`` shows it: enums by value, other objects by ``repr``."""
+
+
+class JobRow(TypedDict):
+    id: str
+    name: str
+    state: str  # running | finished | failed
+    error: str | None
+    attempt: int
+    started_at: float
+    duration_seconds: float
+    records_in: int
+    records_out: int
+    tasks: int
+    checkpoints_completed: int
+    checkpoints_failed: int
+    checkpoints_pending: list[int]
+    last_checkpoint_id: int | None
+    restarts: int
+    refused_connections: int
+    ui_url: str
+
+
+class TaskCheckpointRow(TypedDict):
+    alignment_ms: float
+    start_delay_ms: float
+    sync_ms: float
+    async_ms: float
+    state_bytes: int
+    full_state_bytes: int
+    keys: int
+    channel_state_bytes: int
+    backedge_bytes: int
+
+
+class CheckpointRow(TypedDict):
+    checkpoint_id: int
+    attempt: int
+    final: bool
+    mode: str
+    trigger_time: float
+    duration_ms: float
+    state_bytes: int
+    full_state_bytes: int
+    keys: int
+    channel_state_bytes: int
+    backedge_bytes: int
+    spilled_bytes: int
+    max_alignment_ms: float
+    max_start_delay_ms: float
+    critical_task: str
+    queueing_ms: float
+    alignment_ms: float
+    write_ms: float
+    committed_records_in: int | None
+    path: str | None
+    tasks: dict[str, TaskCheckpointRow]
+
+
+class FailedRow(TypedDict):
+    checkpoint_id: int
+    attempt: int
+    reason: str
+    detail: str
+
+
+class RestartRow(TypedDict):
+    attempt: int
+    cause: str
+    cause_text: str
+    reason: str
+    error: str | None
+    restored_checkpoint: int | None
+    failed_at: float
+    resumed_at: float | None
+    recovery_seconds: float | None
+
+
+class TaskRow(TypedDict):
+    index: int
+    task_id: str
+    subtask: int
+    chain: int
+    source: bool
+    sink: bool
+    host: str
+    pid: int
+    endpoint: str
+    state: str  # starting | running | finished
+    records_in: int
+    records_out: int
+    records_in_per_second: float
+    records_out_per_second: float
+    bytes_in: int
+    bytes_out: int
+    backpressure_seconds: float
+    backpressure_share: float
+    busy_share: float
+    input_queue: int
+    output_queue: int
+    rss_bytes: int
+    uptime_seconds: float
+    watermark: float | None
+    state_keys: int | None
+    state_bytes: int | None
+    refused_connections: int
+    malformed_frames: int
+
+
+class PlanStep(TypedDict):
+    id: int
+    name: str
+    kind: str
+    parallelism: int
+    chain: int | None
+
+
+class PlanChain(TypedDict):
+    id: int
+    name: str
+    parallelism: int
+    steps: list[str]
+
+
+class PlanTask(TypedDict):
+    index: int
+    task_id: str
+    chain: int
+    subtask: int
+
+
+class PlanChannel(TypedDict):
+    id: int
+    source_task: int
+    target_task: int
+    source_step: str
+    target_step: str
+    partitioning: str
+    back_edge: bool
+
+
+class PlanView(TypedDict):
+    name: str
+    max_parallelism: int
+    steps: list[PlanStep]
+    chains: list[PlanChain]
+    tasks: list[PlanTask]
+    channels: list[PlanChannel]
+    back_edges: list[int]
+
+
 class CoordinatorView(Protocol):
     @property
-    def pending(self) -> Mapping[int, Any]: ...
+    def pending(self) -> Mapping[int, object]: ...
     @property
     def failed(self) -> Sequence[FailedCheckpoint]: ...
 
@@ -70,14 +223,14 @@ class AttemptView(Protocol):
 class JobSnapshot:
     """One published state of a job; JSON-ready maps, never changed once published."""
 
-    job: Mapping[str, Any]
-    tasks: tuple[Mapping[str, Any], ...]
-    checkpoints: tuple[Mapping[str, Any], ...]  # completed, oldest first
-    failed_checkpoints: tuple[Mapping[str, Any], ...]
-    restarts: tuple[Mapping[str, Any], ...]
+    job: JobRow
+    tasks: tuple[TaskRow, ...]
+    checkpoints: tuple[CheckpointRow, ...]  # completed, oldest first
+    failed_checkpoints: tuple[FailedRow, ...]
+    restarts: tuple[RestartRow, ...]
     duration_buckets: tuple[int, ...]  # cumulative counts per DURATION_BUCKETS_MS, then +Inf
     duration_sum_ms: float
-    iteration: Mapping[str, Any] | None = None  # an iteration's supersteps (iteration_view)
+    iteration: Mapping[str, object] | None = None  # an iteration's supersteps (iteration_view)
     published_at: float = field(default_factory=time.time)
 
 
@@ -93,7 +246,7 @@ class JobBoard:
         self.latest: JobSnapshot | None = None
 
 
-def plan_view(plan: JobPlan) -> dict[str, Any]:
+def plan_view(plan: JobPlan) -> PlanView:
     chain_of_step = {s: c.id for c in plan.chains for s in c.step_ids}
     return {
         "name": plan.name,
@@ -137,9 +290,9 @@ def plan_view(plan: JobPlan) -> dict[str, Any]:
     }
 
 
-def config_view(config: JobConfig) -> dict[str, Any]:
+def config_view(config: JobConfig) -> dict[str, JsonScalar]:
     """The settings, JSON-ready; ``storage_options`` (credentials) are left out."""
-    out: dict[str, Any] = {}
+    out: dict[str, JsonScalar] = {}
     for f in dataclasses.fields(config):
         if f.name == "storage_options":
             continue
@@ -152,7 +305,7 @@ def config_view(config: JobConfig) -> dict[str, Any]:
     return out
 
 
-def iteration_view(progress: IterationProgress, phase: str, superstep: int) -> dict[str, Any]:
+def iteration_view(progress: IterationProgress, phase: str, superstep: int) -> dict[str, object]:
     """An iteration's supersteps, JSON-ready: ``phase`` (loading, superstep, checkpoint,
     emitting, ended, stopped; ``finished``/``failed`` once the job ended), the
     ``superstep`` running (or last started), those agreed so far, the convergence
@@ -191,12 +344,12 @@ class SnapshotBuilder:
         self.ui_url = ""
         self._next = 0.0
         self._seen_completed = 0
-        self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self._history: deque[CheckpointRow] = deque(maxlen=HISTORY)
         self._buckets = [0] * (len(DURATION_BUCKETS_MS) + 1)
         self._duration_sum = 0.0
         self._rates: dict[int, tuple[float, int, int, float, float]] = {}
         self._attempt_of: dict[int, int] = {}  # checkpoint id -> attempt
-        self._tasks: tuple[Mapping[str, Any], ...] = ()
+        self._tasks: tuple[TaskRow, ...] = ()
         self._attempt = 0
         self._last: AttemptView | None = None  # the attempt last published
         self._phase, self._superstep = "", 0  # an iteration's, as last published
@@ -254,7 +407,7 @@ class SnapshotBuilder:
         self._take_completed()
         m = self.metrics
         last = self._history[-1]["checkpoint_id"] if self._history else None
-        job = {
+        job: JobRow = {
             "id": self.board.job_id,
             "name": self.board.name,
             "state": state,
@@ -297,7 +450,7 @@ class SnapshotBuilder:
             self._duration_sum += c.duration_ms
         self._seen_completed = len(completed)
 
-    def _checkpoint_row(self, c: CompletedCheckpoint) -> dict[str, Any]:
+    def _checkpoint_row(self, c: CompletedCheckpoint) -> CheckpointRow:
         s = c.metrics
         committed = self.metrics.committed_at.get(c.checkpoint_id)
         return {
@@ -338,7 +491,7 @@ class SnapshotBuilder:
         }
 
     @staticmethod
-    def _failed_row(f: FailedCheckpoint) -> dict[str, Any]:
+    def _failed_row(f: FailedCheckpoint) -> FailedRow:
         return {
             "checkpoint_id": f.checkpoint_id,
             "attempt": f.attempt,
@@ -347,7 +500,7 @@ class SnapshotBuilder:
         }
 
     @staticmethod
-    def _restart_row(r: Restart) -> dict[str, Any]:
+    def _restart_row(r: Restart) -> RestartRow:
         return {
             "attempt": r.attempt,
             "cause": r.cause.name,
@@ -360,10 +513,10 @@ class SnapshotBuilder:
             "recovery_seconds": r.recovery_seconds,
         }
 
-    def _task_rows(self, attempt: AttemptView) -> list[dict[str, Any]]:
+    def _task_rows(self, attempt: AttemptView) -> list[TaskRow]:
         sources = self.metrics.source_tasks
         sinks = self.metrics.sink_tasks
-        rows = []
+        rows: list[TaskRow] = []
         latest = self.metrics.completed[-1].task_metrics if self.metrics.completed else {}
         for index, t in sorted(attempt.tasks.items()):
             m = t.metrics

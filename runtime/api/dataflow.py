@@ -11,12 +11,20 @@
 
 Records that cross tasks travel as msgpack: use None, bool, int, float, str,
 bytes, tuples/lists and dicts (sequences arrive as tuples).
+
+The streams are generic in their record type (and keyed streams in their key type), as
+Flink's ``DataStream<T>``: a type checker infers ``Stream[str]`` from a source of
+strings, ``Stream[tuple[str, int]]`` after ``.map(lambda w: (w, 1))``, and refuses a
+function whose parameter does not fit the records. A source that does not declare its
+record type (``class S(Source)``) gives a ``Stream[Any]``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
+
+from typing_extensions import TypeVar
 
 from channels.partitioners import DEFAULT_MAX_PARALLELISM
 from runtime.config import JobConfig
@@ -44,10 +52,21 @@ from runtime.windows import LATE, MAIN
 
 if TYPE_CHECKING:
     from jobmanager.result import JobResult
+    from runtime.keyed_process import KeyedStateHandle, ProcessContext
+
+# The record and key types of a stream; unsaid (a bare ``Stream`` annotation, an
+# undeclared source) they are any type, as a raw ``list`` is.
+T = TypeVar("T", default=Any)
+K = TypeVar("K", default=Any)
+U = TypeVar("U")  # a function's output record
+A = TypeVar("A")  # an accumulator
+L = TypeVar("L", default=Any)  # the left and right records of connected streams
+R = TypeVar("R", default=Any)
 
 
-class Stream:
-    """The output of a step. ``partitioning`` applies to the edge into the next step."""
+class Stream(Generic[T]):
+    """The output of a step, records of type ``T``. ``partitioning`` applies to the edge
+    into the next step."""
 
     def __init__(
         self, flow: Dataflow, step: Step, partitioning: Partitioning = Partitioning.FORWARD
@@ -57,15 +76,15 @@ class Stream:
         self.partitioning = partitioning
 
     # -- partitioning --------------------------------------------------------------
-    def rebalance(self) -> Stream:
+    def rebalance(self) -> Stream[T]:
         """Distribute records round robin over the next step's subtasks."""
         return Stream(self.flow, self.step, Partitioning.REBALANCE)
 
-    def broadcast(self) -> Stream:
+    def broadcast(self) -> Stream[T]:
         """Send every record to every subtask of the next step."""
         return Stream(self.flow, self.step, Partitioning.BROADCAST)
 
-    def key_by(self, key_fn: Callable[[Any], Any], name: str | None = None) -> KeyedStream:
+    def key_by(self, key_fn: Callable[[T], K], name: str | None = None) -> KeyedStream[T, K]:
         """Partition by ``key_fn(record)`` (a stable hash into key groups)."""
         label = name or f"key_by after '{self.step.name}'"
         check_callable(key_fn, label, "key function")
@@ -76,11 +95,11 @@ class Stream:
     def _then(
         self,
         kind: StepKind,
-        fn: Any,
+        fn: Callable[..., object] | Sink,
         name: str | None,
         parallelism: int | None,
-        args: dict[str, Any] | None = None,
-        key_fn: Callable[[Any], Any] | None = None,
+        args: dict[str, object] | None = None,
+        key_fn: Callable[[T], object] | None = None,
         partitioning: Partitioning | None = None,
     ) -> Step:
         flow = self.flow
@@ -98,27 +117,27 @@ class Stream:
         return step
 
     def map(
-        self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None
-    ) -> Stream:
+        self, fn: Callable[[T], U], name: str | None = None, parallelism: int | None = None
+    ) -> Stream[U]:
         """One output record ``fn(record)`` per input record."""
         return Stream(self.flow, self._then(StepKind.MAP, fn, name, parallelism))
 
     def flat_map(
         self,
-        fn: Callable[[Any], Iterable[Any]],
+        fn: Callable[[T], Iterable[U]],
         name: str | None = None,
         parallelism: int | None = None,
-    ) -> Stream:
+    ) -> Stream[U]:
         """Zero or more output records per input record: the items of ``fn(record)``."""
         return Stream(self.flow, self._then(StepKind.FLAT_MAP, fn, name, parallelism))
 
     def filter(
-        self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None
-    ) -> Stream:
+        self, fn: Callable[[T], bool], name: str | None = None, parallelism: int | None = None
+    ) -> Stream[T]:
         """Keep the records for which ``fn(record)`` is true."""
         return Stream(self.flow, self._then(StepKind.FILTER, fn, name, parallelism))
 
-    def union(self, *others: Stream, name: str | None = None) -> Stream:
+    def union(self, *others: Stream[T], name: str | None = None) -> Stream[T]:
         """Merge this stream with ``others`` (each input keeps its own partitioning)."""
         flow = self.flow
         step_name = flow.graph.unique_name(name, "union")
@@ -140,11 +159,11 @@ class Stream:
 
     def assign_timestamps(
         self,
-        ts_fn: Callable[[Any], float],
+        ts_fn: Callable[[T], float],
         max_delay: float = 0,
         idle_timeout: float | None = None,
         name: str | None = None,
-    ) -> Stream:
+    ) -> Stream[T]:
         """Event time: ``ts_fn(record)`` is a record's timestamp (a number); watermarks
         trail the largest timestamp seen by ``max_delay`` (bounded out-of-orderness), per
         source subtask and split. A subtask or split that reads nothing for
@@ -154,13 +173,13 @@ class Stream:
         flow = self.flow
         step_name = flow.graph.unique_name(name, "assign_timestamps")
         check_assigner_args(step_name, max_delay, idle_timeout)
-        args = {"max_delay": max_delay, "idle_timeout": idle_timeout}
+        args: dict[str, object] = {"max_delay": max_delay, "idle_timeout": idle_timeout}
         step = self._then(StepKind.ASSIGN_TIMESTAMPS, ts_fn, step_name, None, args)
         check_assigner_position(flow.graph, step)
         return Stream(flow, step)
 
     # -- loops ------------------------------------------------------------------------
-    def iterate(self, name: str | None = None, parallelism: int | None = None) -> Loop:
+    def iterate(self, name: str | None = None, parallelism: int | None = None) -> Loop[T]:
         """Open a loop whose entry is this stream (its partitioning applies).
 
         ``loop.stream`` is the loop body's input: the union of this stream and the
@@ -197,13 +216,13 @@ class Stream:
         self.sink(PrintSink(prefix), name=name or "print")
 
 
-class Loop:
+class Loop(Generic[T]):
     """An open loop: build its body from ``stream``, close it with ``feedback``."""
 
     def __init__(self, flow: Dataflow, head: Step) -> None:
         self.flow = flow
         self.head = head
-        self.stream = Stream(flow, head)
+        self.stream: Stream[T] = Stream(flow, head)
         """The loop body's input: the loop's entry stream and the feedback, merged."""
 
     @staticmethod
@@ -213,8 +232,8 @@ class Loop:
         name: str | None,
         parallelism: int | None,
         partitioning: Partitioning,
-        key_fn: Callable[[Any], Any] | None,
-    ) -> Loop:
+        key_fn: Callable[[T], object] | None,
+    ) -> Loop[T]:
         step_name = flow.graph.unique_name(name, "iterate")
         par = (
             check_parallelism(parallelism, step_name)
@@ -229,7 +248,7 @@ class Loop:
     def name(self) -> str:
         return self.head.name
 
-    def feedback(self, stream: Stream | KeyedStream) -> None:
+    def feedback(self, stream: Stream[T] | KeyedStream[T, object]) -> None:
         """Send ``stream`` (built from ``self.stream``) back into the loop head.
 
         Its partitioning applies to the feedback edge: ``s.key_by(f)`` or
@@ -268,10 +287,11 @@ class Loop:
         return f"Loop({self.name!r})"
 
 
-class KeyedStream:
-    """A stream partitioned by key; its operators keep state per key (checkpointed)."""
+class KeyedStream(Generic[T, K]):
+    """A stream of ``T`` partitioned by a key of type ``K``; its operators keep state per
+    key (checkpointed)."""
 
-    def __init__(self, flow: Dataflow, step: Step, key_fn: Callable[[Any], Any]) -> None:
+    def __init__(self, flow: Dataflow, step: Step, key_fn: Callable[[T], K]) -> None:
         self.flow = flow
         self.step = step
         self.key_fn = key_fn
@@ -279,36 +299,37 @@ class KeyedStream:
     def _keyed(
         self,
         kind: StepKind,
-        fn: Any,
+        fn: Callable[..., object],
         name: str | None,
         parallelism: int | None,
-        args: dict[str, Any] | None = None,
-    ) -> Stream:
-        upstream = Stream(self.flow, self.step, Partitioning.HASH)
+        args: dict[str, object] | None = None,
+    ) -> Stream[Any]:
+        """The keyed step; its caller says the output's record type."""
+        upstream: Stream[T] = Stream(self.flow, self.step, Partitioning.HASH)
         step = upstream._then(kind, fn, name, parallelism, args, key_fn=self.key_fn)
         return Stream(self.flow, step)
 
-    def iterate(self, name: str | None = None, parallelism: int | None = None) -> Loop:
+    def iterate(self, name: str | None = None, parallelism: int | None = None) -> Loop[T]:
         """Open a loop whose entry is hash partitioned by this key (see Stream.iterate)."""
         return Loop.open(self.flow, self.step, name, parallelism, Partitioning.HASH, self.key_fn)
 
     def map(
-        self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None
-    ) -> Stream:
+        self, fn: Callable[[T], U], name: str | None = None, parallelism: int | None = None
+    ) -> Stream[U]:
         """A stateless map after hash partitioning (records of one key reach one subtask)."""
         return self._keyed(StepKind.MAP, fn, name, parallelism)
 
     def flat_map(
         self,
-        fn: Callable[[Any], Iterable[Any]],
+        fn: Callable[[T], Iterable[U]],
         name: str | None = None,
         parallelism: int | None = None,
-    ) -> Stream:
+    ) -> Stream[U]:
         return self._keyed(StepKind.FLAT_MAP, fn, name, parallelism)
 
     def filter(
-        self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None
-    ) -> Stream:
+        self, fn: Callable[[T], bool], name: str | None = None, parallelism: int | None = None
+    ) -> Stream[T]:
         return self._keyed(StepKind.FILTER, fn, name, parallelism)
 
     def window(
@@ -317,43 +338,45 @@ class KeyedStream:
         name: str | None = None,
         allowed_lateness: float = 0,
         late_output: str | None = None,
-        timestamp: Callable[[Any], Any] | None = None,
+        timestamp: Callable[[T], float] | None = None,
         parallelism: int | None = None,
-    ) -> WindowedStream:
+    ) -> WindowedStream[T, K]:
         """Cut each key's records into windows (runtime.window_kinds); see WindowedStream."""
         return WindowedStream(
             self, kind, name, allowed_lateness, late_output, timestamp, parallelism
         )
 
-    def connect(self, other: KeyedStream) -> ConnectedStreams:
+    def connect(self, other: KeyedStream[R, K]) -> ConnectedStreams[T, R, K]:
         """Two keyed streams into one step (runtime.api.dataflow): process, joins."""
         return ConnectedStreams(self, other)
 
     def reduce(
-        self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None
-    ) -> Stream:
+        self, fn: Callable[[T, T], T], name: str | None = None, parallelism: int | None = None
+    ) -> Stream[T]:
         """Running reduce per key: emits ``fn(previous, record)`` (the first record as is)."""
         return self._keyed(StepKind.REDUCE, fn, name, parallelism)
 
     def aggregate(
         self,
-        initial: Any,
-        add: Callable[[Any, Any], Any],
+        initial: A | Callable[[], A],
+        add: Callable[[A, T], A],
         name: str | None = None,
         parallelism: int | None = None,
-    ) -> Stream:
+    ) -> Stream[tuple[K, A]]:
         """Running aggregate per key: ``acc = add(acc, record)`` starting from ``initial``
         (a value, or a zero-argument callable for mutable accumulators); emits ``(key, acc)``."""
         return self._keyed(StepKind.AGGREGATE, add, name, parallelism, {"initial": initial})
 
     def process(
         self,
-        fn: Callable[..., Iterable[Any] | None],
+        fn: Callable[[K, T, KeyedStateHandle], Iterable[U] | None]
+        | Callable[[K, T, KeyedStateHandle, ProcessContext], Iterable[U] | None],
         name: str | None = None,
         parallelism: int | None = None,
-        on_timer: Callable[[Any, float, Any, Any], Iterable[Any] | None] | None = None,
-        timestamp: Callable[[Any], float] | None = None,
-    ) -> Stream:
+        on_timer: Callable[[K, float, KeyedStateHandle, ProcessContext], Iterable[U] | None]
+        | None = None,
+        timestamp: Callable[[T], float] | None = None,
+    ) -> Stream[U]:
         """General keyed function ``fn(key, record, state)`` returning records to emit (or None).
 
         ``state`` is scoped to the record's key: ``state.value`` (get/set, None if unset),
@@ -382,7 +405,7 @@ class Dataflow:
         parallelism: int = 1,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
         chaining: bool = True,
-        **config: Any,
+        **config: object,
     ) -> None:
         self.name = name
         self.parallelism = check_parallelism(parallelism, name)
@@ -395,8 +418,8 @@ class Dataflow:
         self.config: JobConfig = JobConfig().replace(**config)
 
     def source(
-        self, source: Source, name: str | None = None, parallelism: int | None = None
-    ) -> Stream:
+        self, source: Source[T], name: str | None = None, parallelism: int | None = None
+    ) -> Stream[T]:
         """Add a source (GeneratorSource, TextFileSource, CollectionSource or your own)."""
         if not isinstance(source, Source):
             raise GraphError(
@@ -508,7 +531,7 @@ class Dataflow:
         return text
 
     def run(
-        self, restore_from: str | None = None, faults: Iterable[Any] = (), **overrides: Any
+        self, restore_from: str | None = None, faults: Iterable[object] = (), **overrides: object
     ) -> JobResult:
         """Run to completion (bounded sources) on the active SparkSession or a local one.
 
@@ -601,13 +624,12 @@ def _iteration(
 # (derived from its ``assign_timestamps``, or ``left_timestamp``/``right_timestamp``).
 # ----------------------------------------------------------------------------
 
-TimestampFn = Callable[[Any], Any] | None
 
+class ConnectedStreams(Generic[L, R, K]):
+    """A left and a right keyed stream (records ``L`` and ``R``, one key type ``K``);
+    finish with process, interval_join or window_join."""
 
-class ConnectedStreams:
-    """A left and a right keyed stream; finish with process, interval_join or window_join."""
-
-    def __init__(self, left: KeyedStream, right: Any) -> None:
+    def __init__(self, left: KeyedStream[L, K], right: KeyedStream[R, K]) -> None:
         if not isinstance(right, KeyedStream):
             raise GraphError(
                 f"connect after '{left.step.name}': a join of unkeyed streams; call "
@@ -625,12 +647,13 @@ class ConnectedStreams:
     def _build(
         self,
         kind: StepKind,
-        fn: Any,
+        fn: Callable[..., object] | None,
         name: str | None,
         parallelism: int | None,
-        args: dict[str, Any],
-        stamps: tuple[TimestampFn, TimestampFn] = (None, None),
-    ) -> Stream:
+        args: dict[str, object],
+        stamps: tuple[Callable[[L], float] | None, Callable[[R], float] | None] = (None, None),
+    ) -> Stream[Any]:
+        """The two-input step; its caller says the output's record type."""
         left, right, graph = self.left, self.right, self.left.flow.graph
         step_name = graph.unique_name(name, kind.value)
         par = (
@@ -651,11 +674,12 @@ class ConnectedStreams:
 
     def process(
         self,
-        fn: Callable[..., Iterable[Any] | None],
+        fn: Callable[[K, L | R, int, KeyedStateHandle, ProcessContext], Iterable[U] | None],
         name: str | None = None,
-        on_timer: Callable[..., Iterable[Any] | None] | None = None,
+        on_timer: Callable[[K, float, KeyedStateHandle, ProcessContext], Iterable[U] | None]
+        | None = None,
         parallelism: int | None = None,
-    ) -> Stream:
+    ) -> Stream[U]:
         """``fn(key, record, side, state, ctx)`` (side 0 = left, 1 = right), timers and
         ``on_timer(key, ts, state, ctx)`` as in keyed ``process``; state is shared."""
         label = name or "co_process"
@@ -669,10 +693,10 @@ class ConnectedStreams:
         lower: float,
         upper: float,
         name: str | None = None,
-        left_timestamp: TimestampFn = None,
-        right_timestamp: TimestampFn = None,
+        left_timestamp: Callable[[L], float] | None = None,
+        right_timestamp: Callable[[R], float] | None = None,
         parallelism: int | None = None,
-    ) -> Stream:
+    ) -> Stream[tuple[K, L, R]]:
         """``(key, left, right)`` for each pair with ``left.ts + lower <= right.ts <=
         left.ts + upper``; state is freed as the watermark passes."""
         label = name or "interval_join"
@@ -686,7 +710,7 @@ class ConnectedStreams:
                 f"step '{label}': lower bound {lower} is above upper bound {upper}; no pair "
                 "could ever match."
             )
-        args = {"lower": lower, "upper": upper, "event_time": True}
+        args: dict[str, object] = {"lower": lower, "upper": upper, "event_time": True}
         stamps = (left_timestamp, right_timestamp)
         return self._build(StepKind.INTERVAL_JOIN, None, name, parallelism, args, stamps)
 
@@ -694,10 +718,10 @@ class ConnectedStreams:
         self,
         kind: WindowKind,
         name: str | None = None,
-        left_timestamp: TimestampFn = None,
-        right_timestamp: TimestampFn = None,
+        left_timestamp: Callable[[L], float] | None = None,
+        right_timestamp: Callable[[R], float] | None = None,
         parallelism: int | None = None,
-    ) -> Stream:
+    ) -> Stream[tuple[K, float, float, L, R]]:
         """``(key, start, end, left, right)`` for each pair in the same event-time window."""
         label = name or "window_join"
         if not isinstance(kind, WindowKind) or kind.merging or not kind.event_time:
@@ -730,30 +754,30 @@ def math_bad(v: float) -> bool:
 # ----------------------------------------------------------------------------
 
 
-def _main(record: Any) -> Iterable[Any]:
+def _main(record: tuple[int, object]) -> Iterable[object]:
     return (record[1],) if record[0] == MAIN else ()
 
 
-def _late(record: Any) -> Iterable[Any]:
+def _late(record: tuple[int, U]) -> Iterable[U]:
     return (record[1],) if record[0] == LATE else ()
 
 
-def _window_end(record: Any) -> Any:
+def _window_end(record: tuple[object, float, float, object]) -> float:
     return record[2]
 
 
-class WindowedStream:
+class WindowedStream(Generic[T, K]):
     """A keyed stream cut into windows; finish it with ``aggregate``, ``reduce``,
     ``count`` or ``process`` (each returns a stream of ``(key, start, end, value)``)."""
 
     def __init__(
         self,
-        keyed: KeyedStream,
+        keyed: KeyedStream[T, K],
         kind: WindowKind,
         name: str | None,
         allowed_lateness: float,
         late_output: str | None,
-        timestamp: Callable[[Any], Any] | None,
+        timestamp: Callable[[T], float] | None,
         parallelism: int | None,
     ) -> None:
         label = name or "window"
@@ -781,10 +805,10 @@ class WindowedStream:
         self.keyed, self.kind, self.name = keyed, kind, name
         self.lateness, self.late_output, self.timestamp = allowed_lateness, late_output, timestamp
         self.parallelism = parallelism
-        self._late: Stream | None = None
+        self._late: Stream[T] | None = None
 
     @property
-    def late(self) -> Stream:
+    def late(self) -> Stream[T]:
         """The records later than the allowed lateness (needs ``late_output=`` and an
         aggregation first)."""
         if self._late is None:
@@ -794,7 +818,8 @@ class WindowedStream:
             )
         return self._late
 
-    def _build(self, mode: str, fn: Any, args: dict[str, Any]) -> Stream:
+    def _build(self, mode: str, fn: Callable[..., object], args: dict[str, object]) -> Stream[Any]:
+        """The window step (and its late split); its caller says the output's record type."""
         label = self.name or "window"
         check_callable(fn, label, f"{mode} function")
         if self.kind.merging and mode == "aggregate" and args.get("merge") is None:
@@ -822,31 +847,33 @@ class WindowedStream:
 
     def aggregate(
         self,
-        initial: Any,
-        add: Callable[[Any, Any], Any],
-        merge: Callable[[Any, Any], Any] | None = None,
-    ) -> Stream:
+        initial: A | Callable[[], A],
+        add: Callable[[A, T], A],
+        merge: Callable[[A, A], A] | None = None,
+    ) -> Stream[tuple[K, float, float, A]]:
         """Incremental: ``acc = add(acc, record)`` from ``initial`` (a value, or a factory
         for mutable accumulators); session windows also need ``merge(acc_a, acc_b)``."""
         return self._build("aggregate", add, {"initial": initial, "merge": merge})
 
-    def reduce(self, fn: Callable[[Any, Any], Any]) -> Stream:
+    def reduce(self, fn: Callable[[T, T], T]) -> Stream[tuple[K, float, float, T]]:
         """Incremental: ``fn(a, b)`` over the window's records (merging sessions too)."""
         return self._build("reduce", fn, {"merge": fn})
 
-    def count(self) -> Stream:
+    def count(self) -> Stream[tuple[K, float, float, int]]:
         """The number of records per window."""
         return self._build("aggregate", _add_one, {"initial": 0, "merge": _plus})
 
-    def process(self, fn: Callable[[Any, Any, Any, list[Any]], Any]) -> Stream:
+    def process(
+        self, fn: Callable[[K, float, float, list[T]], U]
+    ) -> Stream[tuple[K, float, float, U]]:
         """Full window: ``fn(key, start, end, records)`` once the window fires (the
         window's records are kept until then)."""
         return self._build("process", fn, {})
 
 
-def _add_one(n: int, _record: Any) -> int:
+def _add_one(n: int, _record: object) -> int:
     return n + 1
 
 
-def _plus(a: Any, b: Any) -> Any:
+def _plus(a: int, b: int) -> int:
     return a + b

@@ -30,7 +30,7 @@ strategy allows). Markers do not count as records.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from jobmanager.result import JobResult
 from runtime.api.dataflow import Dataflow
@@ -38,6 +38,8 @@ from runtime.errors import AbsflowError, OperatorFailure
 from runtime.graph import StepKind
 from runtime.sinks import CollectSink
 from runtime.sources import Source, SourceReader
+
+T = TypeVar("T")
 
 __all__ = ["ABORT", "EOF", "ListSink", "TestingSource", "TestingSourceAbort", "run_local"]
 
@@ -63,14 +65,16 @@ class TestingSourceAbort(AbsflowError, RuntimeError):
     __test__ = False  # not a pytest test class
 
 
-class _TestingReader(SourceReader):
-    def __init__(self, items: Sequence[Any], step: str, subtask: int, parallelism: int) -> None:
+class _TestingReader(SourceReader[T]):
+    def __init__(
+        self, items: Sequence[T | _Marker], step: str, subtask: int, parallelism: int
+    ) -> None:
         self.items = list(items[subtask::parallelism])
         self.step, self.subtask = step, subtask
         self.pos = 0  # index into items (markers included)
         self.records = 0  # records emitted before pos
 
-    def read_batch(self, max_records: int) -> list[Any] | None:
+    def read_batch(self, max_records: int) -> list[T] | None:
         if self.pos >= len(self.items):
             return None
         head = self.items[self.pos]
@@ -82,51 +86,51 @@ class _TestingReader(SourceReader):
                 f"{self.records} record(s)"
             )
             raise OperatorFailure(self.step, err)
-        batch: list[Any] = []
+        batch: list[T] = []
         while len(batch) < max_records and self.pos < len(self.items):
             item = self.items[self.pos]
-            if item is EOF or item is ABORT:
+            if isinstance(item, _Marker):  # EOF or ABORT: the only markers
                 break
             batch.append(item)
             self.pos += 1
         self.records += len(batch)
         return batch
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> object:
         return [self.pos, self.records]
 
     def restore(self, state: Any) -> None:
         self.pos, self.records = int(state[0]), int(state[1])
 
 
-class TestingSource(Source):
+class TestingSource(Source[T]):
     """The items of a list, with ``EOF`` (end here) and ``ABORT`` (raise here) markers."""
 
     __test__ = False  # not a pytest test class
     name = "testing"
 
-    def __init__(self, items: Iterable[Any]) -> None:
+    def __init__(self, items: Iterable[T | _Marker]) -> None:
         self.items = list(items)
         self.step = "source"
 
     def validate(self, step_name: str) -> None:
         self.step = step_name  # the name the failure of an ABORT reports
 
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader[T]:
         return _TestingReader(self.items, self.step, subtask, parallelism)
 
 
-class ListSink(CollectSink):
+class ListSink(CollectSink, Generic[T]):
     """Collects the records (exactly once, like ``collect()``) into ``target``, a list of
     the test process that ``run_local`` extends when the run finished (the tasks run in
     other processes: the list does not travel to them)."""
 
-    def __init__(self, target: list[Any]) -> None:
+    def __init__(self, target: list[T]) -> None:
         if not isinstance(target, list):
             raise TypeError(f"ListSink needs a list to fill, got {type(target).__name__}")
         self.target = target
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         state["target"] = []  # the tasks' copy: the records travel as committed output
         return state

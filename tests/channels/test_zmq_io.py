@@ -122,7 +122,7 @@ def frames_queued_before_backpressure(out: OutputChannel, frame_records: int) ->
     """Full batches ``out`` accepts, without blocking, towards a receiver that reads
     nothing: its high-water marks plus what the kernel buffers between them."""
     sent, quiet_since = 0, time.monotonic()
-    batch = ["x" * 60] * frame_records  # ~6.4 KB frames
+    batch: list[object] = ["x" * 60] * frame_records  # ~6.4 KB frames
     while time.monotonic() - quiet_since < 1.0:  # ZeroMQ's I/O thread may lag on a busy machine
         if out._socket.poll(50, zmq.POLLOUT):
             out.write(batch)

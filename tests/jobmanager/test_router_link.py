@@ -34,7 +34,7 @@ def test_garbage_is_dropped_and_the_real_messages_arrive(
 ) -> None:
     rl, port, zctx = link
     caplog.set_level(logging.WARNING, "absflow.jobmanager")
-    peer = zctx.socket(zmq.DEALER)
+    peer: zmq.Socket[Any] = zctx.socket(zmq.DEALER)
     peer.connect(f"tcp://127.0.0.1:{port}")
     hello = P.Heartbeat(0, 0, TaskMetrics(records_in=1, records_out=1))
     garbage = [b"", b"\xc1", os.urandom(40), P.encode(hello)[:3], b"\x93\x63\x01\x02"]

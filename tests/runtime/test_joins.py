@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from runtime.api.dataflow import Dataflow, KeyedStream
+from runtime.api.dataflow import Dataflow, KeyedStream, Stream
 from runtime.errors import GraphError
 from runtime.graph import StepKind
 from runtime.operators import Operator, build_operator
@@ -38,6 +38,7 @@ def join_op(kind: str, **kw: Any) -> Operator:
     flow = Dataflow("j")
     left, right = sides(flow)
     connected = left.connect(right)
+    out: Stream[Any]  # each join kind has its own record type
     if kind == "interval":
         out = connected.interval_join(kw["lower"], kw["upper"], name="join")
     elif kind == "window":

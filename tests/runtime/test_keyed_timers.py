@@ -126,7 +126,7 @@ def test_timers_of_a_process_step_rescale_from_one_subtask_to_two() -> None:
         part.keyed_state.restore([blob])
         part.after_keyed_restore()
         part.restore_state(state)
-        got = part.on_watermark(1000)
+        got: list[Any] = part.on_watermark(1000)  # (key, ...) records
         assert all(part.keyed_state.key_group_of(k) in part.keyed_state.key_groups for k, *_ in got)
         fired += got
     assert sorted(fired) == sorted((k, 1, i + 10, "event") for i, k in enumerate(keys))

@@ -61,7 +61,7 @@ def test_keyed_state_survives_snapshot_and_restore() -> None:
 def test_keyed_operators_with_an_identity_key_match_the_general_path() -> None:
     """key_by(lambda w: w): the record is its key (no key_fn call per record); reduce
     and aggregate emit exactly what they emit with an equivalent non-identity key."""
-    words = ["a", "b", "a", "c", "a", "b"]
+    words: list[object] = ["a", "b", "a", "c", "a", "b"]  # records, as operators see them
 
     def step(kind: StepKind, fn: Any, key_fn: Any, **args: Any) -> Step:
         return Step(0, kind.value, kind, 1, fn=fn, args=args, key_fn=key_fn)
@@ -124,8 +124,8 @@ def test_aggregate_adding_a_constant_matches_the_general_path_and_a_counter() ->
     import random
 
     rng = random.Random(7)
-    words = [f"w{rng.randrange(50)}" for _ in range(2000)]
-    counter: collections.Counter[str] = collections.Counter()
+    words: list[object] = [f"w{rng.randrange(50)}" for _ in range(2000)]
+    counter: collections.Counter[object] = collections.Counter()
     expected = []
     for w in words:
         counter[w] += 1
@@ -160,7 +160,7 @@ def test_int_totals_reach_keyed_state_before_every_snapshot_and_key_count() -> N
     """An int aggregate keeps its totals in C counters between snapshots; the keyed state
     writes them back before a snapshot or a key count, so both see every record, and a
     restore goes on from them."""
-    words = [f"w{i % 7}" for i in range(300)]  # 43 a key: enough to keep the counters
+    words: list[object] = [f"w{i % 7}" for i in range(300)]  # 43 a key: enough to keep the counters
     fast = build_operator(count_step(lambda c, _w: c + 1), 0, 128)
     general = build_operator(count_step(lambda c, _w: 1 + c), 0, 128)
     assert fast.totals is not None and general.totals is None  # type: ignore[attr-defined]
@@ -221,8 +221,8 @@ def test_running_totals_turn_off_after_an_epoch_of_few_records_a_key() -> None:
     the same output and state."""
     from runtime.operators import MIN_RECORDS_PER_KEY
 
-    sparse = [f"u{i}" for i in range(2000)] * 3  # 3 records a key
-    dense = ["a", "b"] * MIN_RECORDS_PER_KEY
+    sparse: list[object] = [f"u{i}" for _ in range(3) for i in range(2000)]  # 3 records a key
+    dense: list[object] = ["a", "b"] * MIN_RECORDS_PER_KEY
     fast = build_operator(count_step(lambda c, _w: c + 1), 0, 128)
     general = build_operator(count_step(lambda c, _w: 1 + c), 0, 128)
     assert fast.keyed_state is not None and general.keyed_state is not None

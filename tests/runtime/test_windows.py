@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime.api.dataflow import Dataflow
+from runtime.api.dataflow import Dataflow, Loop, Stream
 from runtime.errors import GraphError
 from runtime.graph import StepKind
 from runtime.operators import Operator, build_operator
@@ -40,6 +40,7 @@ def window_op(
         .key_by(key_of)
         .window(kind, name="win", allowed_lateness=lateness, late_output=late)
     )
+    out: Stream[Any]  # one of three finishes, each with its own record type
     if finish == "count":
         out = w.count()
     elif finish == "sum":
@@ -256,7 +257,8 @@ def test_processing_time_tumbling_windows_fire_by_the_clock() -> None:
     now[0] = 100.7
     op.process([("b", 0, 1)])
     assert op.on_processing_time(100.9) == []
-    assert sorted(op.on_processing_time(101.0)) == [("a", 100.0, 101.0, 2), ("b", 100.0, 101.0, 1)]
+    fired: list[Any] = op.on_processing_time(101.0)  # (key, start, end, count)
+    assert sorted(fired) == [("a", 100.0, 101.0, 2), ("b", 100.0, 101.0, 1)]
 
 
 def test_build_time_errors_name_the_step() -> None:
@@ -291,7 +293,7 @@ def test_windows_after_a_map_need_a_timestamp_and_refuse_loops() -> None:
 
     flow = Dataflow("loop")
     src = flow.source(CollectionSource([("a", 1, 1)]), name="src").assign_timestamps(ts_of)
-    loop = src.iterate(name="loop")
+    loop: Loop[Any] = src.iterate(name="loop")  # fed back: window counts, not its records
     body = loop.stream.key_by(key_of).window(Tumbling(5), name="wl").count()
     loop.feedback(body.filter(lambda r: False))
     body.collect("out")
@@ -313,7 +315,9 @@ def test_a_late_update_of_a_fired_window_is_emitted_once(kind: WindowKind) -> No
     op = window_op(kind, lateness=100)
     op.process([("a", 1, 1)])
     assert op.on_watermark(50) == [("a", 1 if kind.merging else 0, 11 if kind.merging else 10, 1)]
-    late = op.process([("a", 2, 1), ("b", 3, 1)])  # a: fired window; b: a window never seen
+    late: list[Any] = op.process(
+        [("a", 2, 1), ("b", 3, 1)]
+    )  # a: fired window; b: a window never seen
     assert len(late) == 2 and {r[0] for r in late} == {"a", "b"}
     assert op.on_watermark(60) == []  # no second emission from a timer in the past
     assert op.on_watermark(float("inf")) == []

@@ -27,8 +27,8 @@ def fired(service: TimerService, until: float) -> list[tuple[Any, float]]:
 def test_timers_fire_in_time_order_once_and_can_be_deleted() -> None:
     timers = TimerService(backend())
     for key, ts in [("a", 30), ("b", 10), ("a", 20), ("c", 40), ("a", 20)]:
-        timers.event.register(key, ts)
-    timers.event.delete("c", 40)
+        timers.event.register(key, ts, None)
+    timers.event.delete("c", 40, None)
     assert fired(timers, 25) == [("b", 10), ("a", 20)]
     assert fired(timers, 25) == []
     assert timers.event.next_time() == 30
@@ -38,23 +38,23 @@ def test_timers_fire_in_time_order_once_and_can_be_deleted() -> None:
 
 def test_a_timer_registered_while_firing_fires_in_the_same_pass_if_due() -> None:
     timers = TimerService(backend())
-    timers.event.register("k", 5)
+    timers.event.register("k", 5, None)
     out = []
     for key, ts, _ns in timers.event.due(10):
         out.append(ts)
         if ts == 5:
-            timers.event.register(key, 8)
+            timers.event.register(key, 8, None)
     assert out == [5, 8]
 
 
 def test_timers_fire_exactly_once_across_a_restore() -> None:
     live = backend()
     timers = TimerService(live)
-    timers.event.register("fired-before", 10)
-    timers.event.register("pending", 50)
+    timers.event.register("fired-before", 10, None)
+    timers.event.register("pending", 50, None)
     assert fired(timers, 20) == [("fired-before", 10)]
     blob = live.snapshot()  # the checkpoint, taken between batches
-    timers.event.register("after-checkpoint", 30)  # lost with the failure, replayed later
+    timers.event.register("after-checkpoint", 30, None)  # lost with the failure, replayed later
 
     restored_backend = backend()
     restored_backend.restore([blob])
@@ -69,8 +69,8 @@ def test_timers_rescale_with_their_key_groups() -> None:
     timers = TimerService(one)
     keys = [f"user{i}" for i in range(40)]
     for i, key in enumerate(keys):
-        timers.event.register(key, 1000 + i)
-        timers.processing.register(key, 5000 + i)
+        timers.event.register(key, 1000 + i, None)
+        timers.processing.register(key, 5000 + i, None)
     blob = one.snapshot()
     seen: list[Any] = []
     for subtask in range(3):  # rescale 1 -> 3: each gets the keys of its key groups
@@ -101,6 +101,6 @@ def test_namespaced_state_per_key_and_window() -> None:
 
 def test_clear_drops_every_timer() -> None:
     timers = TimerService(backend())
-    timers.event.register("k", 1)
+    timers.event.register("k", 1, None)
     timers.clear()
     assert fired(timers, 10) == [] and len(timers.event) == 0
