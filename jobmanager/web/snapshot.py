@@ -47,6 +47,7 @@ class JobRow(TypedDict):
     name: str
     state: str  # running | finished | failed
     error: str | None
+    message: str | None  # what the job waits for (e.g. task slots for a restart), if anything
     attempt: int
     started_at: float
     duration_seconds: float
