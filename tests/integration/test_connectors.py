@@ -37,7 +37,7 @@ def clicks(name: str, pg: Postgres, table: str, delta: str, parquet: str) -> Dat
 
     flow = Dataflow(name, parallelism=2, checkpoint_interval=0.1)
     rows = (
-        flow.source(GeneratorSource(user_of, N, rate=1_000), name="clicks")
+        flow.source(GeneratorSource(user_of, N, rate=500), name="clicks")  # ~6 s
         .key_by(lambda u: u)
         .aggregate(0, lambda c, _u: c + 1, name="count")
         .map(lambda kv: {"user": kv[0], "n": kv[1]}, name="row")
@@ -50,7 +50,9 @@ def clicks(name: str, pg: Postgres, table: str, delta: str, parquet: str) -> Dat
 
 @pytest.mark.parametrize(
     "kill",
-    [Kill("pg[1]", during="snapshot", after_checkpoint=2), Kill("delta[0]", after_checkpoint=2)],
+    # After the first checkpoint: on a loaded machine the sinks' first claims and seals
+    # (a round trip each to PostgreSQL and the Delta log) may leave a short job few more.
+    [Kill("pg[1]", during="snapshot", after_checkpoint=1), Kill("delta[0]", after_checkpoint=1)],
     ids=["pg-during-snapshot", "delta-right-after-checkpoint"],
 )
 def test_sinks_hold_a_failure_free_runs_rows_after_a_kill(
