@@ -17,11 +17,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.integration.standalone import StandaloneCluster
+
+if TYPE_CHECKING:
+    from jobmanager.web import DashboardServer
 
 SLOTS_NEEDED = 18  # the biggest test job (diamond) has 16 tasks, +2 spare slots for restarts
 
@@ -235,6 +238,16 @@ class Footprint:
             if not found.problems() or time.monotonic() > deadline:
                 return found
             time.sleep(0.05)
+
+
+@pytest.fixture
+def server() -> Iterator[DashboardServer]:
+    """A dashboard server on a free loopback port, closed (with every other) after the test."""
+    from jobmanager.web import serve
+
+    srv = serve("127.0.0.1", 0, say=print)
+    yield srv
+    close_dashboards()
 
 
 @pytest.fixture

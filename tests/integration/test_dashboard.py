@@ -12,7 +12,7 @@ import shutil
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobmanager.faults import Kill
 from jobmanager.result import JobResult
-from jobmanager.web import DashboardServer, close_all, serve
+from jobmanager.web import DashboardServer
 from tests.integration.topologies import pipeline
 
 pytestmark = [pytest.mark.harness]
@@ -66,13 +66,6 @@ class Background:
             raise self.error
         assert self.result is not None
         return self.result
-
-
-@pytest.fixture
-def server() -> Iterator[DashboardServer]:
-    srv = serve("127.0.0.1", 0, say=print)
-    yield srv
-    close_all()
 
 
 def current_job(srv: DashboardServer) -> Any:

@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from jobmanager.faults import Kill
 from jobmanager.launcher import check_slots
 from jobmanager.local_launcher import LocalProcessLauncher
-from jobmanager.web import DashboardServer, close_all, serve
+from jobmanager.web import DashboardServer
 from runtime.config import JobConfig
 from runtime.errors import InsufficientSlotsError
 from tests.integration.topologies import pipeline, pipeline_expected
@@ -56,13 +55,6 @@ class Cluster:
     def maxNumConcurrentTasks(self, _profile: Any) -> int:
         self.asked.set()
         return self.slots
-
-
-@pytest.fixture
-def server() -> Iterator[DashboardServer]:
-    srv = serve("127.0.0.1", 0, say=print)
-    yield srv
-    close_all()
 
 
 def job_now(srv: DashboardServer) -> Any:

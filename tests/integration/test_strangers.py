@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from channels.messages import encode_data
 from channels.security import ChannelKeys
 from jobmanager.result import JobResult
-from jobmanager.web import DashboardServer, close_all, serve
+from jobmanager.web import DashboardServer
 from runtime import Dataflow
 from runtime import control as P
 from runtime.api.testing import ListSink, TestingSource, run_local
@@ -267,13 +267,6 @@ class RunningJob:
             raise self.error
         assert self.result is not None
         return self.result
-
-
-@pytest.fixture
-def server() -> Iterator[DashboardServer]:
-    srv = serve("127.0.0.1", 0, say=print)
-    yield srv
-    close_all()
 
 
 @pytest.fixture
