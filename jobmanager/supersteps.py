@@ -387,4 +387,4 @@ class SuperstepDriver:
         )
         self.compensator = None
         self.phase = IterationPhase.CHECKPOINT
-        self.checkpoint_id = self.coordinator.trigger(final=False, superstep=self.current)
+        self._trigger(self.current)
