@@ -35,10 +35,13 @@ def _git(*args: str) -> str:
 
 
 def _commit() -> str:
-    """The checked-out commit, ``+dirty`` when tracked files differ from it."""
+    """The checked-out commit, ``+dirty`` when tracked files differ from it (the result
+    files themselves excepted: a benchmark that records after each part rewrites its own)."""
     try:
         out = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = _git(
+            "status", "--porcelain", "--untracked-files=no", "--", ":/", ":(exclude,top)benchmarks/results"
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{out}+dirty" if dirty else out
