@@ -40,7 +40,12 @@ def _commit() -> str:
     try:
         out = _git("rev-parse", "--short", "HEAD")
         dirty = _git(
-            "status", "--porcelain", "--untracked-files=no", "--", ":/", ":(exclude,top)benchmarks/results"
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ":/",
+            ":(exclude,top)benchmarks/results",
         )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
