@@ -64,7 +64,13 @@ def test_cc_example_recovers_from_a_kill_with_checkpoints(mode: str, capsys: Any
     ]
     assert cc.main(args) == 0
     out = capsys.readouterr().out
-    assert "OK: equal to union-find" in out and "resumed after superstep 2" in out
+    assert "OK: equal to union-find" in out and "from a superstep checkpoint" in out
+    # head writes checkpoint 2 while superstep 3 runs: a kill as 3 starts may find it
+    # not yet complete, and the restart goes back to the one before
+    resumed = ["resumed after superstep 2"] + (
+        ["resumed after superstep 1"] if mode == "head" else []
+    )
+    assert any(r in out for r in resumed), out
 
 
 def test_chaos_kills_at_random_supersteps(capsys: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -236,11 +237,28 @@ class ScriptedAttempts:
         self.run.append(number)
         died = Failure(FailureCause.TASK_DIED, "count", number, f"task count[{number}] is gone")
         failure = died if number < self.failures else None
-        return type("FakeAttempt", (), {"failure": failure, "killed_at": None})()
+        return type("FakeAttempt", (), {"failure": failure, "killed_at": None, "rescue": None})()
 
 
 class FakeSession:
     sparkContext = object()
+
+
+class RecordingDashboard:
+    """What the job manager tells the dashboard between attempts."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def restarting(self, message: str) -> None:
+        self.said.append(message)
+
+
+def with_dashboard(jm: JobManager) -> RecordingDashboard:
+    """The run services ``_attempts`` uses, as ``_run`` would have made them."""
+    board = RecordingDashboard()
+    jm.services = types.SimpleNamespace(dashboard=board)  # type: ignore[assignment]
+    return board
 
 
 def spark_launcher() -> launcher.SparkBarrierLauncher:
@@ -261,6 +279,7 @@ def test_a_restart_waits_for_slots_and_fails_clearly_when_they_do_not_come(
 
     monkeypatch.setattr(launcher, "check_slots", no_slots)
     jm = manager(tmp_path, executor_wait=3.0, restart_strategy=FixedDelay(attempts=2, delay=0.0))
+    board = with_dashboard(jm)
     attempts = ScriptedAttempts(failures=1)
     monkeypatch.setattr(jm, "_run_attempt", attempts)
     with pytest.raises(InsufficientSlotsError) as info:
@@ -272,6 +291,7 @@ def test_a_restart_waits_for_slots_and_fails_clearly_when_they_do_not_come(
     assert str(info.value).endswith("but only 2 slots")
     assert attempts.run == [0]  # the restart was never submitted
     assert waits == [(len(jm.plan.tasks), 3.0)]
+    assert board.said and "task slots" in board.said[0]  # the dashboard says what it waits for
 
 
 def test_a_restart_goes_ahead_once_the_slots_are_back(tmp_path: Path, monkeypatch: Any) -> None:
@@ -283,8 +303,9 @@ def test_a_restart_goes_ahead_once_the_slots_are_back(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(launcher, "check_slots", slots_back)
     jm = manager(tmp_path, restart_strategy=FixedDelay(attempts=3, delay=0.0))
+    board = with_dashboard(jm)
     attempts = ScriptedAttempts(failures=2)
     monkeypatch.setattr(jm, "_run_attempt", attempts)
     result = jm._attempts(spark_launcher(), time.monotonic())
     assert attempts.run == [0, 1, 2] and len(waits) == 2
-    assert len(result.restarts) == 2
+    assert len(result.restarts) == 2 and len(board.said) == 2
