@@ -53,38 +53,22 @@ if _OWN_TMP:  # at exit, after every handler registered later (pgserver's lock f
 
 
 # Fixtures that start a heavy server once per session (per xdist worker): their tests
-# run on one worker (``--dist loadgroup``), so a run starts one Spark JVM, one standalone
-# cluster, one set of host namespaces and one PostgreSQL server for the PostgreSQL tests off
-# Spark, not one per worker (a Spark test that also writes to PostgreSQL, tests/integration/
+# run on one worker (``--dist loadgroup``), so a run starts one Spark JVM (and one
+# standalone cluster) and one PostgreSQL server for the PostgreSQL tests off Spark, not one
+# per worker (a Spark test that also writes to PostgreSQL, tests/integration/
 # test_connectors.py, starts a second one on the Spark worker). Tests marked
-# ``integration`` run on local Spark even where they do not ask for the fixture. The
-# groups are apart so that they overlap: the Spark group alone is the longest unit of the
-# run, and the standalone cluster's tests (their drivers are child processes), the hosts
-# and the tests that start their own Spark in a child process (``own_spark``: spark-submit,
-# a driver script) run on the other worker meanwhile.
-def xdist_group_of(item: pytest.Item) -> str | None:
-    """The group that keeps ``item`` on the worker holding the server it shares, or None
-    (any worker)."""
-    names = set(getattr(item, "fixturenames", ()))
-    if "spark" in names:  # the session's JVM, also when the test uses another server
-        return "spark"
-    if "standalone" in names:
-        return "standalone"
-    if item.get_closest_marker("hosts") is not None:
-        return "hosts"
-    if item.get_closest_marker("own_spark") is not None:
-        return None
-    if item.get_closest_marker("integration") is not None:
-        return "spark"
-    return "postgres" if "postgres" in names else None
+# ``integration`` run on local Spark even where they do not ask for the fixture.
+SPARK_FIXTURES = frozenset({"spark", "standalone"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        group = xdist_group_of(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SPARK_FIXTURES or item.get_closest_marker("integration") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif "postgres" in names:
+            item.add_marker(pytest.mark.xdist_group("postgres"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -251,15 +235,10 @@ def server() -> Iterator[DashboardServer]:
 
 
 @pytest.fixture
-def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+def no_leaks(spark: Any) -> Iterator[None]:
     """After the test: no port our tasks or job manager bound is still listening, and
-    no absflow temp dir is left (Spark's own pooled workers hold no absflow socket). A
-    test marked ``own_spark`` runs its Spark in a child process, without this session's:
-    it also leaves no child process behind."""
-    own_spark = request.node.get_closest_marker("own_spark") is not None
-    if not own_spark:
-        request.getfixturevalue("spark")  # its JVM is there before the footprint
-    before = Footprint.take(children=own_spark)
+    no absflow temp dir is left (Spark's own pooled workers hold no absflow socket)."""
+    before = Footprint.take(children=False)
     yield
     close_dashboards()  # they outlive a job on purpose (until the driver exits)
     problems = before.leftovers().problems()

@@ -9,12 +9,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
-from typing import Any
 
-import pytest
-
-from tests.conftest import SESSION_TMP, SESSION_TMP_VAR, WORKER, Footprint, xdist_group_of
+from tests.conftest import SESSION_TMP, SESSION_TMP_VAR, WORKER, Footprint
 
 
 def test_the_session_has_its_own_temp_dir_named_after_its_worker() -> None:
@@ -76,34 +72,3 @@ def test_a_listening_port_and_a_child_process_left_behind_are_found() -> None:
             child.stdin.close()
             child.wait()
     assert before.leftovers(timeout=0.1).problems() == []
-
-
-@dataclass
-class FakeItem:
-    """What xdist_group_of reads of a collected test: its fixtures and its markers."""
-
-    fixturenames: list[str]
-    markers: list[str] = field(default_factory=list)
-
-    def get_closest_marker(self, name: str) -> Any:
-        return getattr(pytest.mark, name) if name in self.markers else None
-
-
-@pytest.mark.parametrize(
-    ("fixtures", "markers", "group"),
-    [
-        (["spark"], [], "spark"),
-        (["tmp_path"], ["integration"], "spark"),  # on local Spark without asking for it
-        (["spark", "postgres"], ["integration"], "spark"),  # the session's JVM comes first
-        (["no_leaks"], ["integration", "own_spark"], None),  # Spark in a child process
-        (["standalone", "tmp_path"], ["integration"], "standalone"),
-        (["hosts"], ["hosts"], "hosts"),  # one set of namespaces (their names are fixed)
-        (["postgres"], ["harness"], "postgres"),
-        (["tmp_path"], ["harness"], None),
-        ([], [], None),
-    ],
-)
-def test_tests_sharing_a_server_share_a_worker_and_the_groups_are_apart(
-    fixtures: list[str], markers: list[str], group: str | None
-) -> None:
-    assert xdist_group_of(FakeItem(fixtures, markers)) == group  # type: ignore[arg-type]

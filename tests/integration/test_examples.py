@@ -83,7 +83,6 @@ def test_a_job_needing_more_slots_than_the_active_session_fails_before_submittin
 
 
 @pytest.mark.slow
-@pytest.mark.own_spark  # the example runs its own local Spark in a child process
 def test_ctrl_c_stops_the_example_with_a_savepoint_without_a_traceback(tmp_path: Any) -> None:
     import signal
     import subprocess

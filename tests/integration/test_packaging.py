@@ -15,13 +15,7 @@ import pytest
 
 from tests.integration.standalone import result_fields
 
-# spark-submit runs the job in a child process (own_spark), beside the Spark group.
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.slow,
-    pytest.mark.own_spark,
-    pytest.mark.usefixtures("no_leaks"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 JOB = str(ROOT / "tests" / "integration" / "standalone_job.py")

@@ -8,10 +8,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from jobmanager.launchers import ENV_VAR
 from tests.integration.standalone import StandaloneCluster, result_fields, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -69,7 +69,7 @@ def finish(proc: subprocess.Popen[str], cluster: StandaloneCluster) -> tuple[str
 
 
 def test_wordcount_submitted_with_a_kill_gives_the_failure_free_output(
-    standalone: StandaloneCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    standalone: StandaloneCluster, tmp_path: Path, spark: Any
 ) -> None:
     data = tmp_path / "data"
     # Long enough (~4 s of processing) that checkpoint 1 completes before the end even
@@ -97,9 +97,7 @@ def test_wordcount_submitted_with_a_kill_gives_the_failure_free_output(
     restarts = [x for x in out.splitlines() if x.strip().startswith("restart after attempt")]
     assert len(restarts) == 1 and "restored checkpoint" in restarts[0], out[-3000:]
 
-    # The same job failure-free, in this process on the test harness (the reference needs
-    # the runtime's tasks, not Spark; no SparkSession in this worker): the same records.
-    monkeypatch.setenv(ENV_VAR, "local")
+    # The same job failure-free, in this process on the local session: the same records.
     sys.path.insert(0, str(ROOT / "examples"))
     try:
         import wordcount

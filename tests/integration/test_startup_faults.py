@@ -20,8 +20,7 @@ import pytest
 
 from tests.integration import savepoint_job
 
-# The drivers run their own local Spark in a child process (own_spark), beside the Spark group.
-pytestmark = [pytest.mark.integration, pytest.mark.own_spark, pytest.mark.usefixtures("no_leaks")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaks")]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
