@@ -285,8 +285,6 @@ class SuperstepHead:
         self.checked = False
         self._sent = 0
         self._started_at = 0.0
-        self.after = -1
-        """The newest superstep this head updated its keys for in this attempt (-1: none)."""
         self._deliver, self._snapshots_taken = deliver, snapshots_taken
         self.updated: int | None = None
         """The newest superstep whose update ended here (in this attempt)."""
@@ -368,7 +366,6 @@ class SuperstepHead:
             aggregate, active, received = self.operator.end(total)
         except Exception as err:
             raise OperatorFailure(self.operator.name, err) from err
-        self.after = superstep
         self.updated = superstep
         if self.held:  # tail: snapshot now, before the boundary agreement
             self._release()
@@ -397,9 +394,10 @@ class SuperstepHead:
     def rescue(self, checkpoint_id: int, write: Callable[[int], TaskStateHandle | None]) -> None:
         """The attempt failed: ``write`` this task's state (its keyed state changes only at
         an update, between two turns of the task loop, so it is the state after
-        ``self.after``) as part of rescue snapshot ``checkpoint_id``; answer ``Rescued``."""
+        ``self.updated``) as part of rescue snapshot ``checkpoint_id``; answer ``Rescued``."""
         handle = write(checkpoint_id)
-        self.send(P.Rescued(self.task_index, self.attempt, checkpoint_id, self.after, handle))
+        after = -1 if self.updated is None else self.updated  # on the wire: -1 for none
+        self.send(P.Rescued(self.task_index, self.attempt, checkpoint_id, after, handle))
 
     def send_compensation_input(self) -> None:
         surviving, lost = self.operator.compensation_input()
