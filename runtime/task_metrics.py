@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runtime.control_client import rss_bytes
+from runtime.control_client import peak_rss_bytes, rss_bytes
 from statebackend.metrics import TaskMetrics
 
 if TYPE_CHECKING:
@@ -49,9 +49,10 @@ class TaskCounters:
         io: TaskIO,
         input_side: InputSide,
     ) -> TaskMetrics:
-        """The metrics now; the peak RSS seen so far is kept."""
+        """The metrics now; the peak RSS seen so far is kept (the kernel's high-water mark,
+        so a peak between two measurements counts too)."""
         rss = rss_bytes()
-        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_rss = max(self.peak_rss, rss, peak_rss_bytes())
         present = [q for q in queues if q is not None]
         return TaskMetrics(
             records_in=self.records_in,

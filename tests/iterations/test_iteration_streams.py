@@ -350,7 +350,7 @@ def test_a_superstep_of_many_times_its_memory_in_messages_stays_bounded() -> Non
     whatever the messages weigh: each head's peak RSS stays under 80 MiB (measured: ~45)
     with the feedback queue spilling past 64 KiB, and with spilling off too (the queue
     only ever holds what arrives while a head is blocked sending). The companion drops the
-    combiner: the inbox then holds every message (~128 MiB a head) and the bound fails."""
+    combiner: the inbox then holds every message (~160 MiB a head) and the bound fails."""
     expected = fan_out_expected()
     spilling, rss_spilling, spilled = _fan_out(CombinedFanOutStep(), spill_threshold=64 << 10)
     assert spilling == expected and rss_spilling < 80 * MiB
@@ -358,7 +358,8 @@ def test_a_superstep_of_many_times_its_memory_in_messages_stays_bounded() -> Non
     assert no_spill == expected and rss_no_spill < 80 * MiB and none == 0
     listed, rss_listed, _ = _fan_out(FanOutStep(), spill_threshold=64 << 10)
     assert listed == expected
-    assert rss_listed > 120 * MiB > rss_spilling + 30 * MiB  # the companion: not bounded
+    # the companion: the same bound fails, by a margin (measured ~160 MiB against ~45)
+    assert rss_listed >= 80 * MiB and rss_listed > rss_spilling + 30 * MiB
     print(  # the figures, for the record
         f"peak head RSS: {rss_spilling / MiB:.0f} MiB spilling ({spilled} B spilled), "
         f"{rss_no_spill / MiB:.0f} MiB spilling off, {rss_listed / MiB:.0f} MiB without combiner"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -84,3 +86,24 @@ def test_no_watermark_yet_and_the_end_of_time_are_not_reported() -> None:
 def test_the_peak_rss_is_kept_across_measurements() -> None:
     task = FakeTask(counters=TaskCounters(peak_rss=1 << 50))
     assert measure_task(task).peak_rss == 1 << 50 == task.counters.peak_rss
+
+
+_PEAK_BETWEEN = """
+from tests.runtime.test_task_metrics import FakeTask, measure_task
+task = FakeTask()
+before = measure_task(task).peak_rss
+blob = bytearray(200 << 20)  # touched: resident
+blob[:: 4096] = b"x" * len(blob[:: 4096])
+del blob  # gone again before the next measurement
+print(measure_task(task).peak_rss - before, measure_task(task).rss_bytes - before)
+"""
+
+
+def test_a_peak_between_two_measurements_is_in_the_peak_rss() -> None:
+    """The kernel's high-water mark counts a 200 MiB peak that came and went between two
+    heartbeats; the sampled RSS alone (the second figure) does not see it."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK_BETWEEN], capture_output=True, text=True, check=True
+    ).stdout.split()
+    peak_growth, rss_growth = int(out[0]), int(out[1])
+    assert peak_growth > 190 << 20 and rss_growth < 50 << 20
