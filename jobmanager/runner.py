@@ -51,6 +51,7 @@ from runtime.errors import (
 from runtime.graph import StepKind
 from runtime.plan import JobPlan
 from runtime.scratch import remove_run
+from runtime.snapshot_modes import redistributable_logs
 from runtime.task_environment import TaskEnvironment, TaskFault
 from statebackend.errors import StateError, StorageAccessError
 from statebackend.metadata import CheckpointMetadata
@@ -104,6 +105,7 @@ class JobManager:
                 plan.name,
                 plan.max_parallelism,
                 config.allow_non_restored_state,
+                redistributable_logs(plan),
             )
         self.owned_dirs: list[str] = []
         self.storage: CheckpointStorage | None = None

@@ -130,7 +130,12 @@ class Task:
                 io.feedback_gate, self._dispatch, lambda: self.scratch.path, cfg.spill_threshold
             )
         self.in_flight = in_flight_log_for(
-            spec, self.head_step.name, self.head_step.parallelism, cfg, lambda: self.scratch.path
+            spec,
+            plan,
+            self.head_step.name,
+            self.head_step.parallelism,
+            cfg,
+            lambda: self.scratch.path,
         )
         self.checkpointer = TaskCheckpointer(
             self.identity,

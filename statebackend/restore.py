@@ -19,7 +19,7 @@ steps (tested without Spark):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,8 +80,11 @@ def check_compatible(
     job: str,
     max_parallelism: int,
     allow_non_restored_state: bool = False,
+    redistributable_logs: Collection[str] = (),
 ) -> list[StepState]:
     """Check that checkpoint ``metadata`` can be restored into job ``job`` with ``steps``.
+    ``redistributable_logs`` names the in-flight logs (``<step>#<what>``) the job can
+    redistribute at another parallelism (a loop head's back-edge log routed by key).
 
     Returns the recorded steps whose state will be dropped (only with
     ``allow_non_restored_state``; a WARNING names each). Raises
@@ -100,7 +103,7 @@ def check_compatible(
         problem = _unfit(recorded, new, metadata.max_parallelism, max_parallelism)
         if problem is not None:
             unfit.append(problem)
-    unfit += _logged_records_unfit(metadata, by_name)
+    unfit += _logged_records_unfit(metadata, by_name, redistributable_logs)
     where = f"{_what(metadata)} {metadata.checkpoint_id} of job '{metadata.job}'"
     other_job = _other_job(metadata, job)
     if other_job or unfit or (unmatched and not allow_non_restored_state):
@@ -134,17 +137,19 @@ def _other_job(metadata: CheckpointMetadata, job: str) -> str | None:
 
 
 def _logged_records_unfit(
-    metadata: CheckpointMetadata, steps: Mapping[str, StepState]
+    metadata: CheckpointMetadata, steps: Mapping[str, StepState], redistributable: Collection[str]
 ) -> list[str]:
     """Records logged in flight (an unaligned checkpoint's channel state, a loop's
     back-edge log) were partitioned for their task: they restore only at the parallelism
-    they were logged at."""
+    they were logged at, unless the job can route them again (``redistributable``)."""
     problems: dict[str, str] = {}
     for handle in metadata.tasks.values():
         for name, layout in handle.operators.items():
             step, sep, what = name.partition("#")
             new = steps.get(step)
             if not sep or new is None or new.parallelism == layout.parallelism:
+                continue
+            if name in redistributable:
                 continue
             problems[step] = (
                 f"step '{step}' has parallelism {new.parallelism}, the checkpoint logged its "

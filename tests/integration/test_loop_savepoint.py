@@ -86,6 +86,17 @@ def test_a_loop_stops_with_a_savepoint_and_resumes_to_one_runs_output(
     assert resume(tmp_path, first) == collatz_expected(N)
 
 
+@pytest.mark.parametrize("parallelism", [1, 3])
+def test_a_loop_savepoint_resumes_at_another_parallelism(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallelism: int
+) -> None:
+    """The back-edge is keyed: the logged records are routed again by their key to the
+    new loop heads (each old log read by every new head, each record kept by one), so the
+    rescaled run still gives exactly one run's output."""
+    first = stop_mid_run(tmp_path, monkeypatch)
+    assert resume(tmp_path, first, parallelism=parallelism) == collatz_expected(N)
+
+
 def test_companion_resuming_without_the_back_edge_log_loses_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -247,11 +247,14 @@ class SlowBulkComponentsStep(BulkComponentsStep):
         return super().messages(key, value, side)
 
 
+@pytest.mark.parametrize("parallelism", [3, 4])
 def test_an_iteration_stopped_with_a_savepoint_resumes_after_its_superstep(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallelism: int
 ) -> None:
     """The stop waits for the next superstep boundary; the savepoint records the superstep
-    and the resumed run goes on after it to the same labels."""
+    and the resumed run goes on after it to the same labels, at the parallelism it was
+    stopped at or another (the solution set is keyed state; the back-edge log, empty at a
+    boundary, is routed by key)."""
     monkeypatch.setenv("ABSFLOW_JOBS_DIR", str(tmp_path / "jobs"))
     it = bulk_components()
     it.spec = dataclasses.replace(it.spec, step=SlowBulkComponentsStep())
@@ -283,6 +286,7 @@ def test_an_iteration_stopped_with_a_savepoint_resumes_after_its_superstep(
     assert first.job.stopped and first.job.savepoint and first.solution == {}
     meta = storage.check(int(first.job.savepoint.rsplit("chk-", 1)[1]))
     assert meta.savepoint and meta.superstep == first.supersteps >= 2
+    it.spec = dataclasses.replace(it.spec, parallelism=parallelism)
     second = run_on_streaming(it, restore_from=first.job.savepoint)
     assert second.solution == CC_REF and second.converged
     assert second.supersteps_started == second.supersteps - first.supersteps
