@@ -80,6 +80,29 @@ def test_channel_state_restores_only_at_the_parallelism_it_was_logged_at() -> No
         check_compatible(unaligned, [LINES, rescaled, OUT], "wordcount", 128)
 
 
+def test_a_back_edge_log_rescales_only_where_the_job_can_route_it_again() -> None:
+    """A loop head's back-edge log is refused at another parallelism unless the job names
+    it redistributable (a keyed feedback, `runtime.snapshot_modes.redistributable_logs`)."""
+    meta = wordcount_checkpoint()
+    tasks = dict(meta.tasks)
+    for i in range(2):
+        ops = dict(tasks[f"count[{i}]"].operators)
+        ops["count#backedge-log"] = OperatorLayout(i, 2)
+        tasks[f"count[{i}]"] = handle(f"count[{i}]", **ops)
+    looped = dataclasses.replace(meta, tasks=tasks)
+    rescaled = StepState("count", "aggregate", 3, True)
+    with pytest.raises(IncompatibleCheckpointError, match=r"\(backedge-log\) at parallelism 2"):
+        check_compatible(looped, [LINES, rescaled, OUT], "wordcount", 128)
+    routed = check_compatible(
+        looped,
+        [LINES, rescaled, OUT],
+        "wordcount",
+        128,
+        redistributable_logs={"count#backedge-log"},
+    )
+    assert routed == []
+
+
 def test_state_without_a_step_of_that_name_is_refused() -> None:
     tally = StepState("tally", "aggregate", 2, True)
     with pytest.raises(IncompatibleCheckpointError) as info:
