@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import sys
@@ -54,7 +55,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from results import write_result
+from results import RESULTS_DIR, tree_commit, write_result
 from verdicts import Interval, time_difference
 
 from runtime.api.iterations import IterationRun, kills_at_supersteps, run_on_streaming
@@ -387,7 +388,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table-p", type=int, default=2)
     ap.add_argument("--table-supersteps", type=int, default=8)
     ap.add_argument("--ballast", type=int, default=2000, help="bytes per vertex; 0: none")
-    ap.add_argument("--only", choices=("recovery", "table4", "networkx"), default=None)
+    ap.add_argument("--only", nargs="+", choices=("recovery", "table4", "networkx"), default=None)
+    ap.add_argument(
+        "--tag",
+        default=None,
+        help="the result file's entry for this run (default: the part, or all); a run of "
+        "all parts replaces every entry",
+    )
     ap.add_argument(
         "--regimes",
         nargs="+",
@@ -405,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = max(0.0, (args.cc_edges - tree) / max(1, tree))
     cc_edges = components_graph(cn, n_components, extra_edges=extra, seed=2)
     parts: list[str] = []
-    if args.only in (None, "recovery"):
+    if args.only is None or "recovery" in args.only:
         rows, shape = recovery_study(
             "PageRank",
             lambda p: pagerank(n, edges, p, args.tol),
@@ -430,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         report(parts, args, argv, started)
-    if args.only in (None, "table4"):
+    if args.only is None or "table4" in args.only:
         fixed = {"max_supersteps": args.table_supersteps}
         studies = []
         if "plain" in args.regimes:
@@ -444,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             studies.append(cost_study("CC (delta)", cc, args))
         parts.append(cost_table(studies, args))
         report(parts, args, argv, started)
-    if args.only in (None, "networkx"):
+    if args.only is None or "networkx" in args.only:
         clean = run(pagerank(n, edges, args.table_p, args.tol), "none", 1, None, args)
         assert isinstance(clean, IterationRun)
         parts.append(networkx_rate(n, edges, clean, args))
@@ -456,23 +463,45 @@ def report(
     parts: list[str], args: Any, argv: list[str] | None, started: float, final: bool = False
 ) -> None:
     """Print the tables so far and write them to the result file (after every part: a run
-    stopped midway keeps what it measured)."""
+    stopped midway keeps what it measured). The file keeps one entry per ``--tag`` (the
+    part run, by default), each with its own command, launcher, commit and date, so the
+    parts may be measured by separate runs (Table 4 on Spark, the recovery figures at
+    another size) and read together."""
     command = " ".join(
         ["python benchmarks/iterations.py", *(argv if argv is not None else sys.argv[1:])]
     )
-    header = (
-        f"Measured by `{command}` ({args.launcher} launcher, "
-        f"{time.perf_counter() - started:.0f} s in all)."
-    )
+    seconds = time.perf_counter() - started
+    header = f"Measured by `{command}` ({args.launcher} launcher, {seconds:.0f} s in all)."
     print("\n\n".join([header, *parts]) + "\n", flush=True)
     if final:
         print("full size:\n  " + FULL_SIZE)
+    tag = args.tag or ("+".join(args.only) if args.only else "all")
+    entries = {} if tag == "all" else previous_entries()
+    entries.pop("all", None)
+    entries[tag] = {
+        "command": command,
+        "launcher": args.launcher,
+        "seconds": round(seconds, 1),
+        "tables": parts,
+        "commit": tree_commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     write_result(
         "iterations",
-        {"launcher": args.launcher, "tables": parts, "seconds": time.perf_counter() - started},
+        {"parts": entries},
         rounds=args.rounds,
         argv=sys.argv if argv is None else [sys.argv[0], *argv],
     )
+
+
+def previous_entries() -> dict[str, Any]:
+    """The parts an earlier run recorded (none if the file is missing or of the old form)."""
+    path = RESULTS_DIR / "iterations.json"
+    try:
+        parts = json.loads(path.read_text(encoding="utf-8"))["figures"]["parts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return dict(parts) if isinstance(parts, dict) else {}
 
 
 FULL_SIZE = (

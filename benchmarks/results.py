@@ -34,7 +34,7 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
-def _commit() -> str:
+def tree_commit() -> str:
     """The checked-out commit, ``+dirty`` when tracked files differ from it (the result
     files themselves excepted: a benchmark that records after each part rewrites its own)."""
     try:
@@ -96,7 +96,7 @@ def write_result(
         "benchmark": name,
         "command": command,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": _commit(),
+        "commit": tree_commit(),
         "machine": machine(),
         "rounds": rounds,
         "figures": figures,

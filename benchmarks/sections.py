@@ -233,11 +233,19 @@ def inflight(doc: Result) -> str:
 
 def iterations(doc: Result) -> str:
     f = doc["figures"]
-    return (
-        f"{f['launcher']} launcher; the tables as the benchmark formatted them (the recovery "
-        "tables: median [min-max] over their rounds; Table 4: medians with the interval "
-        "and the verdict `benchmarks/verdicts.py` allows).\n\n" + "\n\n".join(f["tables"]) + "\n"
+    intro = (
+        "The tables as the benchmark formatted them (the recovery tables: median [min-max] "
+        "over their rounds; Table 4: medians with the interval and the verdict "
+        "`benchmarks/verdicts.py` allows). Each part was measured by the command above it."
     )
+    out = [intro]
+    for entry in f["parts"].values():
+        out.append(
+            f"`{entry['command']}` ({entry['launcher']} launcher, commit {entry['commit']}, "
+            f"{entry['date'][:10]}, {entry['seconds']:.0f} s):"
+        )
+        out.extend(entry["tables"])
+    return "\n\n".join(out) + "\n"
 
 
 def state_scale(doc: Result) -> str:

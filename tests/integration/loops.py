@@ -28,8 +28,9 @@ def _steps(n: int) -> int:
     return k
 
 
-def collatz(n: int, rate: float | None = None, parallelism: int = 2, **config: Any) -> Dataflow:
-    flow = Dataflow("collatz", parallelism=parallelism, **config)
+def collatz(n: int, rate: float | None = None, **config: Any) -> Dataflow:
+    """Collatz at parallelism 2 unless ``config`` says another."""
+    flow = Dataflow("collatz", **{"parallelism": 2, **config})
     loop = flow.source(GeneratorSource(_start, n, rate=rate), name="numbers").iterate(name="loop")
     step = loop.stream.map(_collatz, name="step")
     loop.feedback(step.filter(lambda r: r[1] != 1, name="again").key_by(lambda r: r[0]))
