@@ -24,12 +24,13 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Final
+from typing import Final
 
 import zmq
 
 from channels.security import ChannelKeys, Guard
 from channels.zmq_io import is_ipv6, tcp_endpoint
+from channels.zmq_types import ZmqContext
 
 log = logging.getLogger("absflow.rendezvous")
 
@@ -55,7 +56,7 @@ class Rendezvous:
         if count < 1:
             raise ValueError(f"a rendezvous needs at least one task, got {count}")
         self.count = count
-        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._ctx: ZmqContext = zmq.Context()
         self._guard: Guard | None = None
         self._socket = self._ctx.socket(zmq.ROUTER)
         try:
@@ -148,7 +149,7 @@ def gather(
     """Send task ``index``'s ``message`` to the driver's rendezvous at ``endpoint``; every
     task's message, in task order. Raises RendezvousError when no answer comes within
     ``timeout`` seconds. ``keys``: connect as the job's CURVE client."""
-    ctx: zmq.Context[Any] = zmq.Context()
+    ctx: ZmqContext = zmq.Context()
     try:
         sock = ctx.socket(zmq.DEALER)
         if keys is not None:

@@ -46,6 +46,8 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
+from channels.zmq_types import ZmqContext, ZmqSocket
+
 log = logging.getLogger("absflow.security")
 
 ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
@@ -85,13 +87,13 @@ class ChannelKeys:
         client_public, client_secret = zmq.curve_keypair()
         return cls(server_public, server_secret, client_public, client_secret)
 
-    def serve(self, socket: zmq.Socket[Any]) -> None:
+    def serve(self, socket: ZmqSocket) -> None:
         """Make ``socket`` a CURVE server (before it binds)."""
         socket.setsockopt(zmq.CURVE_SERVER, 1)
         socket.setsockopt(zmq.CURVE_SECRETKEY, self.server_secret)
         socket.setsockopt(zmq.ZAP_DOMAIN, DOMAIN)
 
-    def connect(self, socket: zmq.Socket[Any]) -> None:
+    def connect(self, socket: ZmqSocket) -> None:
         """Make ``socket`` a CURVE client of the job's servers (before it connects)."""
         socket.setsockopt(zmq.CURVE_SERVERKEY, self.server_public)
         socket.setsockopt(zmq.CURVE_PUBLICKEY, self.client_public)
@@ -127,7 +129,7 @@ class DisconnectNotices:
 class _Watched:
     """One watched socket's monitor, in the guard's thread."""
 
-    def __init__(self, monitor: zmq.Socket[Any], notices: DisconnectNotices | None) -> None:
+    def __init__(self, monitor: ZmqSocket, notices: DisconnectNotices | None) -> None:
         self.monitor, self.notices = monitor, notices
         self.peers: dict[int, str] = {}  # descriptor -> peer address, from the accept
         self.failed: RefusalReason | None = None  # a refusal waiting for its disconnect
@@ -138,7 +140,7 @@ class Guard:
     module docstring). ``start`` before any watched socket binds; ``close`` before the
     context is terminated."""
 
-    def __init__(self, context: zmq.Context[Any], keys: ChannelKeys, owner: str) -> None:
+    def __init__(self, context: ZmqContext, keys: ChannelKeys, owner: str) -> None:
         self.context, self.keys, self.owner = context, keys, owner
         self._client = z85.decode(keys.client_public)
         self.refused = 0  # handshakes refused (the guard's thread writes, anyone reads)
@@ -160,7 +162,7 @@ class Guard:
             raise self._error
         return self
 
-    def serve(self, socket: zmq.Socket[Any], disconnects: bool = False) -> DisconnectNotices:
+    def serve(self, socket: ZmqSocket, disconnects: bool = False) -> DisconnectNotices:
         """Make ``socket`` a CURVE server of the job's keys and count its refused
         handshakes (call before it binds, from its owning thread). With ``disconnects``,
         the returned notices get every disconnect of it too."""
@@ -185,7 +187,7 @@ class Guard:
     # -- the guard's thread -----------------------------------------------------------------
     def _run(self) -> None:
         try:
-            zap: zmq.Socket[Any] = self.context.socket(zmq.REP)
+            zap: ZmqSocket = self.context.socket(zmq.REP)
             zap.setsockopt(zmq.LINGER, 0)
             zap.bind(ZAP_ENDPOINT)
         except BaseException as err:  # e.g. a second guard on one context
@@ -196,7 +198,7 @@ class Guard:
         poller = zmq.Poller()
         poller.register(zap, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        watched: dict[zmq.Socket[Any], _Watched] = {}
+        watched: dict[ZmqSocket, _Watched] = {}
         try:
             while True:
                 events = dict(poller.poll())
@@ -218,7 +220,7 @@ class Guard:
                 self._handover.get().monitor.close(linger=0)
             zap.close(linger=0)
 
-    def _answer(self, zap: zmq.Socket[Any]) -> None:
+    def _answer(self, zap: ZmqSocket) -> None:
         """One ZAP request: 200 for the job's client key, 400 (logged) for any other."""
         frames = zap.recv_multipart()
         version, request_id, _domain, address, _identity, mechanism = frames[:6]

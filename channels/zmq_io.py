@@ -29,13 +29,14 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import zmq
 
 from channels.debloat import BatchSizer
 from channels.messages import Event, encode_data, encode_event
 from channels.security import ChannelKeys, Guard
+from channels.zmq_types import ZmqContext, ZmqSocket
 
 BACKPRESSURE_POLL_MS: Final = 50
 """How long a blocked send waits for POLLOUT before calling on_backpressure again."""
@@ -63,13 +64,13 @@ IPC_CONNECT_WAIT_MS: Final = 2000
 
 
 def _push(
-    context: zmq.Context[Any],
+    context: ZmqContext,
     endpoint: str,
     sndhwm: int,
     sndbuf: int = 0,
     keys: ChannelKeys | None = None,
-) -> zmq.Socket[Any]:
-    socket: zmq.Socket[Any] = context.socket(zmq.PUSH)
+) -> ZmqSocket:
+    socket: ZmqSocket = context.socket(zmq.PUSH)
     try:
         if keys is not None:
             keys.connect(socket)
@@ -89,7 +90,7 @@ def _push(
     return socket
 
 
-def _connect_ipc(socket: zmq.Socket[Any], endpoint: str, sndbuf: int) -> None:
+def _connect_ipc(socket: ZmqSocket, endpoint: str, sndbuf: int) -> None:
     """Connect to a Unix socket and give the connection a send buffer of ``sndbuf`` bytes.
 
     ZeroMQ sets SO_SNDBUF on TCP connections only: a Unix one keeps the OS default
@@ -140,7 +141,7 @@ class InputGate:
 
     def __init__(
         self,
-        context: zmq.Context[Any],
+        context: ZmqContext,
         host: str,
         rcvhwm: int = 64,
         rcvbuf: int = 0,
@@ -149,7 +150,7 @@ class InputGate:
         """``rcvbuf``: the kernel's receive buffer per connection, bytes (0: the OS's);
         ``guard``: a CURVE server of the job's keys whose refusals the context's guard
         counts (``channels.security``), on every bind (TCP and Unix)."""
-        socket: zmq.Socket[Any] = context.socket(zmq.PULL)
+        socket: ZmqSocket = context.socket(zmq.PULL)
         try:
             if guard is not None:
                 guard.serve(socket)
@@ -185,7 +186,7 @@ class InputGate:
         return endpoint
 
     @property
-    def socket(self) -> zmq.Socket[Any]:
+    def socket(self) -> ZmqSocket:
         """The PULL socket, for registering with the task's ``zmq.Poller``."""
         return self._socket
 
@@ -245,7 +246,7 @@ class OutputChannel:
 
     def __init__(
         self,
-        context: zmq.Context[Any],
+        context: ZmqContext,
         endpoint: str,
         channel_id: int,
         batch_size: int = 1000,
@@ -265,7 +266,7 @@ class OutputChannel:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         socket = _push(context, endpoint, sndhwm, sndbuf, keys)
         self._socket = socket
-        self._priority: zmq.Socket[Any] | None = None
+        self._priority: ZmqSocket | None = None
         if priority_endpoint is not None:
             try:
                 self._priority = _push(context, priority_endpoint, sndhwm=1000, keys=keys)

@@ -12,33 +12,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 import msgpack
 import zmq
 
 from channels.security import DisconnectNotices, Guard
 from channels.zmq_io import tcp_endpoint
+from channels.zmq_types import ZmqContext, ZmqSocket
 from runtime import control as P
 
 log = logging.getLogger("absflow.jobmanager")
 
 
 def open_router(
-    zctx: zmq.Context[Any], host: str, guard: Guard | None
-) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | DisconnectNotices, int]:
+    zctx: ZmqContext, host: str, guard: Guard | None
+) -> tuple[ZmqSocket, ZmqSocket | DisconnectNotices, int]:
     """The ROUTER bound on ``host`` (a random port), the source of its disconnect events
     (liveness: a dying task process drops its connection at once, so PIDs are checked on
     every disconnect instead of waiting ~1 s for Spark to report the failed stage), and
     the port. With a ``guard`` (started here) the socket is a CURVE server and the guard,
     which then holds the socket's one monitor, passes the disconnects on."""
-    router: zmq.Socket[Any] = zctx.socket(zmq.ROUTER)
+    router: ZmqSocket = zctx.socket(zmq.ROUTER)
     try:
         router.setsockopt(zmq.LINGER, 0)
         if guard is not None:
-            monitor: zmq.Socket[Any] | DisconnectNotices = guard.start().serve(
-                router, disconnects=True
-            )
+            monitor: ZmqSocket | DisconnectNotices = guard.start().serve(router, disconnects=True)
         else:
             monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         port = router.bind_to_random_port(tcp_endpoint(host))

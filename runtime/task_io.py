@@ -19,6 +19,7 @@ from channels.debloat import BatchSizer
 from channels.messages import Event
 from channels.security import Guard
 from channels.zmq_io import InputGate, OutputChannel
+from channels.zmq_types import ZmqContext, ZmqSocket
 from runtime.config import JobConfig
 
 
@@ -106,7 +107,7 @@ class ZmqTaskIO:
 
     def __init__(
         self,
-        zctx: zmq.Context[Any],
+        zctx: ZmqContext,
         gate: InputGate | None,
         endpoints: dict[int, str],
         config: JobConfig,
@@ -127,7 +128,7 @@ class ZmqTaskIO:
         self._priority_endpoints = priority_endpoints or {}
         self._config, self._jm_endpoint, self._identity = config, jm_endpoint, identity
         self._poller: zmq.Poller | None = None
-        self._control: zmq.Socket[Any] | None = None
+        self._control: ZmqSocket | None = None
 
     @property
     def gate(self) -> InputGate | None:
@@ -145,8 +146,8 @@ class ZmqTaskIO:
     def refused_connections(self) -> int:
         return 0 if self._guard is None else self._guard.refused
 
-    def control_socket(self) -> zmq.Socket[Any]:
-        control: zmq.Socket[Any] = self._zctx.socket(zmq.DEALER)
+    def control_socket(self) -> ZmqSocket:
+        control: ZmqSocket = self._zctx.socket(zmq.DEALER)
         if self._keys is not None:
             self._keys.connect(control)
         control.setsockopt(zmq.LINGER, 2000)
