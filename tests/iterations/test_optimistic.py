@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from runtime.api.iterations import run_on_streaming
 from runtime.iterations import Recovery
 from runtime.iterations.graphs import union_find_labels
 from runtime.iterations.library import (
+    ConnectedComponentsStep,
     cc_compensation,
     cc_without_compensation,
     pagerank_compensation,
@@ -213,9 +215,29 @@ def test_a_second_kill_while_the_next_attempt_loads_keeps_the_rescued_state() ->
 BLOCKING: dict[str, Any] = {"batch_size": 2, "channel_hwm": 1, "max_inflight_time": None}
 
 
+class DawdlingComponentsStep(ConnectedComponentsStep):
+    """Each task waits a second before its first message of a superstep (after the first):
+    a kill as a superstep starts lands before any survivor sends, so the survivors' sends
+    to the dead head block (without it they may all be sent before the kill lands, and
+    nothing blocks)."""
+
+    def __init__(self) -> None:
+        self.updated = False
+
+    def messages(self, key: Any, value: int, side: Any) -> Any:
+        if self.updated:
+            self.updated = False
+            time.sleep(1.0)
+        return super().messages(key, value, side)
+
+    def update(self, key: Any, value: int, inbox: Any, side: Any, total: float) -> Any:
+        self.updated = True
+        return super().update(key, value, inbox, side, total)
+
+
 def test_a_survivor_blocked_sending_to_the_dead_head_is_still_rescued() -> None:
     run = run_on_streaming(
-        components(),
+        components(step=DawdlingComponentsStep()),
         _optimistic(cc_compensation, rescue_timeout=3.0),
         faults=[Kill("components[0]", after_superstep=3)],
         **BLOCKING,
@@ -228,7 +250,7 @@ def test_a_survivor_blocked_sending_to_the_dead_head_is_still_rescued() -> None:
 
 def test_companion_a_rescue_served_only_after_the_send_times_out() -> None:
     run = run_on_streaming(
-        components(),
+        components(step=DawdlingComponentsStep()),
         _optimistic(cc_compensation, rescue_timeout=3.0),
         faults=[Kill("components[0]", after_superstep=3)],
         debug_rescue_after_send=True,

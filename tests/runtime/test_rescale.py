@@ -16,13 +16,11 @@ import pytest
 
 from runtime.connectors.files import FileStreamReader, FileStreamSource
 from runtime.sinks import CollectSink, FileSink, SinkContext
-from runtime.snapshot_modes import redistributable_logs
 from runtime.sources import CollectionSource, GeneratorSource, Source
 from statebackend.errors import IncompatibleCheckpointError
 from statebackend.metadata import CheckpointMetadata, OperatorLayout, StepState, TaskStateHandle
 from statebackend.metrics import CheckpointSummary
 from statebackend.restore import RescaledState, RestoreTarget, check_compatible, plan_restore
-from tests.integration.loops import collatz, multiplying
 
 FILES, LINES = 7, 40
 
@@ -279,11 +277,3 @@ def test_companion_state_that_is_not_union_state_is_refused_at_another_paralleli
         check_compatible(metadata(False), [new], "j", 128)
     with pytest.raises(IncompatibleCheckpointError, match="not keyed"):
         plan_restore(metadata(False), 0, [RestoreTarget(new)])
-
-
-def test_only_a_keyed_back_edge_log_is_redistributed_at_another_parallelism() -> None:
-    """Collatz feeds back by key: its loop head's log is routed again by key on rescale.
-    The multiplying loop feeds back round robin: the log does not say where a record
-    belongs, so a restore at another parallelism is refused (statebackend.restore)."""
-    assert redistributable_logs(collatz(10).plan()) == {"loop#backedge-log"}
-    assert redistributable_logs(multiplying(10).plan()) == frozenset()
