@@ -23,17 +23,22 @@ head styles, ``superstep_checkpoint_style``).
 3. **PageRank supersteps/s** against networkx on the same graph in one run (networkx's
    power iteration run for a fixed number of iterations: its iterations/s).
 
-Reduced size here (the machine is shared)::
+A quick run at reduced size (every part, local launcher)::
 
     python benchmarks/iterations.py      # = --vertices 1000 --edges 5000 --cc-vertices 2000
                                          #   --cc-edges 4000 --recovery-p 2 4 --rounds 6
                                          #   --table-supersteps 8 --ballast 2000
 
-Full size (the seed's regime is >= 1 M edges on Spark)::
+The recorded figures (docs/iterations.md), each part by its own run (``--tag`` keeps
+them apart in the result file)::
 
-    python benchmarks/iterations.py --launcher spark --vertices 200000 --edges 1000000 \\
-        --cc-vertices 200000 --cc-edges 1000000 --recovery-p 2 4 --recovery-rounds 3 \\
-        --rounds 8 --table-supersteps 20 --ballast 4000
+    python benchmarks/iterations.py --launcher spark --only table4 networkx \
+        --vertices 100000 --edges 1000000 --cc-vertices 100000 --cc-edges 1000000 \
+        --rounds 6 --table-supersteps 5 --ballast 3000 --tag table4-spark
+    python benchmarks/iterations.py --only recovery --vertices 10000 --edges 50000 \
+        --cc-vertices 10000 --cc-edges 20000 --recovery-p 2 4 --recovery-rounds 2 --tag recovery
+    python benchmarks/iterations.py --only recovery --vertices 1000 --edges 5000 \
+        --cc-vertices 1000 --cc-edges 2000 --recovery-p 10 --recovery-rounds 1 --tag recovery-p10
 
 Writes the tables to ``benchmarks/results/iterations.json`` (``python
 benchmarks/render.py`` puts them in docs/benchmarks.md).
@@ -474,7 +479,7 @@ def report(
     header = f"Measured by `{command}` ({args.launcher} launcher, {seconds:.0f} s in all)."
     print("\n\n".join([header, *parts]) + "\n", flush=True)
     if final:
-        print("full size:\n  " + FULL_SIZE)
+        print("Table 4 at the recorded size:\n  " + FULL_SIZE)
     tag = args.tag or ("+".join(args.only) if args.only else "all")
     entries = {} if tag == "all" else previous_entries()
     entries.pop("all", None)
@@ -505,9 +510,9 @@ def previous_entries() -> dict[str, Any]:
 
 
 FULL_SIZE = (
-    "python benchmarks/iterations.py --launcher spark --vertices 200000 --edges 1000000 "
-    "--cc-vertices 200000 --cc-edges 1000000 --recovery-p 2 4 --recovery-rounds 3 "
-    "--rounds 8 --table-supersteps 20 --ballast 4000"
+    "python benchmarks/iterations.py --launcher spark --only table4 networkx --vertices 100000 "
+    "--edges 1000000 --cc-vertices 100000 --cc-edges 1000000 --rounds 6 --table-supersteps 5 "
+    "--ballast 3000 --tag table4-spark"
 )
 
 

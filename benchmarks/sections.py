@@ -538,15 +538,14 @@ SECTIONS = (
         "Bulk and delta iterations",
         "Seed 004's figures on the streaming runtime (`run_on_streaming`): after one task of p "
         "is killed at an early, a middle or a late superstep, the extra supersteps (started "
-        "in all attempts minus the clean run's) and the seconds lost per recovery (tail / "
-        "head / blocking superstep checkpoints, a restart, optimistic where it runs); Table "
-        "4: each checkpoint style's cost per superstep against none, in interleaved rounds "
-        "(PageRank, PageRank with a state large enough for a write to compare with a "
-        "superstep, connected components); PageRank supersteps/s beside networkx on the "
-        "same graph. The run here is at reduced size; the full size is "
-        "`python benchmarks/iterations.py --launcher spark --vertices 200000 --edges 1000000 "
-        "--cc-vertices 200000 --cc-edges 1000000 --recovery-p 2 4 --recovery-rounds 3 "
-        "--rounds 8 --table-supersteps 20 --ballast 4000`.",
+        "in all attempts minus the clean run's), the seconds lost and the restart's time per "
+        "recovery (tail / head / blocking superstep checkpoints, a restart, optimistic); "
+        "Table 4: each checkpoint style's cost per superstep against none, in interleaved "
+        "rounds on the Spark launcher (PageRank, PageRank with a state large enough for a "
+        "write to compare with a superstep, connected components); PageRank supersteps/s "
+        "beside networkx on the same graph. The parts are measured by separate runs (Table 4 "
+        "on Spark at 1 M edges, the recovery figures with the local launcher's processes at "
+        "smaller sizes): each says its command.",
         "python benchmarks/iterations.py",
         iterations,
     ),
