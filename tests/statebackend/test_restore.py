@@ -66,14 +66,20 @@ def test_keyed_steps_may_change_their_parallelism() -> None:
     assert check_compatible(wordcount_checkpoint(), [LINES, rescaled, OUT], "wordcount", 128) == []
 
 
-def test_channel_state_restores_only_at_the_parallelism_it_was_logged_at() -> None:
+def with_in_flight_log(what: str) -> CheckpointMetadata:
+    """The wordcount checkpoint with records in flight logged by both count tasks, as
+    ``count#<what>`` (an unaligned checkpoint's channel state, a loop's back-edge log)."""
     meta = wordcount_checkpoint()
     tasks = dict(meta.tasks)
     for i in range(2):
         ops = dict(tasks[f"count[{i}]"].operators)
-        ops["count#channel-state"] = OperatorLayout(i, 2)
+        ops[f"count#{what}"] = OperatorLayout(i, 2)
         tasks[f"count[{i}]"] = handle(f"count[{i}]", **ops)
-    unaligned = dataclasses.replace(meta, tasks=tasks)
+    return dataclasses.replace(meta, tasks=tasks)
+
+
+def test_channel_state_restores_only_at_the_parallelism_it_was_logged_at() -> None:
+    unaligned = with_in_flight_log("channel-state")
     assert check_compatible(unaligned, [LINES, COUNT, OUT], "wordcount", 128) == []
     rescaled = StepState("count", "aggregate", 3, True)
     with pytest.raises(IncompatibleCheckpointError, match=r"in-flight records \(channel-state\)"):
@@ -83,13 +89,7 @@ def test_channel_state_restores_only_at_the_parallelism_it_was_logged_at() -> No
 def test_a_back_edge_log_rescales_only_where_the_job_can_route_it_again() -> None:
     """A loop head's back-edge log is refused at another parallelism unless the job names
     it redistributable (a keyed feedback, `runtime.snapshot_modes.redistributable_logs`)."""
-    meta = wordcount_checkpoint()
-    tasks = dict(meta.tasks)
-    for i in range(2):
-        ops = dict(tasks[f"count[{i}]"].operators)
-        ops["count#backedge-log"] = OperatorLayout(i, 2)
-        tasks[f"count[{i}]"] = handle(f"count[{i}]", **ops)
-    looped = dataclasses.replace(meta, tasks=tasks)
+    looped = with_in_flight_log("backedge-log")
     rescaled = StepState("count", "aggregate", 3, True)
     with pytest.raises(IncompatibleCheckpointError, match=r"\(backedge-log\) at parallelism 2"):
         check_compatible(looped, [LINES, rescaled, OUT], "wordcount", 128)
