@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from runtime import Dataflow
-from runtime.sources import GeneratorSource, TextFileSource
+from runtime.sources import GeneratorSource, Source, SourceReader, TextFileSource
+from statebackend.storage import CheckpointStorage
 
 
 def write_corpus(directory: str, words: int, files: int = 3, seed: int = 7) -> list[str]:
@@ -205,3 +206,45 @@ def keyed_sums(
         .collect("sums")
     )
     return flow
+
+
+class _HeldReader(SourceReader[Any]):
+    """A generator reader that, once its records are out, ends only after a checkpoint
+    numbered ``held_until`` or later has completed in ``checkpoint_dir``."""
+
+    def __init__(self, inner: SourceReader[Any], checkpoint_dir: str, held_until: int) -> None:
+        self.inner, self.held_until = inner, held_until
+        self.storage = CheckpointStorage(checkpoint_dir)
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        batch = self.inner.read_batch(max_records)
+        if batch is not None:
+            return batch
+        if any(n >= self.held_until for n in self.storage.completed_checkpoints()):
+            return None
+        time.sleep(0.02)  # a poll of the checkpoint directory, barriers go on meanwhile
+        return []
+
+    def snapshot(self) -> object:
+        return self.inner.snapshot()
+
+    def restore(self, state: Any) -> None:
+        self.inner.restore(state)
+
+
+class HeldGenerator(Source[Any]):
+    """``GeneratorSource(fn, count, rate)`` whose input ends only once checkpoint
+    ``held_until`` has completed: a fault after that checkpoint always fires, however
+    slowly the machine takes checkpoints."""
+
+    name = "held-generator"
+
+    def __init__(
+        self, fn: Any, count: int, checkpoint_dir: str, held_until: int, rate: float | None = None
+    ) -> None:
+        self.inner = GeneratorSource(fn, count, rate)
+        self.checkpoint_dir, self.held_until = checkpoint_dir, held_until
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader[Any]:
+        inner = self.inner.create_reader(subtask, parallelism)
+        return _HeldReader(inner, self.checkpoint_dir, self.held_until)
