@@ -3,29 +3,38 @@
     python benchmarks/stall_loop.py [--runs 200] [--factor 3] [-- examples/wordcount.py ARGS]
 
 Each run is the README's main job (``python examples/wordcount.py`` unless a command
-follows ``--``), started in a session of its own. Once ``--min-runs`` runs finished, a
-run that passes ``--factor`` times the median of the finished runs' times is a
-**stall**: at that moment every Python process of its session (the driver and every
-task) gets a ``py-spy dump`` (the stacks of all its threads), saved with the run's
-stderr so far under ``--dumps``; the run is then left to finish (or killed after
-``--give-up`` times the median, which counts as a stall too). Prints every run and, at
-the end, stalls per 100 runs and the run times' median, p95 and max; writes
-``benchmarks/results/stall_loop.json``. Needs py-spy (``pip install -e '.[bench]'``) and
-the right to ptrace the runs (root, or ``kernel.yama.ptrace_scope`` 0).
+follows ``--``), started in a session of its own. A run's **job time** is from the
+driver's "dashboard at" line (the job submitted, Spark up) to its exit: Spark's start-up,
+which varies with the machine's load far more than the job, is left out. Once
+``--min-runs`` runs finished, a run whose job time passes ``--factor`` times the median
+job time of the finished runs is a **stall**: at that moment every Python process of its
+session (the driver and every task) gets a ``py-spy dump`` (the stacks of all its
+threads), saved with the run's stderr so far under ``--dumps``; the run is then left to
+finish (or killed after ``--give-up`` times the median, which counts as a stall too). A
+run whose own summary shows a checkpoint median duration past ``--factor`` times the
+runs' median is a stall as well (the stall seen before: every checkpoint aligning for
+seconds), found after the run. Prints every run and, at the end, stalls per 100 runs and
+the job times' median, p95 and max; writes ``benchmarks/results/stall_loop.json``. Needs
+py-spy (``pip install -e '.[bench]'``) and the right to ptrace the runs (root, or
+``kernel.yama.ptrace_scope`` 0).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -66,38 +75,72 @@ def dump_stacks(pids: list[int], py_spy: str) -> str:
     return "\n".join(parts)
 
 
+@dataclass
+class Run:
+    seconds: float  # the whole run
+    job_seconds: float | None  # from the "dashboard at" line to the exit
+    checkpoint_ms: float | None  # the run's median checkpoint duration (its summary)
+    stalled: bool
+    code: int
+
+
+class Lines(threading.Thread):
+    """A run's stream, line by line (also into ``sink``); notes when a line with ``mark``
+    came."""
+
+    def __init__(self, stream: IO[str], sink: IO[str] | None = None, mark: str = "") -> None:
+        super().__init__(daemon=True)
+        self.stream, self.sink, self.mark = stream, sink, mark
+        self.marked_at: float | None = None
+        self.lines: list[str] = []
+
+    def run(self) -> None:
+        for line in self.stream:
+            if self.mark and self.marked_at is None and self.mark in line:
+                self.marked_at = time.monotonic()
+            self.lines.append(line)
+            if self.sink is not None:
+                self.sink.write(line)
+                self.sink.flush()
+
+
+CHECKPOINTS = re.compile(r"checkpoints: .*median duration ([0-9.]+) ms")
+
+
 def one_run(
     command: list[str], median: float | None, args: argparse.Namespace, dumps: Path, n: int
-) -> tuple[float, bool, int]:
-    """(seconds, stalled, exit code) of one run."""
-    with tempfile.TemporaryFile("w+") as err:
+) -> Run:
+    with tempfile.NamedTemporaryFile("w+", suffix=".err") as err:
         started = time.monotonic()
         proc = subprocess.Popen(
             command,
             cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
             env={**os.environ, "PYTHONPATH": REPO},
         )
+        assert proc.stdout is not None and proc.stderr is not None
+        errors = Lines(proc.stderr, err, "dashboard at")
+        output = Lines(proc.stdout)
+        errors.start()
+        output.start()
         stalled = False
         try:
             while proc.poll() is None:
-                elapsed = time.monotonic() - started
-                if median is not None and not stalled and elapsed > args.factor * median:
+                submitted = errors.marked_at
+                job = time.monotonic() - submitted if submitted is not None else 0.0
+                if median is not None and not stalled and job > args.factor * median:
                     stalled = True
                     stacks = dump_stacks(session_pythons(proc.pid), args.py_spy)
-                    err.flush()
-                    err.seek(0)
                     path = dumps / f"run-{n:04d}.txt"
                     path.write_text(
-                        f"run {n}: {elapsed:.1f} s, median {median:.1f} s\n\n"
-                        f"{stacks}\n===== stderr so far\n{err.read()[-20000:]}"
+                        f"run {n}: job time {job:.1f} s, median {median:.1f} s\n\n"
+                        f"{stacks}\n===== stderr so far\n{''.join(errors.lines)[-20000:]}"
                     )
-                    err.seek(0, os.SEEK_END)
-                    print(f"  run {n} stalls at {elapsed:.1f} s: stacks in {path}", flush=True)
-                if median is not None and elapsed > args.give_up * median:
+                    print(f"  run {n} stalls at {job:.1f} s: stacks in {path}", flush=True)
+                if median is not None and job > args.give_up * median:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
                     break
@@ -106,7 +149,18 @@ def one_run(
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        return time.monotonic() - started, stalled, proc.returncode
+        ended = time.monotonic()
+        errors.join(10)
+        output.join(10)
+        found = CHECKPOINTS.search("".join(output.lines))
+        submitted = errors.marked_at
+        return Run(
+            seconds=ended - started,
+            job_seconds=ended - submitted if submitted is not None else None,
+            checkpoint_ms=float(found.group(1)) if found else None,
+            stalled=stalled,
+            code=proc.returncode,
+        )
 
 
 def main() -> int:
@@ -125,23 +179,35 @@ def main() -> int:
     dumps = Path(args.dumps)
     dumps.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, *command_args]
-    times: list[float] = []
-    stalls, failures = 0, 0
+    runs: list[Run] = []
     for n in range(1, args.runs + 1):
-        median = statistics.median(times) if len(times) >= args.min_runs else None
-        seconds, stalled, code = one_run(command, median, args, dumps, n)
-        stalls += stalled
-        failures += code != 0
-        if not stalled:  # the median is of ordinary runs
-            times.append(seconds)
-        print(f"run {n}: {seconds:.1f} s, exit {code}{'  STALL' if stalled else ''}", flush=True)
-    ordered = sorted(times)
-    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] if ordered else 0.0
+        ordinary = [r.job_seconds for r in runs if not r.stalled and r.job_seconds is not None]
+        median = statistics.median(ordinary) if len(ordinary) >= args.min_runs else None
+        run = one_run(command, median, args, dumps, n)
+        usual_ms = [r.checkpoint_ms for r in runs if not r.stalled and r.checkpoint_ms]
+        if (
+            len(usual_ms) >= args.min_runs
+            and run.checkpoint_ms is not None
+            and run.checkpoint_ms > args.factor * statistics.median(usual_ms)
+        ):
+            run.stalled = True  # found after the run: no stacks, its stderr is kept
+            print(f"  run {n}: checkpoint median {run.checkpoint_ms:.0f} ms", flush=True)
+        runs.append(run)
+        job = f"{run.job_seconds:.1f} s" if run.job_seconds is not None else "never submitted"
+        print(
+            f"run {n}: {run.seconds:.1f} s, job {job}, checkpoints {run.checkpoint_ms} ms, "
+            f"exit {run.code}{'  STALL' if run.stalled else ''}",
+            flush=True,
+        )
+    stalls = sum(r.stalled for r in runs)
+    failures = sum(r.code != 0 for r in runs)
+    jobs = sorted(r.job_seconds for r in runs if not r.stalled and r.job_seconds is not None)
+    p95 = jobs[min(len(jobs) - 1, int(0.95 * len(jobs)))] if jobs else 0.0
     per_100 = 100 * stalls / args.runs
     print(
         f"{stalls} stall(s) in {args.runs} runs ({per_100:.1f} per 100), {failures} failed; "
-        f"run time median {statistics.median(times) if times else 0:.1f} s, p95 {p95:.1f} s, "
-        f"max {max(times, default=0):.1f} s ({' '.join(command_args)})"
+        f"job time median {statistics.median(jobs) if jobs else 0:.1f} s, p95 {p95:.1f} s, "
+        f"max {max(jobs, default=0):.1f} s ({' '.join(command_args)})"
     )
     write_result(
         "stall_loop",
@@ -152,9 +218,12 @@ def main() -> int:
             "stalls_per_100": round(per_100, 2),
             "failures": failures,
             "factor": args.factor,
-            "median_s": round(statistics.median(times), 2) if times else None,
-            "p95_s": round(p95, 2),
-            "max_s": round(max(times, default=0), 2),
+            "job_median_s": round(statistics.median(jobs), 2) if jobs else None,
+            "job_p95_s": round(p95, 2),
+            "job_max_s": round(max(jobs, default=0), 2),
+            "run_median_s": round(statistics.median(r.seconds for r in runs), 2),
+            "checkpoint_median_ms": [r.checkpoint_ms for r in runs],
+            "stalled_runs": [n + 1 for n, r in enumerate(runs) if r.stalled],
         },
         rounds=args.runs,
     )

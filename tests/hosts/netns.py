@@ -41,6 +41,7 @@ from tests.integration.standalone import (
 SUBNET = "198.18.0"
 # Five JVMs (a master, three workers, the driver) start at once on a shared 2-core machine.
 START_TIMEOUT = 300.0
+WIRE = str(Path(__file__).resolve().parent / "wire.py")
 PREFIX = "afh"  # every namespace, bridge and veth of these tests: afh<pid>...
 
 
@@ -60,6 +61,14 @@ def unavailable() -> str | None:
         return f"`ip netns add` failed: {made.stderr.strip()}"
     run("ip", "netns", "del", probe, check=False)
     return None
+
+
+def _stop_wire(wire: subprocess.Popen[str]) -> str:
+    """End a wire (its TAP device goes with it); its last words: counts or an error."""
+    if wire.poll() is None:
+        wire.terminate()
+    out, err = wire.communicate(timeout=30)
+    return (out.strip().splitlines() or [""])[-1] if wire.returncode == 0 else err.strip()
 
 
 def netns_pids(ns: str) -> list[int]:
@@ -91,6 +100,7 @@ class Host:
     ns: str  # the namespace
     ip: str
     veth: str  # the veth's end on the bridge (root namespace)
+    tap: str  # the wire's end on the bridge while the link is slow without netem
 
     def argv(self, *cmd: str) -> list[str]:
         """``cmd`` run on this host."""
@@ -104,6 +114,7 @@ class Hosts:
     names: Sequence[str]
     tag: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}")
     hosts: dict[str, Host] = field(default_factory=dict)
+    wires: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
 
     @property
     def bridge(self) -> str:
@@ -118,7 +129,13 @@ class Hosts:
             run("ip", "link", "add", self.bridge, "type", "bridge")
             run("ip", "link", "set", self.bridge, "up")
             for i, name in enumerate(self.names):
-                host = Host(name, f"{self.tag}-{name}", f"{SUBNET}.{i + 1}", f"{self.tag}v{i}")
+                host = Host(
+                    name,
+                    f"{self.tag}-{name}",
+                    f"{SUBNET}.{i + 1}",
+                    f"{self.tag}v{i}",
+                    f"{self.tag}w{i}",
+                )
                 run("ip", "netns", "add", host.ns)
                 self.hosts[name] = host
                 run(*host.argv("ip", "link", "set", "lo", "up"))
@@ -149,28 +166,50 @@ class Hosts:
         run("ip", "link", "set", self.hosts[name].veth, "down" if down else "up")
 
     def slow_link(self, name: str, slow: bool) -> str:
-        """Make host ``name``'s link slow and lossy in both directions (``slow``), or
-        whole again; returns the qdisc. netem's ``delay 50ms loss 1%`` where the kernel
-        has netem; where it has not (sch_netem is a module some kernels leave out), a
-        token bucket of 1 Mbit/s that queues packets up to 50 ms and drops beyond that:
-        delay and loss under load, from the link's own queue."""
+        """Make host ``name``'s link slow and lossy in both directions (``slow``): 50 ms
+        delay and 1 % loss each way; or whole again. Returns what shapes it: netem's
+        ``delay 50ms loss 1%`` on both ends where the kernel has sch_netem (a module some
+        kernels leave out); where it has not, the same delay and loss from a user-space
+        wire (``tests/hosts/wire.py``) put between the host's veth and the bridge. Taking
+        the link whole again returns the wire's count of frames passed and dropped."""
         host = self.hosts[name]
         ends = [
             [*host.argv("tc"), "qdisc", "%s", "dev", "eth0", "root"],
             ["tc", "qdisc", "%s", "dev", host.veth, "root"],
         ]
         if not slow:
-            for argv in ends:
-                run(*[a.replace("%s", "del") for a in argv], check=False)
-            return ""
-        for qdisc in ("netem delay 50ms loss 1%", "tbf rate 1mbit burst 16kb latency 50ms"):
-            done = [
-                run(*[a.replace("%s", "replace") for a in argv], *qdisc.split(), check=False)
-                for argv in ends
-            ]
-            if all(d.returncode == 0 for d in done):
-                return qdisc
-        raise ClusterError(f"tc could not shape {host.veth}: {done[-1].stderr.strip()}")
+            wire = self.wires.pop(name, None)
+            if wire is None:
+                for argv in ends:
+                    run(*[a.replace("%s", "del") for a in argv], check=False)
+                return ""
+            counts = _stop_wire(wire)
+            run("ip", "link", "set", host.veth, "master", self.bridge, "up")
+            return counts
+        netem = "netem delay 50ms loss 1%"
+        done = [
+            run(*[a.replace("%s", "replace") for a in argv], *netem.split(), check=False)
+            for argv in ends
+        ]
+        if all(d.returncode == 0 for d in done):
+            return netem
+        for argv in ends:
+            run(*[a.replace("%s", "del") for a in argv], check=False)
+        self.wires[name] = self._wire(host, delay_ms=50, loss_percent=1)
+        return "wire delay 50ms loss 1% (user space: this kernel has no sch_netem)"
+
+    def _wire(self, host: Host, delay_ms: float, loss_percent: float) -> subprocess.Popen[str]:
+        """Take ``host``'s veth off the bridge and put a wire between them."""
+        run("ip", "link", "set", host.veth, "nomaster")
+        argv = [sys.executable, WIRE, host.veth, host.tap, str(delay_ms), str(loss_percent), "7"]
+        wire = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert wire.stdout is not None
+        if wire.stdout.readline().strip() != "ready":  # "" once it died
+            error = _stop_wire(wire)
+            run("ip", "link", "set", host.veth, "master", self.bridge, "up")
+            raise ClusterError(f"the wire to {host.name} did not start: {error}")
+        run("ip", "link", "set", host.tap, "master", self.bridge, "up")
+        return wire
 
     def kill_host(self, name: str) -> list[int]:
         """SIGKILL every process of host ``name``'s namespace; returns once all are gone."""
@@ -193,7 +232,7 @@ class Hosts:
         links = run("ip", "-o", "link", "show", check=False).stdout
         left += [
             f"link {n}"
-            for n in (self.bridge, *(h.veth for h in self.hosts.values()))
+            for n in (self.bridge, *(n for h in self.hosts.values() for n in (h.veth, h.tap)))
             if f" {n}:" in links or f" {n}@" in links
         ]
         return left
@@ -203,6 +242,9 @@ class Hosts:
         bridge. The veths go first and explicitly: a namespace outlives its deletion
         while a socket of a killed process still holds it (an orphaned TCP connection
         retransmitting to a peer that is gone, for minutes), and its veth with it."""
+        for wire in self.wires.values():
+            _stop_wire(wire)
+        self.wires.clear()
         for host in self.hosts.values():
             with contextlib.suppress(ClusterError):
                 self.kill_host(host.name)

@@ -139,8 +139,8 @@ def test_a_slow_lossy_link_to_host_b(
         job = started(hosts, driver, tmp_path)  # a task on b, and checkpoints complete
         result = job.finish()
     finally:
-        hosts.hosts.slow_link("b", slow=False)
-    print(f"host b's link: {qdisc}")
+        counts = hosts.hosts.slow_link("b", slow=False)
+    print(f"host b's link: {qdisc}; {counts}")
     assert result["restarts"] == [] and result["checkpoints"] >= 2, result
     assert_exact(result, job, clean)
 
