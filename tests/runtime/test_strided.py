@@ -40,7 +40,7 @@ def run_and_snapshot(
 
 def drain(states: list[Any], old: int, redistribute: Redistribute) -> list[int]:
     """Everything the readers restored from ``states`` emit to the end (at parallelism 2)."""
-    emitted = []
+    emitted: list[int] = []
     for s in range(2):
         pos = StridedPosition(s, 2)
         pos.next, pos.gaps = redistribute(enumerate(states), old, s, 2)
