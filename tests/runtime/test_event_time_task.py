@@ -12,7 +12,6 @@ import pytest
 from channels.messages import Barrier, EndOfInput, SuperstepMarker, Watermark, header_of
 from runtime.api.dataflow import Dataflow
 from runtime.config import JobConfig
-from runtime.errors import GraphError
 from runtime.input_side import InputSide, input_sides
 from runtime.plan import JobPlan
 from runtime.sources import CollectionSource
@@ -183,29 +182,6 @@ def test_the_input_side_drops_and_counts_frames_that_are_not_the_jobs() -> None:
     side.dispatch(3, 0, good)
     assert side.malformed_frames == len(garbage)
     assert target.got == [("batch", 3, 0, ["x"])]
-
-
-def build(**kw: Any) -> Dataflow:
-    flow = Dataflow("bad")
-    src = flow.source(CollectionSource([("a", 1)]), name="src")
-    if kw.get("after_map"):
-        src.map(lambda r: r, name="m").assign_timestamps(ts, name="late_ts")
-    else:
-        src.assign_timestamps(ts, max_delay=kw.get("max_delay", 0), name="ts").collect("out")
-    return flow
-
-
-def test_build_time_errors_name_the_step() -> None:
-    with pytest.raises(GraphError, match=r"step 'ts': max_delay must be a number >= 0.*-1"):
-        build(max_delay=-1)
-    with pytest.raises(
-        GraphError, match=r"step 'late_ts': assign_timestamps\(...\) must follow a source"
-    ):
-        build(after_map=True)
-    flow = Dataflow("bad2")
-    src = flow.source(CollectionSource([("a", 1)]), name="src")
-    with pytest.raises(GraphError, match=r"step 'ts2': idle_timeout"):
-        src.assign_timestamps(ts, idle_timeout=0, name="ts2")
 
 
 def test_an_abort_from_the_job_manager_reaches_the_operators(
