@@ -167,19 +167,6 @@ def test_a_non_number_timestamp_at_the_source_names_the_step() -> None:
         assigner().process([("a", 1), ("a", "7")])
 
 
-def test_text_file_reader_reports_its_splits(tmp_path: Path) -> None:
-    from runtime.sources import TextFileSource
-
-    for i in range(2):
-        (tmp_path / f"f{i}.txt").write_text("".join(f"line{j}\n" for j in range(5)))
-    reader = TextFileSource(str(tmp_path / "*.txt")).create_reader(0, 1)
-    seen = []
-    while (batch := reader.read_batch(3)) is not None:
-        if batch:
-            seen.append((reader.current_split(), len(batch), reader.take_ended_splits()))
-    assert seen == [(0, 3, []), (0, 2, [0]), (1, 3, []), (1, 2, [1])]
-
-
 def test_explain_shows_where_watermarks_are_generated() -> None:
     text = merge_plan().explain()
     assert "'ts_a' assigns timestamps and generates watermarks here (max_delay 0" in text
