@@ -20,8 +20,6 @@ from runtime.iterations import (
 from runtime.iterations.library import (
     ConnectedComponentsStep,
     PageRankStep,
-    cc_compensation,
-    pagerank_compensation,
 )
 
 RANKS = {v: 0.25 for v in range(4)}
@@ -83,10 +81,3 @@ def test_explain_shows_the_loop_head_the_superstep_and_the_feedback(capsys: Any)
     for part in ("cc:solution-input", "connected_components:superstep", "cc:result"):
         assert part in text, text
     assert "feedback" in text.lower() or "back" in text.lower(), text
-
-
-def test_compensations_follow_the_seed() -> None:
-    surviving = {0: 0.3, 1: 0.2}
-    assert pagerank_compensation(surviving, frozenset({2, 3}), {}) == {2: 0.25, 3: 0.25}
-    values, workset = cc_compensation({0: 0, 1: 0}, frozenset({2}), {2: (1,), 1: (2, 0)})
-    assert values == {2: 2} and workset == {1, 2}

@@ -8,7 +8,7 @@ import pytest
 from jobmanager.coordinator import CompletedCheckpoint
 from jobmanager.failures import FailureCause
 from jobmanager.metrics import CommittedOutputs, RecordCounts, RunMetrics
-from jobmanager.result import JobResult, Restart
+from jobmanager.result import Restart
 from jobmanager.services import TaskInfo
 from statebackend.metrics import AckMetrics, CheckpointSummary
 from tests.jobmanager.fakes import small_plan
@@ -113,11 +113,6 @@ def test_result_and_summary_use_the_committed_figures() -> None:
     assert "replayed after restores: 50 records in, 20 out" in text
     assert "checkpoints: 1 completed + final" in text
     assert "1 checkpoint(s)" in text
-
-
-def test_summary_without_restarts_says_so() -> None:
-    r = JobResult("job", {}, 1.0, 10, 10, None)
-    assert "restarts: 0" in r.summary() and "replayed" not in r.summary()
 
 
 def test_collect_outputs_first_copy_wins_and_replayed_batches_are_dropped() -> None:

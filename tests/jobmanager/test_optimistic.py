@@ -26,7 +26,7 @@ from jobmanager.supersteps import IterationPhase, SuperstepDriver
 from runtime import control as P
 from runtime.api.iterations import iteration_dataflow
 from runtime.config import OptimisticRecovery
-from runtime.errors import GraphError, IterationError
+from runtime.errors import IterationError
 from runtime.iterations.library import (
     ConnectedComponentsStep,
     cc_compensation,
@@ -83,13 +83,6 @@ def test_a_compensation_returning_other_keys_or_unknown_workset_keys_is_named() 
         Compensator(_unknown_workset, True, "cc").compensate([frames({0: 0}, {1: ()})])
     with pytest.raises(IterationError, match=r"must return \(values, workset additions\)"):
         Compensator(pagerank_compensation, True, "cc").compensate([frames({0: 1.0}, {1: ()})])
-
-
-def test_optimistic_settings_are_checked() -> None:
-    with pytest.raises(GraphError, match="needs a compensation function"):
-        OptimisticRecovery(None)
-    with pytest.raises(GraphError, match="max_lost_fraction"):
-        OptimisticRecovery(pagerank_compensation, max_lost_fraction=1.5)
 
 
 # -- the rescue record and the next restore point -------------------------------------------

@@ -1,7 +1,7 @@
 """Stop with a savepoint, piece by piece and without Spark: the coordinator's final
 checkpoint kept as a savepoint, retention that never deletes one, an attempt that turns a
 stop request into the final barrier, the request's sources (a signal, the stop file the
-CLI writes, the registry of running drivers) and ``python -m jobmanager stop``."""
+CLI writes, the registry of running drivers); ``python -m jobmanager stop``: test_stop_command."""
 
 from __future__ import annotations
 
@@ -9,19 +9,16 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from jobmanager import stop_command
 from jobmanager.cli import main
 from jobmanager.stop import (
     POLL_SECONDS,
     JobEntry,
-    RunningJob,
     StopRequest,
     request_stop,
     running_jobs,
@@ -187,53 +184,3 @@ def test_entries_of_dead_drivers_are_dropped(tmp_path: Path) -> None:
         f'{{"job": "old", "pid": {dead}, "started": 0, "checkpoint_dir": null}}'
     )
     assert running_jobs(str(tmp_path)) == [] and os.listdir(tmp_path) == []
-
-
-DRIVER = textwrap.dedent(
-    """
-    import sys, time
-    from jobmanager.stop import JobEntry, StopRequest
-    with JobEntry("etl", None) as entry:
-        stop = StopRequest(entry.stop_file)
-        print("registered", flush=True)
-        deadline = time.monotonic() + 60
-        while not stop.requested and time.monotonic() < deadline:
-            time.sleep(0.01)
-    """
-)
-
-
-def test_the_stop_command_reaches_a_driver(
-    tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("ABSFLOW_JOBS_DIR", str(tmp_path / "jobs"))
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER], env=env, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "registered"
-        assert main(["stop", "nope"]) == 2
-        err = capsys.readouterr().err
-        assert "no job named 'nope'" in err and f"etl (pid {proc.pid})" in err
-        assert main(["stop", "etl", "--timeout", "60"]) == 0
-        out = capsys.readouterr().out
-        assert "asked job 'etl'" in out and "no savepoint was kept" in out
-        assert proc.wait(timeout=10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert not (tmp_path / "jobs").exists()
-
-
-def test_the_stop_command_prints_the_savepoint(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
-    h.coord.stop_with_savepoint()
-    h.ack(1)
-    job = RunningJob("job", 1, 0.0, h.storage.root, "x.json")
-    assert stop_command._outcome(job, 0.0) == (
-        f"job 'job' stopped with savepoint {h.storage.location(1)}"
-    )
-    later = time.time() + 100  # a savepoint older than the request is not this stop's
-    assert "without a savepoint" in stop_command._outcome(job, later)

@@ -145,3 +145,9 @@ def test_what_does_not_fit_is_an_error(code: int, fields: list[Any], error: str)
     field, never mapped to a default."""
     with pytest.raises(ValueError, match=error):
         P.decode(msgpack.packb([code, *fields]))
+
+
+def test_abort_reasons_have_distinct_messages() -> None:
+    messages = [reason.message for reason in R]
+    assert len(set(messages)) == len(messages)
+    assert all(message for message in messages)

@@ -13,29 +13,14 @@ from channels.messages import Watermark
 from runtime.api.dataflow import Dataflow
 from runtime.config import JobConfig
 from runtime.plan import JobPlan
-from runtime.restored_watermark import restored_watermark
 from runtime.sources import CollectionSource
 from runtime.task import Task
 from runtime.task_environment import TaskEnvironment
 from runtime.window_kinds import Tumbling
 from statebackend.metadata import CheckpointMetadata
-from statebackend.metrics import AckMetrics, CheckpointSummary
 from tests.runtime.test_event_time_task import merge_plan
+from tests.runtime.test_restored_watermark import NO, metadata
 from tests.runtime.test_task import FakeIO, event
-
-NO = float("-inf")
-
-
-def metadata(**marks: float | None) -> CheckpointMetadata:
-    """A checkpoint whose tasks (``merge_0=42`` for task ``merge[0]``) acked these
-    watermarks."""
-    metrics = {
-        name.rpartition("_")[0] + f"[{name.rpartition('_')[2]}]": AckMetrics(watermark=mark)
-        for name, mark in marks.items()
-    }
-    return CheckpointMetadata(
-        7, "et", 0, False, 0.0, 0.0, 1.0, 128, {}, metrics, CheckpointSummary()
-    )
 
 
 def task_of(plan: JobPlan, task_id: str, meta: CheckpointMetadata, **settings: Any) -> Task:
@@ -50,16 +35,6 @@ def task_of(plan: JobPlan, task_id: str, meta: CheckpointMetadata, **settings: A
         run_id="test",
     )
     return Task(plan, spec, env, FakeIO(), "127.0.0.1")
-
-
-def test_own_subtask_at_the_same_parallelism_else_the_minimum() -> None:
-    meta = metadata(w_0=40.0, w_1=70.0, other_0=5.0)
-    assert restored_watermark(meta, "w[1]", 2) == 70.0
-    assert restored_watermark(meta, "w[0]", 2) == 40.0
-    assert restored_watermark(meta, "w[2]", 3) == 40.0  # rescaled 2 -> 3: the minimum
-    assert restored_watermark(metadata(w_0=40.0, w_1=70.0, w_2=9.0), "w[0]", 2) == 9.0  # 3 -> 2
-    assert restored_watermark(metadata(w_0=40.0, w_1=None), "w[1]", 2) == NO  # saw none
-    assert restored_watermark(meta, "new[0]", 1) == NO  # not in the checkpoint
 
 
 def test_a_task_without_event_time_operators_resumes_at_its_watermark(tmp_path: Path) -> None:

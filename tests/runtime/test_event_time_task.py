@@ -9,11 +9,9 @@ from typing import Any
 
 import pytest
 
-from channels.messages import Barrier, EndOfInput, SuperstepMarker, Watermark, header_of
+from channels.messages import Barrier, EndOfInput, Watermark
 from runtime.api.dataflow import Dataflow
 from runtime.config import JobConfig
-from runtime.errors import GraphError
-from runtime.input_side import InputSide, input_sides
 from runtime.plan import JobPlan
 from runtime.sources import CollectionSource
 from runtime.task import Task
@@ -63,12 +61,6 @@ def merge_task(tmp_path: Path) -> tuple[Task, FakeIO]:
     return Task(plan, spec, env, io, "127.0.0.1"), io
 
 
-def test_input_sides_follow_the_logical_edges() -> None:
-    plan = merge_plan()
-    spec = next(t for t in plan.tasks if t.task_id == "merge[0]")
-    assert input_sides(plan, spec) == {spec.inputs[0]: 0, spec.inputs[1]: 1}
-
-
 def test_a_task_forwards_the_min_watermark_on_every_output_channel(tmp_path: Path) -> None:
     task, io = merge_task(tmp_path)
     task.open()
@@ -114,98 +106,6 @@ def test_a_task_with_every_input_idle_forwards_idleness(tmp_path: Path) -> None:
     task.input_side.dispatch(0, 4, event(0, Watermark(8)))  # active again
     assert [e for name, e in io.log if isinstance(e, Watermark)][-2:] == [Watermark(8)] * 2
     task.close(graceful=False)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.got: list[Any] = []
-
-    def on_batch(self, channel: int, side: int, batch: list[Any], frame: bytes) -> None:
-        self.got.append(("batch", channel, side, batch))
-
-    def on_barrier(self, channel: int, barrier: Barrier) -> None:
-        self.got.append(("barrier", channel, barrier.checkpoint_id))
-
-    def on_cancel(self, channel: int, cancel: Any) -> None:
-        self.got.append(("cancel", channel))
-
-    def on_end_of_input(self, channel: int) -> None:
-        self.got.append(("end", channel))
-
-    def on_watermark(self, watermark: float) -> None:
-        self.got.append(("watermark", watermark))
-
-    def on_idle(self) -> None:
-        self.got.append(("idle",))
-
-    def on_superstep(self, channel: int, marker: SuperstepMarker) -> None:
-        self.got.append(("superstep", channel, marker.superstep, marker.contribution))
-
-
-def test_the_input_side_hands_typed_elements_in_channel_order() -> None:
-    target = Recorder()
-    side = InputSide(target, {3: 0, 4: 1}, [3, 4])
-    for frame in [
-        data(4, "x"),
-        event(3, Watermark(10)),
-        event(4, Barrier(7, 0.0)),
-        event(4, Watermark(20)),
-        event(4, SuperstepMarker(2, 0.5)),
-        event(3, EndOfInput()),
-    ]:
-        side.dispatch(frame[0], frame[4] & 0x0F, frame)
-    assert target.got == [
-        ("batch", 4, 1, ["x"]),
-        ("barrier", 4, 7),
-        ("watermark", 10),
-        ("superstep", 4, 2, 0.5),
-        ("watermark", 20),  # channel 3 ended: channel 4 alone
-        ("end", 3),
-    ]
-
-
-def test_the_input_side_drops_and_counts_frames_that_are_not_the_jobs() -> None:
-    """Garbage (a stranger's, without secure_channels) never raises through the task loop:
-    a channel the task does not read, a payload that does not decode, a frame too short
-    for a header (``header_of`` gives it NO_CHANNEL)."""
-    target = Recorder()
-    side = InputSide(target, {3: 0}, [3])
-    good = data(3, "x")
-    garbage = [
-        data(9, "y"),  # well-formed, but not an input channel of this task
-        good[:5] + b"\xc1\xc1",  # a data header, then bytes msgpack never writes
-        event(3, Barrier(7, 0.0))[:6],  # a barrier cut short
-        b"\x01",
-    ]
-    for frame in garbage:
-        channel, kind = header_of(frame)
-        side.dispatch(channel, kind & 0x0F, frame)
-    side.dispatch(3, 0, good)
-    assert side.malformed_frames == len(garbage)
-    assert target.got == [("batch", 3, 0, ["x"])]
-
-
-def build(**kw: Any) -> Dataflow:
-    flow = Dataflow("bad")
-    src = flow.source(CollectionSource([("a", 1)]), name="src")
-    if kw.get("after_map"):
-        src.map(lambda r: r, name="m").assign_timestamps(ts, name="late_ts")
-    else:
-        src.assign_timestamps(ts, max_delay=kw.get("max_delay", 0), name="ts").collect("out")
-    return flow
-
-
-def test_build_time_errors_name_the_step() -> None:
-    with pytest.raises(GraphError, match=r"step 'ts': max_delay must be a number >= 0.*-1"):
-        build(max_delay=-1)
-    with pytest.raises(
-        GraphError, match=r"step 'late_ts': assign_timestamps\(...\) must follow a source"
-    ):
-        build(after_map=True)
-    flow = Dataflow("bad2")
-    src = flow.source(CollectionSource([("a", 1)]), name="src")
-    with pytest.raises(GraphError, match=r"step 'ts2': idle_timeout"):
-        src.assign_timestamps(ts, idle_timeout=0, name="ts2")
 
 
 def test_an_abort_from_the_job_manager_reaches_the_operators(
@@ -265,19 +165,6 @@ def test_a_non_number_timestamp_at_the_source_names_the_step() -> None:
 
     with pytest.raises(TimestampError, match=r"step 'ts': the timestamp function returned '7'"):
         assigner().process([("a", 1), ("a", "7")])
-
-
-def test_text_file_reader_reports_its_splits(tmp_path: Path) -> None:
-    from runtime.sources import TextFileSource
-
-    for i in range(2):
-        (tmp_path / f"f{i}.txt").write_text("".join(f"line{j}\n" for j in range(5)))
-    reader = TextFileSource(str(tmp_path / "*.txt")).create_reader(0, 1)
-    seen = []
-    while (batch := reader.read_batch(3)) is not None:
-        if batch:
-            seen.append((reader.current_split(), len(batch), reader.take_ended_splits()))
-    assert seen == [(0, 3, []), (0, 2, [0]), (1, 3, []), (1, 2, [1])]
 
 
 def test_explain_shows_where_watermarks_are_generated() -> None:

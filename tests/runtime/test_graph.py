@@ -211,32 +211,6 @@ def test_source_with_a_non_source() -> None:
         flow.source([1, 2, 3])  # type: ignore[arg-type]
 
 
-def test_unknown_job_config_setting() -> None:
-    with pytest.raises(
-        GraphError, match=r"unknown setting\(s\) \['bogus'\]; known: .*checkpoint_interval"
-    ):
-        Dataflow("cfg", bogus=1)
-
-
-def test_unknown_setting_in_replace() -> None:
-    flow = Dataflow("cfg")
-    with pytest.raises(GraphError, match=r"unknown setting\(s\) \['bogus'\]"):
-        flow.config.replace(bogus=1)
-
-
-def test_bad_config_values() -> None:
-    with pytest.raises(GraphError, match="snapshot_mode 'sometimes'"):
-        Dataflow("cfg", snapshot_mode="sometimes")
-    with pytest.raises(
-        GraphError, match="superstep_checkpoint_style 'middle' is unknown; use one of 'blocking'"
-    ):
-        Dataflow("cfg", superstep_checkpoint_style="middle")
-    with pytest.raises(GraphError, match="checkpoint_interval must be > 0"):
-        Dataflow("cfg", checkpoint_interval=0)
-    with pytest.raises(GraphError, match="batch_size must be an int >= 1"):
-        Dataflow("cfg", batch_size=0)
-
-
 def test_text_source_glob_matching_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
     flow = Dataflow("text")
     pattern = str(tmp_path / "*.txt")

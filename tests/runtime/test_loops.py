@@ -240,22 +240,6 @@ def test_an_acyclic_plan_has_no_back_edges() -> None:
     assert not plan.has_loops and not any(t.back_edge_inputs for t in plan.tasks)
 
 
-@pytest.mark.parametrize(
-    "config",
-    [{"snapshot_mode": "unaligned"}, {"aligned_timeout": 0.5}],
-    ids=["unaligned", "aligned_timeout"],
-)
-def test_loops_reject_modes_without_aligned_regular_inputs(config: dict[str, Any]) -> None:
-    flow = Dataflow("loopy", parallelism=2, checkpoint_interval=1.0, **config)
-    loop = flow.source(CollectionSource([1, 2, 3]), name="nums").iterate(name="again")
-    body = loop.stream.map(lambda x: x - 1, name="dec")
-    loop.feedback(body.filter(lambda x: x > 0, name="more"))
-    body.filter(lambda x: x <= 0, name="done").collect("out")
-    with pytest.raises(GraphError, match=r"loop 'again': .* not supported on dataflows with loops"):
-        flow.validate()
-    flow.validate(flow.config.replace(snapshot_mode="exactly_once", aligned_timeout=None))
-
-
 def test_aligned_timeout_needs_an_aligned_mode() -> None:
     with pytest.raises(GraphError, match="aligned_timeout applies to aligned"):
         Dataflow("x", snapshot_mode="at_least_once", aligned_timeout=1.0)

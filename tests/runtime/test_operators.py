@@ -26,26 +26,6 @@ def test_aggregate_with_a_factory_keeps_accumulators_apart() -> None:
     assert op.process([("a", 1), ("b", 2), ("a", 3)]) == [("a", [1]), ("b", [2]), ("a", [1, 3])]
 
 
-def test_process_state_handle_value_list_map_and_clear() -> None:
-    def fn(key: Any, record: Any, state: Any) -> list[Any]:
-        if record[1] == "reset":
-            state.clear()
-            return [(key, "cleared")]
-        state.value = (state.value or 0) + 1
-        state.list("seen").append(record[1])
-        state.map("last")["v"] = record[1]
-        return [(key, state.value, list(state.list("seen")), state.map("last")["v"])]
-
-    op = build_operator(keyed_step(StepKind.PROCESS, fn), 0, 128, None)
-    assert op.process([("a", "x"), ("b", "y"), ("a", "z")]) == [
-        ("a", 1, ["x"], "x"),
-        ("b", 1, ["y"], "y"),
-        ("a", 2, ["x", "z"], "z"),
-    ]
-    assert op.process([("a", "reset"), ("a", "w")]) == [("a", "cleared"), ("a", 1, ["w"], "w")]
-    assert op.process([("b", "q")]) == [("b", 2, ["y", "q"], "q")]  # other keys untouched
-
-
 def test_keyed_state_survives_snapshot_and_restore() -> None:
     step = keyed_step(StepKind.AGGREGATE, lambda c, _r: c + 1, initial=0)
     op = build_operator(step, 0, 128, None)

@@ -352,34 +352,6 @@ def test_an_unserializable_record_is_a_fatal_failure_naming_its_step(tmp_path: P
 
 
 # -- blocked channels ----------------------------------------------------------------------
-def test_blocked_channels_buffer_and_replay_oldest_first(tmp_path: Path) -> None:
-    delivered: list[tuple[int, Any]] = []
-    blocked: set[int] = set()
-    inputs = BlockedChannels(
-        lambda ch, kind, frame: delivered.append((ch, frame)),
-        lambda: frozenset(blocked),
-        lambda: str(tmp_path),
-        spill_threshold=10,  # the second frame already spills to disk
-    )
-    f = [data(0, i) for i in range(4)] + [data(1, 99)]
-    blocked.add(0)
-    inputs.block(0)
-    for frame in f[:3]:
-        inputs.on_frame(frame)
-    inputs.on_frame(f[4])  # channel 1 is not blocked: delivered at once
-    assert delivered == [(1, f[4])] and not inputs.replaying
-    assert inputs.spilled_bytes > 0
-    blocked.clear()  # the handler unblocked
-    assert inputs.replaying
-    inputs.on_frame(f[3])  # newer than the buffer: goes behind it
-    inputs.replay(budget=2)
-    assert delivered[1:] == [(0, f[0]), (0, f[1])]
-    inputs.replay()
-    assert delivered[1:] == [(0, f[i]) for i in range(4)]
-    assert not inputs.replaying and inputs.buffered(0) == 0
-    assert inputs.spilled_total > 0 and list(tmp_path.iterdir()) == []
-
-
 # -- the checkpointer ------------------------------------------------------------------------
 class Synchronous(Executor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:

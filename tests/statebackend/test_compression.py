@@ -8,7 +8,6 @@ import pytest
 
 from runtime.config import JobConfig
 from runtime.errors import GraphError
-from runtime.task_environment import TaskEnvironment
 from statebackend import FLAG_RAW, CheckpointStorage, KeyedStateBackend
 from tests.statebackend.test_inline_state import LAYOUT, snapshots, write
 from tests.statebackend.test_snapshot import PREFIX
@@ -49,13 +48,6 @@ def test_inline_states_take_the_setting_too(tmp_path: Path) -> None:
     assert raw_inline.inline is not None and lz4_inline.inline is not None
     assert PREFIX.unpack_from(raw_inline.inline)[2] == FLAG_RAW
     assert PREFIX.unpack_from(lz4_inline.inline)[2] == 0
-
-
-def test_the_tasks_open_their_storage_with_the_jobs_setting(tmp_path: Path) -> None:
-    for setting in (False, True):
-        config = JobConfig(snapshot_compression=setting)
-        env = TaskEnvironment("tcp://127.0.0.1:1", 0, config, str(tmp_path), None, None)
-        assert env.open_storage(str(tmp_path)).compression is setting
 
 
 @pytest.mark.parametrize("bad", [1, "lz4", None])

@@ -22,7 +22,7 @@ from runtime.barriers import (
     NotLogging,
 )
 from runtime.control import CheckpointFailureReason
-from tests.runtime.test_barriers import (
+from tests.runtime.barriers.scripts import (
     EOI,
     Abort,
     Action,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from runtime.barriers import BarrierProtocolError, Idle, Recording, UnalignedHandler
-from tests.runtime.test_barriers import (
+from tests.runtime.barriers.scripts import (
     DECLINED,
     EOI,
     EXPIRED,

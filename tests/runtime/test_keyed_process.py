@@ -1,5 +1,6 @@
-"""Keyed process with timers, without Spark: event/processing-time timers, the context,
-exactly once across snapshot/restore, and the debug switch that drops them (companion)."""
+"""Keyed process (runtime/keyed_process.py), without Spark: the state handle, event- and
+processing-time timers, the context, exactly once across snapshot/restore, and the debug
+switch that drops them (companion); on both keyed state backends."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from runtime.graph import Step, StepKind
 from runtime.keyed_process import process_args
 from runtime.operators import Operator, build_operator
 from tests.runtime.backends import state_backend  # noqa: F401  (a fixture)
+from tests.runtime.test_operators import keyed_step
 
 pytestmark = pytest.mark.usefixtures("state_backend")
 
@@ -130,3 +132,23 @@ def test_timers_of_a_process_step_rescale_from_one_subtask_to_two() -> None:
         assert all(part.keyed_state.key_group_of(k) in part.keyed_state.key_groups for k, *_ in got)
         fired += got
     assert sorted(fired) == sorted((k, 1, i + 10, "event") for i, k in enumerate(keys))
+
+
+def test_process_state_handle_value_list_map_and_clear() -> None:
+    def fn(key: Any, record: Any, state: Any) -> list[Any]:
+        if record[1] == "reset":
+            state.clear()
+            return [(key, "cleared")]
+        state.value = (state.value or 0) + 1
+        state.list("seen").append(record[1])
+        state.map("last")["v"] = record[1]
+        return [(key, state.value, list(state.list("seen")), state.map("last")["v"])]
+
+    op = build_operator(keyed_step(StepKind.PROCESS, fn), 0, 128, None)
+    assert op.process([("a", "x"), ("b", "y"), ("a", "z")]) == [
+        ("a", 1, ["x"], "x"),
+        ("b", 1, ["y"], "y"),
+        ("a", 2, ["x", "z"], "z"),
+    ]
+    assert op.process([("a", "reset"), ("a", "w")]) == [("a", "cleared"), ("a", 1, ["w"], "w")]
+    assert op.process([("b", "q")]) == [("b", 2, ["y", "q"], "q")]  # other keys untouched
