@@ -162,7 +162,8 @@ class KeyedChangelog:
                 self.task_id,
                 operator,
             )
-            chain = self._chains.pop(operator)
+            del self._chains[operator]
+            chain = None
         if not self.enabled:
             return False
         if chain is None and keyed.key_count() < self.min_keys:

@@ -125,12 +125,6 @@ def test_a_checkpoint_whose_chain_holds_a_failed_file_declines(
         third.write(storage)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KeyedChangelog.capture keeps the popped chain (`chain = self._chains.pop(...)`), "
-    "so the first capture after a failed file still appends a delta to it and declines; "
-    "the base comes one checkpoint later",
-)
 def test_the_next_checkpoint_after_a_failed_file_starts_a_new_base(
     storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
