@@ -65,7 +65,7 @@ def driver(out_dir: str, checkpoint_dir: str, rate: float, keys: int, port: int)
     )
     events = flow.source(
         GeneratorSource(lambda i: _key(i, keys), None, rate=rate), name="events"
-    ).assign_timestamps(lambda r: r[1], max_delay=1_000)
+    ).assign_timestamps(lambda r: r[1], max_delay=1_000, max_drift=3 * WINDOW_MS)
     keyed = events.key_by(lambda r: r[0])
     counts = keyed.aggregate(0, lambda c, _r: c + 1, name="running_count")
     counts.filter(lambda kv: kv[1] % 100_000 == 0, name="milestones").collect("milestones_out")

@@ -10,6 +10,7 @@ attempt runs against fakes in a unit test.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 
 from jobmanager.coordinator import CheckpointCoordinator, CompletedCheckpoint
@@ -90,6 +91,7 @@ class Attempt:
         self.registered: set[int] = set()
         self.all_registered_at: float | None = None
         self.sources = {t.index for t in plan.source_tasks}
+        self.aligned = plan.aligned_sources  # watermark alignment (max_drift)
         self.sources_ended: set[int] = set()
         self.first_record_seen = False
         self.failure: Failure | None = None  # set by run()
@@ -525,7 +527,20 @@ class Attempt:
         if m.first_record_at and not t.first_record_at:
             t.first_record_at = m.first_record_at
         t.metrics = m
-        self.send(msg.task_index, P.Alive())
+        aligned = self.aligned_watermark() if msg.task_index in self.aligned else None
+        self.send(msg.task_index, P.Alive(aligned))
+
+    def aligned_watermark(self) -> float | None:
+        """The lowest watermark of the aligned sources that hold event time back: all but
+        the idle and the ended ones. One that has reported no watermark yet counts as
+        -inf (the others wait for it, as a window would); None once none holds it back."""
+        reports = [self.tasks[i].metrics for i in self.aligned if i not in self.sources_ended]
+        marks = [
+            -math.inf if m.watermark is None else m.watermark
+            for m in reports
+            if not m.watermark_idle
+        ]
+        return min(marks, default=None)
 
     # -- checkpoints and kills -------------------------------------------------------------
     def _on_checkpoint_completed(self, cp: CompletedCheckpoint) -> None:

@@ -289,6 +289,14 @@ class JobConfig:
     heartbeat_interval: float = field(
         default=0.5, metadata={"help": "Seconds between a task's heartbeats to the job manager."}
     )
+    alignment_interval: float = field(
+        default=0.1,
+        metadata={
+            "help": "Seconds between the watermark reports of a source with watermark "
+            "alignment (assign_timestamps(max_drift=...)): how fresh the lowest aligned "
+            "watermark is when it decides to pause (its heartbeats come this often)."
+        },
+    )
     heartbeat_timeout: float = field(
         default=15.0,
         metadata={
@@ -455,6 +463,7 @@ class JobConfig:
                 f"(e.g. {{'endpoint_url': 'http://host:9000'}}), got {type(options).__name__}."
             )
         _check_counts(self)
+        _check_seconds(self)
         _check_switches(self)
         if not isinstance(self.ui_port, int) or not 0 <= self.ui_port <= 65535:
             raise GraphError(f"ui_port must be a TCP port 0..65535 (0: any), got {self.ui_port!r}.")
@@ -531,6 +540,14 @@ def _check_switches(config: JobConfig) -> None:
             f"secure_channels must be True, False or None (on for a cluster master), "
             f"got {config.secure_channels!r}."
         )
+
+
+def _check_seconds(config: JobConfig) -> None:
+    """The settings that are durations > 0."""
+    for name in ("alignment_interval",):
+        value = getattr(config, name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+            raise GraphError(f"{name} must be > 0 seconds, got {value!r}.")
 
 
 def _check_counts(config: JobConfig) -> None:

@@ -302,9 +302,12 @@ class Cancel(Message):
 
 @dataclass(frozen=True, slots=True)
 class Alive(Message):
-    """The job manager's answer to a heartbeat: tasks end themselves when it goes silent."""
+    """The job manager's answer to a heartbeat: tasks end themselves when it goes silent.
+    To a source with watermark alignment (``max_drift``): the lowest watermark of the
+    job's aligned sources (None while none has one)."""
 
     CODE: ClassVar[int] = 24
+    aligned_watermark: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,8 @@ class ControlClient:
         self._socket: ControlSocket | None = None
         self._queued: deque[P.Message] = deque()
         self._last_contact = 0.0
+        # The lowest watermark of the job's aligned sources, from the last Alive.
+        self.aligned_watermark: float | None = None
         self._next_heartbeat = 0.0
 
     def open(self) -> None:
@@ -110,7 +112,9 @@ class ControlClient:
                 log.warning("fault injection: signal %d to this task: %s", msg.signal, msg.label)
                 self._kill(msg.signal)
                 continue
-            if not isinstance(msg, P.Alive):
+            if isinstance(msg, P.Alive):
+                self.aligned_watermark = msg.aligned_watermark
+            else:
                 self._queued.append(msg)
 
     def has_messages(self) -> bool:

@@ -48,6 +48,7 @@ class TimestampAssigner(Operator):
         super().__init__(step, ctx)
         self.ts_fn: Callable[[Any], Any] = step.fn
         self.generator = WatermarkGenerator(step.args["max_delay"], step.args["idle_timeout"])
+        self.max_drift: float | None = step.args.get("max_drift")
         self.split_of: Callable[[], Any] = lambda: None
         """The split the current batch came from (set by the chain from its reader)."""
         self.ended_splits: Callable[[], list[Any]] = list
@@ -62,6 +63,11 @@ class TimestampAssigner(Operator):
             top = check_timestamps(self.name, batch, self.ts_fn)
             self.generator.observe(self.split_of(), top, self.clock())
         return batch
+
+    @property
+    def idle(self) -> bool:
+        """Marked idle (it read nothing for ``idle_timeout``): it holds no watermark back."""
+        return self._idle
 
     def poll(self) -> Watermark | None:
         """The watermark to send now, if any: an advanced one, idleness, or the end of

@@ -153,6 +153,19 @@ class JobPlan:
         raise ValueError(f"task {ref!r}: no step named '{name}' (steps: {known})")
 
     @property
+    def aligned_sources(self) -> frozenset[int]:
+        """Tasks of sources whose watermarks are aligned (``assign_timestamps`` with a
+        ``max_drift``)."""
+        return frozenset(
+            t.index
+            for t in self.tasks
+            if any(
+                s.kind is StepKind.ASSIGN_TIMESTAMPS and s.args.get("max_drift") is not None
+                for s in self.chain_steps(t)
+            )
+        )
+
+    @property
     def source_tasks(self) -> list[TaskSpec]:
         return [
             t

@@ -84,9 +84,6 @@ class Task:
         self.identity = TaskIdentity(spec.index, env.attempt, spec.task_id, host)
         self.faults = TaskFaults(env.faults, spec.index, env.attempt)
         self.scratch = ScratchDir(env.run_id, env.attempt, spec.index)
-        self.control = ControlClient(
-            io.control_socket, cfg.heartbeat_interval, cfg.heartbeat_timeout
-        )
         self.chain = OperatorChain(
             plan,
             spec,
@@ -96,6 +93,13 @@ class Task:
             cfg,
             lambda: self.scratch.path,
             env.run_id,
+        )
+        # A source with watermark alignment reports its watermark as often as alignment
+        # needs it (each heartbeat is answered with the lowest aligned watermark).
+        aligned = self.chain.assigner is not None and self.chain.assigner.max_drift is not None
+        interval = min(cfg.heartbeat_interval, cfg.alignment_interval) if aligned else None
+        self.control = ControlClient(
+            io.control_socket, interval or cfg.heartbeat_interval, cfg.heartbeat_timeout
         )
         self.out = TaskOutputs()
         self.chain.emit = self.out.emit
@@ -461,6 +465,11 @@ class Task:
                 self._flush_all()
                 if control.wait(int(timeout * 1000) or 1):
                     self._serve_control()
+            elif self._ahead_of_alignment():  # watermark alignment: wait for the others
+                self._flush_all()
+                if control.wait(int(timeout * 1000) or 1):
+                    self._serve_control()
+                self.counters.aligned_pause_seconds += time.monotonic() - now
             elif not source_ended and checkpointer.final_checkpoint is None:
                 batch = reader.read_batch(batch_size)
                 if batch is None:
@@ -484,6 +493,15 @@ class Task:
                     self._serve_control()
             self._housekeeping(now)
         checkpointer.collect_writes(wait=True)
+
+    def _ahead_of_alignment(self) -> bool:
+        """A source with ``max_drift`` whose watermark is more than that ahead of the
+        lowest of the job's aligned sources (as of the last heartbeat's answer)."""
+        assigner = self.chain.assigner
+        if assigner is None or assigner.max_drift is None or self.checkpointer.halted:
+            return False
+        low = self.control.aligned_watermark
+        return low is not None and self.chain.watermark > low + assigner.max_drift
 
     def _input_loop(self) -> None:
         # Restored in-flight records (a back-edge log, channel state) go first.

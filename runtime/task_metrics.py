@@ -36,6 +36,7 @@ class TaskCounters:
     opened_at: float = 0.0  # monotonic clock of open(), 0 before
     peak_rss: int = 0
     first_record_at: float = 0.0  # wall clock of the first record of this attempt, 0 if none
+    aligned_pause_seconds: float = 0.0  # a source paused by watermark alignment
 
     def open(self) -> None:
         self.peak_rss, self.opened_at = rss_bytes(), time.monotonic()
@@ -71,6 +72,8 @@ class TaskCounters:
             + sum(q.spilled_bytes for q in present),
             first_record_at=self.first_record_at,
             watermark=watermark if math.isfinite(watermark := chain.watermark) else None,
+            watermark_idle=chain.assigner is not None and chain.assigner.idle,
+            aligned_pause_seconds=round(self.aligned_pause_seconds, 6),
             refused_connections=io.refused_connections,
             malformed_frames=input_side.malformed_frames,
         )

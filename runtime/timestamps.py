@@ -40,7 +40,9 @@ class TimestampError(GraphError):
 _SHAPE_KEEPING = (StepKind.FILTER, StepKind.UNION, StepKind.ITERATE)
 
 
-def check_assigner_args(step_name: str, max_delay: Any, idle_timeout: Any) -> None:
+def check_assigner_args(
+    step_name: str, max_delay: Any, idle_timeout: Any, max_drift: Any = None
+) -> None:
     if (
         not isinstance(max_delay, int | float)
         or isinstance(max_delay, bool)
@@ -59,6 +61,16 @@ def check_assigner_args(step_name: str, max_delay: Any, idle_timeout: Any) -> No
         raise GraphError(
             f"step '{step_name}': idle_timeout must be a number of seconds > 0 or None, "
             f"got {idle_timeout!r}."
+        )
+    if max_drift is not None and (
+        not isinstance(max_drift, int | float)
+        or isinstance(max_drift, bool)
+        or not 0 < max_drift < float("inf")
+    ):
+        raise GraphError(
+            f"step '{step_name}': max_drift must be a number > 0 (how far, in the "
+            f"timestamps' unit, a source subtask's watermark may run ahead of the slowest "
+            f"aligned one before it pauses) or None (no alignment), got {max_drift!r}."
         )
 
 

@@ -59,6 +59,8 @@ class TaskMetrics(MetricsRecord):
     spilled_bytes: int = 0
     first_record_at: float = 0.0  # wall clock; 0 until the first record
     watermark: float | None = None  # the task's event-time watermark, once there is one
+    watermark_idle: bool = False  # a source whose assigner marked it idle
+    aligned_pause_seconds: float = 0.0  # a source paused by watermark alignment (max_drift)
     refused_connections: int = 0  # to its gates, for want of the job's keys (secure_channels)
     malformed_frames: int = 0  # dropped at its gates: not frames of the job's wire format
 

@@ -252,7 +252,8 @@ API: tuple[Endpoint, ...] = (
         _tasks,
         ("job",),
         "per task: host, pid, state, records and bytes in/out and their rates, backpressure, "
-        "busy share, input/output queues, RSS, uptime, watermark",
+        "busy share, input/output queues, RSS, uptime, watermark, time paused by watermark "
+        "alignment",
     ),
     Endpoint(
         "metrics",

@@ -114,6 +114,12 @@ TASK_METRICS = (
         _C,
         "Frames dropped at the task's gates that were not the job's wire format.",
     ),
+    _task(
+        "aligned_pause_seconds",
+        "absflow_task_aligned_pause_seconds",
+        _C,
+        "Time a source waited for the others (watermark alignment, max_drift).",
+    ),
 )
 CHECKPOINT_DURATION = MetricSpec(
     "absflow_checkpoint_duration_seconds",

@@ -147,6 +147,7 @@ class TaskRow(TypedDict):
     state_bytes: int | None
     refused_connections: int
     malformed_frames: int
+    aligned_pause_seconds: float  # a source paused by watermark alignment (max_drift)
 
 
 class PlanStep(TypedDict):
@@ -556,6 +557,7 @@ class SnapshotBuilder:
                     else None,
                     "refused_connections": m.refused_connections,
                     "malformed_frames": m.malformed_frames,
+                    "aligned_pause_seconds": m.aligned_pause_seconds,
                 }
             )
         return rows

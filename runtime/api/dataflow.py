@@ -163,17 +163,30 @@ class Stream(Generic[T]):
         max_delay: float = 0,
         idle_timeout: float | None = None,
         name: str | None = None,
+        max_drift: float | None = None,
     ) -> Stream[T]:
         """Event time: ``ts_fn(record)`` is a record's timestamp (a number); watermarks
         trail the largest timestamp seen by ``max_delay`` (bounded out-of-orderness), per
         source subtask and split. A subtask or split that reads nothing for
         ``idle_timeout`` seconds stops holding the watermark back until it reads again.
         Call it on the stream a source returns (the step is fused into the source's task).
+
+        ``max_drift`` aligns watermarks (Flink's watermark alignment): a source subtask
+        whose watermark is more than ``max_drift`` ahead of the lowest watermark of the
+        job's aligned sources (every ``assign_timestamps`` with a ``max_drift``; idle and
+        ended ones do not count) stops reading until the others catch up, so windows and
+        joins downstream do not hold the state of a subtask that ran ahead. The lowest
+        watermark comes with the answers to the source's reports, every
+        ``alignment_interval`` seconds.
         """
         flow = self.flow
         step_name = flow.graph.unique_name(name, "assign_timestamps")
-        check_assigner_args(step_name, max_delay, idle_timeout)
-        args: dict[str, object] = {"max_delay": max_delay, "idle_timeout": idle_timeout}
+        check_assigner_args(step_name, max_delay, idle_timeout, max_drift)
+        args: dict[str, object] = {
+            "max_delay": max_delay,
+            "idle_timeout": idle_timeout,
+            "max_drift": max_drift,
+        }
         step = self._then(StepKind.ASSIGN_TIMESTAMPS, ts_fn, step_name, None, args)
         check_assigner_position(flow.graph, step)
         return Stream(flow, step)

@@ -90,7 +90,9 @@ def test_a_slow_link_delays_each_way_and_loses_frames_and_whole_again_does_not(
     finally:
         counts = two_hosts.slow_link("b", slow=False)
     again = measure(two_hosts)
-    print(f"{shaped}: rtt {slow['rtt'] * 1000:.0f} ms; whole {whole['rtt'] * 1000:.1f} ms; {counts}")
+    print(
+        f"{shaped}: rtt {slow['rtt'] * 1000:.0f} ms; whole {whole['rtt'] * 1000:.1f} ms; {counts}"
+    )
     # a connect is one round trip: 50 ms out, 50 ms back; TCP resends what was lost
     assert slow["rtt"] >= 0.100 and slow["bytes"] == 4_000_000
     assert whole["rtt"] < 0.050 and again["rtt"] < 0.050 and again["bytes"] == 4_000_000

@@ -3,6 +3,7 @@ checks, the end of a failed or cancelled attempt (no Spark, no sockets, no proce
 
 from __future__ import annotations
 
+import math
 import signal
 from dataclasses import dataclass
 
@@ -15,9 +16,12 @@ from jobmanager.faults import DriverKill
 from jobmanager.liveness import Liveness
 from jobmanager.metrics import CommittedOutputs, RecordCounts, RunMetrics
 from jobmanager.services import RunServices
+from runtime import Dataflow
 from runtime import control as P
 from runtime.config import JobConfig
 from runtime.control import TaskFailureCause
+from runtime.plan import JobPlan
+from runtime.sources import GeneratorSource
 from statebackend.metrics import AckMetrics, TaskMetrics
 from tests.jobmanager.fakes import (
     Clock,
@@ -26,6 +30,8 @@ from tests.jobmanager.fakes import (
     NoProgress,
     Processes,
     ScriptedLink,
+    ident,
+    last,
     small_plan,
 )
 
@@ -46,9 +52,12 @@ class Harness:
 
 
 def harness(
-    config: JobConfig | None = None, kills: tuple[DriverKill, ...] = (), tick: float = 0.02
+    config: JobConfig | None = None,
+    kills: tuple[DriverKill, ...] = (),
+    tick: float = 0.02,
+    plan: JobPlan | None = None,
 ) -> Harness:
-    plan = small_plan()
+    plan = plan or small_plan()
     config = config or JobConfig()
     clock = Clock()
     link = ScriptedLink(clock, tick)
@@ -109,6 +118,37 @@ def test_register_and_heartbeat_fill_the_task_table_and_are_answered() -> None:
     t = h.attempt.tasks[0]
     assert (t.records_in, t.records_out, t.peak_rss, t.first_record_at) == (500, 500, 2**20, 4991.5)
     assert h.link.sent_of(P.Alive) == [(0, P.Alive())]
+
+
+def aligned_plan() -> JobPlan:
+    """``small_plan`` with watermark alignment on its sources (tasks 0, 1)."""
+    flow = Dataflow("job", parallelism=2)
+    flow.source(GeneratorSource(ident, 10), name="src").assign_timestamps(
+        ident, max_drift=100
+    ).key_by(ident).reduce(last, name="count").collect("out")
+    return flow.plan()
+
+
+def test_aligned_sources_are_answered_the_lowest_watermark_that_holds_event_time_back() -> None:
+    h = harness(plan=aligned_plan())
+    assert h.attempt.aligned == {0, 1}
+    for msg in registers():
+        h.attempt.on_message(msg)
+
+    def answer(i: int, **figures: object) -> object:
+        h.attempt.on_message(P.Heartbeat(i, 0, TaskMetrics(**figures)))  # type: ignore[arg-type]
+        alive = h.link.sent_of(P.Alive)[-1][1]
+        assert isinstance(alive, P.Alive)
+        return alive.aligned_watermark
+
+    assert answer(0, watermark=1000.0) == -math.inf  # source 1 has reported none: wait
+    assert answer(1, watermark=500.0) == 500.0
+    assert answer(0, watermark=1200.0) == 500.0
+    assert answer(2, watermark=400.0) is None  # not a source: no alignment
+    assert answer(1, watermark=500.0, watermark_idle=True) == 1200.0  # idle: not counted
+    h.attempt.on_message(P.SourceEnded(0, 0))
+    assert answer(1, watermark=600.0, watermark_idle=True) is None  # none holds it back
+    assert harness().attempt.aligned == frozenset()  # no max_drift, no alignment
 
 
 def test_a_user_function_error_names_operator_subtask_and_exception() -> None:

@@ -52,6 +52,7 @@ def test_optimistic_settings_are_checked() -> None:
         ("launcher", "yarn", "launcher 'yarn' is unknown; use one of"),
         ("aligned_timeout", -1, "aligned_timeout must be >= 0 seconds"),
         ("max_inflight_time", 0, "max_inflight_time must be > 0 seconds"),
+        ("alignment_interval", 0, "alignment_interval must be > 0 seconds, got 0"),
         ("superstep_checkpoint_interval", True, "superstep_checkpoint_interval must be a whole"),
         ("channel_hwm", 0, "channel_hwm must be an int >= 1, got 0"),
         ("socket_buffer", -1, r"socket_buffer must be an int >= 0 \(bytes; 0 for the OS default\)"),

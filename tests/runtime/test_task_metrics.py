@@ -26,9 +26,15 @@ class FakeInputs:
 
 
 @dataclass
+class FakeAssigner:
+    idle: bool = False
+
+
+@dataclass
 class FakeChain:
     records_out: int = 0
     watermark: float = -math.inf
+    assigner: FakeAssigner | None = None
 
 
 @dataclass
@@ -80,6 +86,14 @@ def test_the_figures_sum_the_channels_and_queues() -> None:
 def test_no_watermark_yet_and_the_end_of_time_are_not_reported() -> None:
     for wm in (-math.inf, math.inf):
         assert measure_task(FakeTask(chain=FakeChain(watermark=wm))).watermark is None
+
+
+def test_an_idle_source_says_so_and_a_paused_one_counts_its_pause() -> None:
+    task = FakeTask(chain=FakeChain(watermark=5.0, assigner=FakeAssigner(idle=True)))
+    task.counters.aligned_pause_seconds = 1.5
+    figures = measure_task(task)
+    assert figures.watermark_idle and figures.aligned_pause_seconds == 1.5
+    assert not measure_task(FakeTask(chain=FakeChain(watermark=5.0))).watermark_idle
     assert measure_task(FakeTask()).uptime_seconds == 0.0  # not opened yet
 
 

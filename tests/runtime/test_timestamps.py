@@ -72,9 +72,18 @@ def test_idle_timeout_must_be_positive_seconds_or_none(idle_timeout: Any) -> Non
         check_assigner_args("ts", 0, idle_timeout)
 
 
-@pytest.mark.parametrize(("max_delay", "idle_timeout"), [(0, None), (2.5, 0.1), (10**12, 30)])
-def test_valid_assigner_arguments_pass(max_delay: Any, idle_timeout: Any) -> None:
-    check_assigner_args("ts", max_delay, idle_timeout)
+@pytest.mark.parametrize("max_drift", [0, -5, True, float("inf"), float("nan"), "1s"])
+def test_max_drift_must_be_a_positive_finite_number_or_none(max_drift: Any) -> None:
+    with pytest.raises(GraphError, match=r"step 'ts': max_drift must be a number > 0 .*None"):
+        check_assigner_args("ts", 0, None, max_drift)
+
+
+@pytest.mark.parametrize(
+    ("max_delay", "idle_timeout", "max_drift"),
+    [(0, None, None), (2.5, 0.1, 1), (10**12, 30, 60_000.5)],
+)
+def test_valid_assigner_arguments_pass(max_delay: Any, idle_timeout: Any, max_drift: Any) -> None:
+    check_assigner_args("ts", max_delay, idle_timeout, max_drift)
 
 
 def two_timestamped_sources(right_ts: Any = ts) -> tuple[Dataflow, LogicalGraph]:
