@@ -557,8 +557,10 @@ SECTIONS = (
     Section(
         "soak",
         "Long runs stay flat",
-        "An unbounded job (a keyed running count, event-time tumbling windows, a ParquetSink "
-        "exactly once, checkpoints every second) sampled from outside through the REST API "
+        "An unbounded job (a keyed running count, event-time tumbling windows of 10 s, a "
+        "ParquetSink exactly once, checkpoints every second; its two source subtasks' "
+        "watermarks aligned with max_drift = 30 s of event time, see docs/event-time.md) "
+        "sampled from outside through the REST API "
         "and /proc: task RSS, open descriptors, checkpoint durations, files under the "
         "checkpoint root and throughput; flat means the last third's median within 20 % "
         "(plus a small allowance) of the first third's.",

@@ -5,7 +5,11 @@
 Starts a driver (this file with ``--driver``) running an unbounded job with keyed state,
 event-time windows and an exactly-once sink: a GeneratorSource at ``--rate`` records/s
 (p = 2), a keyed running count, a tumbling event-time window count per key, into a
-ParquetSink (two-phase commit), checkpoints every second. Every ``--every`` seconds it
+ParquetSink (two-phase commit), checkpoints every second. The rate is more than the job
+takes on this machine, so the sources read as fast as backpressure lets them, as behind
+a backlog; their watermarks are aligned (``max_drift``: three windows of event time),
+without which one source subtask drifts ahead and the windows' state grows with the
+drift (docs/event-time.md, "Watermark alignment"). Every ``--every`` seconds it
 samples, through the job's REST API and /proc: each task's RSS and open file
 descriptors, the checkpoint durations completed since the last sample, the files under
 the checkpoint root, and the records read per second. After ``--minutes`` it sends the

@@ -214,11 +214,17 @@ def event_time_note(step: Step) -> str:
     """What ``step`` does with event time, for explain() ("" if nothing)."""
     args = step.args
     if step.kind is StepKind.ASSIGN_TIMESTAMPS:
-        idle = args["idle_timeout"]
+        idle, drift = args["idle_timeout"], args.get("max_drift")
+        aligned = (
+            ""
+            if drift is None
+            else f"; the source pauses while more than {drift} ahead of the lowest aligned "
+            "source (max_drift)"
+        )
         return (
             f"'{step.name}' assigns timestamps and generates watermarks here (max_delay "
             f"{args['max_delay']}, {'no idleness' if idle is None else f'idle after {idle} s'}"
-            ", per split); they go in band to every output channel"
+            f", per split); they go in band to every output channel{aligned}"
         )
     if step.kind.keyed and args.get("event_time") is True:
         return f"'{step.name}' fires on the watermark (min over its input channels)"

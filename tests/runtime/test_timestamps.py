@@ -138,3 +138,13 @@ def test_a_non_number_timestamp_names_the_step_the_value_and_the_unit() -> None:
     assert isinstance(err, GraphError)
     assert str(err).startswith("step 'ts': the timestamp function returned '7' (str)")
     assert "for record ('a', '7')" in str(err) and "an int or a float" in str(err)
+
+
+def test_explain_says_where_sources_are_aligned() -> None:
+    flow = Dataflow("aligned", parallelism=2)
+    flow.source(CollectionSource([("a", 1)]), name="src").assign_timestamps(
+        ts, max_drift=250, name="ts"
+    ).collect("out")
+    assert "pauses while more than 250 ahead of the lowest aligned source" in flow.explain()
+    assert flow.plan().aligned_sources == {0, 1}
+    assert "pauses" not in build().explain() and build().plan().aligned_sources == frozenset()
