@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from jobmanager.faults import Kill
 from runtime import Dataflow
 from runtime.sources import GeneratorSource
 
@@ -42,14 +43,15 @@ def widest_gap(state: tuple[int, int, int, int], i: int) -> tuple[int, int, int,
     return n + 1, even, odd, gap
 
 
-def run(max_drift: float | None) -> tuple[tuple[int, int, int, int], Any]:
-    flow = Dataflow("aligned", parallelism=2, batch_size=50, heartbeat_interval=0.05)
+def run(max_drift: float | None, **options: Any) -> tuple[tuple[int, int, int, int], Any]:
+    config = {"batch_size": 50, "heartbeat_interval": 0.05, **options.pop("config", {})}
+    flow = Dataflow("aligned", parallelism=2, **config)
     stream = flow.source(GeneratorSource(record, N), name="numbers").assign_timestamps(
         lambda i: i, max_drift=max_drift, name="ts"
     )
     gaps = stream.key_by(lambda _i: 0).aggregate((0, -1, -1, 0), widest_gap, name="gaps")
     gaps.map(lambda kv: kv[1], name="state").collect("out")
-    result = flow.run(progress=False)
+    result = flow.run(progress=False, **options)
     final = max(result.output("out"))  # the state after the last record: the most records
     return final, result
 
@@ -73,3 +75,17 @@ def test_companion_without_alignment_the_fast_subtask_runs_far_ahead() -> None:
     print(f"gap {gap} ms")
     assert gap > 8 * DRIFT, final  # more than the aligned bound: the check can fail
     assert all(m.aligned_pause_seconds == 0 for m in result.task_metrics.values())
+
+
+def test_a_killed_aligned_source_resumes_aligned_and_counts_every_record_once() -> None:
+    """After the restore the sources' watermarks are unknown to the new attempt's job
+    manager until they report: the restored fast subtask waits, then goes on aligned."""
+    final, result = run(
+        DRIFT,
+        config={"checkpoint_interval": 0.2},
+        faults=[Kill("numbers[0]", after_checkpoint=2)],
+    )
+    assert result.unfired_faults == [] and len(result.restarts) == 1
+    n, _even, _odd, gap = final
+    assert n == N  # exactly once across the restore
+    assert gap < 6 * DRIFT, final
