@@ -422,7 +422,9 @@ def soak(doc: Result) -> str:
     ]
     header = ["series", "first third", "last third", "slope per 10 min", "verdict"]
     return (
-        f"{f['minutes']:g} minutes at {f['rate']:,.0f} records/s, {f['keys']:,} keys, p = 2, "
+        f"{f['minutes']:g} minutes with the sources limited to {f['rate']:,.0f} records/s "
+        "(more than the job takes: they read as fast as backpressure lets them), "
+        f"{f['keys']:,} keys, p = 2, "
         f"{f['launcher']} launcher, {f['checkpoints']:,} checkpoints; medians of the first "
         f"and the last third after a {f['warmup_minutes']:g}-minute warm-up. Stop with a "
         f"savepoint: {f['stop_seconds']:g} s ({'saved' if f['savepoint'] else 'no savepoint'})."
