@@ -1,10 +1,12 @@
 """Scripted event sequences for the barrier handlers (after Flink's AlignedCheckpointsTest):
 the recording task, the clock and the script runner the tests of ``runtime.barriers`` share.
 
-A script is a table of steps ``(channel, event, blocked after, actions of this step)``.
-Step i runs at clock time ``float(i)``, so ``Trigger(n, at=i)`` says the
-alignment of n started at step i. After every step the runner checks the
-blocked channels and that the recorded actions so far are exactly the
+A script is a table of steps ``(channel, event, blocked after, actions of this step)``,
+or ``(channel, event, blocked after, logged after, actions of this step)`` where the
+handler logs channels (back-edges, unaligned channel state). Step i runs at clock time
+``float(i)``, so ``Trigger(n, at=i)`` says the alignment of n started at step i; the
+event ``TICK`` is the task's between-batches call. After every step the runner checks
+the blocked (and logged) channels and that the recorded actions so far are exactly the
 concatenation of the expected ones.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from channels.messages import Barrier, CancelBarrier
 from runtime.barriers import (
@@ -110,8 +113,11 @@ class FakeClock:
 # --- scripts -------------------------------------------------------------------------
 
 EOI = "EOI"
+TICK = "TICK"
 Event = Barrier | CancelBarrier | str | tuple[str, int, CheckpointFailureReason]
 Step = tuple[int | None, Event, set[int], list[Action]]
+LoggedStep = tuple[int | None, Event, set[int], set[int], list[Action]]
+H = TypeVar("H", bound=BarrierHandler)
 HandlerFactory = Callable[[Iterable[int], CheckpointActions, Callable[[], float]], BarrierHandler]
 
 
@@ -144,20 +150,32 @@ def feed(handler: BarrierHandler, channel: int | None, event: Event) -> None:
         handler.abort(event[1], event[2])
 
 
-def run_script(
-    factory: HandlerFactory, channels: Sequence[int], steps: Sequence[Step]
-) -> tuple[BarrierHandler, RecordingActions]:
+def run_steps(
+    make: Callable[[RecordingActions, FakeClock], H], steps: Sequence[Step | LoggedStep]
+) -> tuple[H, RecordingActions]:
+    """Run ``steps`` on the handler ``make(actions, clock)`` builds, checking each step."""
     actions, clock = RecordingActions(), FakeClock()
-    handler = factory(channels, actions, clock)
+    handler = make(actions, clock)
     expected: list[Action] = []
-    for index, (channel, event, blocked, new_actions) in enumerate(steps):
+    for index, (channel, event, blocked, *logged, new_actions) in enumerate(steps):
         clock.now = float(index)
-        feed(handler, channel, event)
+        if event == TICK:
+            handler.tick()
+        else:
+            feed(handler, channel, event)
         expected += new_actions
         where = f"after step {index} ({channel}, {event})"
         assert actions.calls == expected, where
         assert handler.blocked_channels == frozenset(blocked), where
+        if logged:
+            assert handler.logging_channels == frozenset(logged[0]), where
     return handler, actions
+
+
+def run_script(
+    factory: HandlerFactory, channels: Sequence[int], steps: Sequence[Step]
+) -> tuple[BarrierHandler, RecordingActions]:
+    return run_steps(lambda actions, clock: factory(channels, actions, clock), steps)
 
 
 def aligner(

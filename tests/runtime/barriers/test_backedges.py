@@ -29,15 +29,15 @@ from tests.runtime.barriers.scripts import (
     BackEdgesLogged,
     Block,
     EndOfAllInputs,
-    Event,
     FakeClock,
+    LoggedStep,
     RecordingActions,
     Trigger,
     UnblockAll,
     abort,
     barrier,
     cancel,
-    feed,
+    run_steps,
 )
 
 REGULAR, BACK = [0, 1], [8, 9]
@@ -46,7 +46,7 @@ SUBSUMED, DECLINED, EXPIRED = (
     CheckpointFailureReason.DECLINED,
     CheckpointFailureReason.EXPIRED,
 )
-CyclicStep = tuple[int | None, Event, set[int], set[int], list[Action]]
+CyclicStep = LoggedStep
 Factory = Callable[
     [Iterable[int], CheckpointActions, Callable[[], float], Iterable[int]], BarrierHandler
 ]
@@ -73,18 +73,7 @@ def tracker(
 def run(
     factory: Factory, steps: Sequence[CyclicStep], back: Sequence[int] = BACK
 ) -> BarrierHandler:
-    actions, clock = RecordingActions(), FakeClock()
-    handler = factory(REGULAR, actions, clock, back)
-    expected: list[Action] = []
-    for index, (channel, event, blocked, logged, new_actions) in enumerate(steps):
-        clock.now = float(index)
-        feed(handler, channel, event)
-        expected += new_actions
-        where = f"after step {index} ({channel}, {event})"
-        assert actions.calls == expected, where
-        assert handler.blocked_channels == frozenset(blocked), where
-        assert handler.logging_channels == frozenset(logged), where
-    return handler
+    return run_steps(lambda actions, clock: factory(REGULAR, actions, clock, back), steps)[0]
 
 
 def test_aligns_on_regular_inputs_then_logs_back_edges_until_the_barrier_returns() -> None:

@@ -15,44 +15,32 @@ from tests.runtime.barriers.scripts import (
     EOI,
     EXPIRED,
     SUBSUMED,
+    TICK,
     Abort,
-    Action,
     Block,
     ChannelStateLogged,
     EndOfAllInputs,
-    Event,
     FakeClock,
+    LoggedStep,
     RecordingActions,
     Trigger,
     UnblockAll,
     abort,
     barrier,
     cancel,
-    feed,
+    run_steps,
 )
 
-TICK = "TICK"
-Step = tuple[int | None, Event, set[int], set[int], list[Action]]
+Step = LoggedStep
 
 
 def run(
     channels: Sequence[int], steps: Sequence[Step], timeout: float | None = None
 ) -> UnalignedHandler:
-    actions, clock = RecordingActions(), FakeClock()
-    handler = UnalignedHandler(channels, actions, clock, aligned_timeout=timeout)
-    expected: list[Action] = []
-    for index, (channel, event, blocked, logging, new_actions) in enumerate(steps):
-        clock.now = float(index)
-        if event == TICK:
-            handler.tick()
-        else:
-            feed(handler, channel, event)
-        expected += new_actions
-        where = f"after step {index} ({channel}, {event})"
-        assert actions.calls == expected, where
-        assert handler.blocked_channels == frozenset(blocked), where
-        assert handler.logging_channels == frozenset(logging), where
-    return handler
+    def make(actions: RecordingActions, clock: FakeClock) -> UnalignedHandler:
+        return UnalignedHandler(channels, actions, clock, aligned_timeout=timeout)
+
+    return run_steps(make, steps)[0]
 
 
 # --- unaligned ----------------------------------------------------------------------------
