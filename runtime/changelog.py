@@ -13,8 +13,10 @@ The chain's files are written by the checkpointer's writer thread
 (`ChainWrite.write`), in checkpoint order, one file per task and checkpoint. A file
 whose write failed poisons every checkpoint whose chain holds it (they decline), and the
 operator's next checkpoint starts a new chain with a base. Compaction runs in a thread
-of its own (`KeyedChangelog._compact`) once a chain holds ``incremental_max_chain``
-deltas; the merged file replaces the files it covers from the next checkpoint on.
+of its own (`KeyedChangelog._compact`) once a chain holds more than
+``SPACE_AMPLIFICATION`` times the live keys or ``incremental_max_chain`` deltas, and
+merges the newest files of like size (`_run_to_merge`); the merged file replaces the
+files it covers from the next checkpoint on.
 
 Threading: `capture`, `inherit` and `compaction_done` on the task-loop thread; the
 `PendingFile` events are set by the writer thread, read by the compaction thread.
@@ -50,6 +52,7 @@ class PendingFile:
     base: bool
     key_groups: tuple[int, int]
     ref: StateRef | None = None
+    keys: int | None = None  # keys written in it (None: not known, e.g. inherited)
     failed: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -180,11 +183,11 @@ class KeyedChangelog:
             staged = self._staged = ChainWrite(checkpoint_id, path)
         if chain is None:
             blob = keyed.start_chain()
-            pending = PendingFile(staged.path, True, groups)
+            pending = PendingFile(staged.path, True, groups, keys=keyed.key_count())
             chain = self._chains[operator] = _Chain([pending])
         else:
             blob = keyed.snapshot_delta(drop=self.drop_deltas)
-            pending = PendingFile(staged.path, False, groups)
+            pending = PendingFile(staged.path, False, groups, keys=keyed.delta_keys)
             chain.files.append(pending)
         staged.snapshots[operator] = OperatorSnapshot(None, blob, keyed.key_groups)
         staged.files[operator] = pending
@@ -201,19 +204,21 @@ class KeyedChangelog:
     def _maybe_compact(
         self, operator: str, chain: _Chain, keyed: KeyedStateBackend, storage: CheckpointStorage
     ) -> None:
+        """Start a compaction of ``chain`` when a restore would read much more than the
+        state (its files hold more than ``SPACE_AMPLIFICATION`` times the live keys), when
+        it holds ``max_chain`` deltas, or when a file of it lies under another root."""
         if chain.compaction is not None:
             return
-        foreign = any(p.path.startswith("/") or "://" in p.path for p in chain.files)
-        if len(chain.files) - 1 < self.max_chain and not foreign:
-            return
         files = chain.files
-        base = files[0]
-        deltas = files[1:]
-        # Merge the deltas alone while they are small against the base (a base is rewritten
-        # only when they are not): every byte is rewritten O(log) times, not at every turn.
-        sizes = [p.ref.size if p.ref else 0 for p in files]
-        whole = foreign or base.ref is None or sum(sizes[1:]) * 2 >= sizes[0] or len(deltas) < 2
-        covers = tuple(files if whole else deltas)
+        foreign = any(p.path.startswith("/") or "://" in p.path for p in files)
+        known = all(p.keys is not None for p in files)
+        written = sum(p.keys or 0 for p in files)
+        amplified = known and written > SPACE_AMPLIFICATION * max(keyed.key_count(), 1)
+        if len(files) - 1 < self.max_chain and not foreign and not amplified:
+            return
+        covers = tuple(files) if foreign or not known else _run_to_merge(files)
+        if len(covers) < 2 and not foreign:
+            return
         if self._compactor is None:
             self._compactor = ThreadPoolExecutor(1, thread_name_prefix="absflow-compact")
         target = shared_path(self.task_id, 0, self.attempt, "merged")
@@ -245,8 +250,8 @@ class KeyedChangelog:
                 blobs.append((pending.ref, blob))
         if not blobs:
             return None
-        merged, base = merge_chain(blobs, key_groups, key_group_of)
-        result = PendingFile(target, base, (key_groups.start, key_groups.stop))
+        merged, base, keys = merge_chain(blobs, key_groups, key_group_of)
+        result = PendingFile(target, base, (key_groups.start, key_groups.stop), keys=keys)
         size, crc = write_chain_file(
             storage, target, {operator: OperatorSnapshot(None, merged, key_groups)}
         )
@@ -267,8 +272,8 @@ class KeyedChangelog:
             return
         files = chain.files
         n = len(covers)
-        start = 0 if covers[0] is files[0] else 1
-        if merged is None or tuple(files[start : start + n]) != covers:
+        start = next((i for i, p in enumerate(files) if p is covers[0]), None)
+        if merged is None or start is None or tuple(files[start : start + n]) != covers:
             return
         chain.files = [*files[:start], merged, *files[start + n :]]
         self.compactions += 1
@@ -277,6 +282,29 @@ class KeyedChangelog:
         if self._compactor is not None:
             self._compactor.shutdown(wait=False, cancel_futures=True)
             self._compactor = None
+
+
+SPACE_AMPLIFICATION = 2.0
+"""A chain whose files hold more than this many times the operator's live keys is
+compacted: a restore would read that much more than the state."""
+SIZE_RATIO = 1.0
+"""A compaction merges the newest files and goes on to an older one while that one is at
+most this many times the keys gathered so far (RocksDB's universal compaction): files
+of like size merge, each key is rewritten O(log n) times, and the base only once the
+deltas after it hold as many keys as it does."""
+
+
+def _run_to_merge(files: Sequence[PendingFile]) -> tuple[PendingFile, ...]:
+    """The files a compaction merges (a run ending at the newest; see SIZE_RATIO); every
+    delta when no two newest files are of like size."""
+    sizes = [p.keys or 0 for p in files]
+    start, gathered = len(files) - 1, sizes[-1]
+    while start > 0 and sizes[start - 1] <= SIZE_RATIO * max(gathered, 1):
+        start -= 1
+        gathered += sizes[start]
+    if len(files) - start < 2:
+        start = min(1, len(files) - 2)
+    return tuple(files[start:])
 
 
 def _localize(chain: _Chain, root: str) -> None:

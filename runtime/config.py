@@ -170,10 +170,12 @@ class JobConfig:
         },
     )
     incremental_max_chain: int = field(
-        default=8,
+        default=32,
         metadata={
-            "help": "Deltas in a chain before a background compaction merges them (into one "
-            "delta, or with the base into a new base): bounds restore time."
+            "help": "Deltas in a chain before a background compaction merges the newest "
+            "files of like size (with the base once they hold as many keys): bounds the "
+            "files a restore reads. A chain holding twice the live keys is compacted "
+            "sooner (runtime.changelog)."
         },
     )
     debug_drop_deltas: bool = field(

@@ -17,12 +17,12 @@ of the chain, so it outlives the ``chk-<n>`` directory it was made for. The task
 deletes a shared file once no retained checkpoint refers to it
 (`statebackend.shared.SharedStateRegistry`, Flink's ``SharedStateRegistry``).
 
-**Compaction** bounds a chain: when it holds ``max_chain`` deltas, a background thread
-of the task merges them (`merge_chain`) into one file: into a new delta when they are
-smaller than the base (tombstones kept: they still delete base keys), else base and
+**Compaction** bounds a chain (`runtime.changelog`): when its files hold more than twice
+the operator's live keys, or it holds ``max_chain`` deltas, a background thread of the task
+merges the newest files of like size (`merge_chain`): into a new delta (tombstones kept:
+they still delete base keys), or, once the deltas hold as many keys as the base, base and
 deltas into a new base. The merged file replaces the refs it covers from the next
-checkpoint on; a restore then reads at most a base, a merged delta and ``max_chain``
-deltas.
+checkpoint on.
 
 A `StateRef` also says which of its file's keys count (``key_groups``): after a rescale
 an instance inherits the chains of every old instance whose key groups overlap its own,
@@ -121,9 +121,9 @@ def merge_chain(
     blobs: Sequence[tuple[StateRef, bytes]],
     key_groups: range,
     key_group_of: Callable[[object], int],
-) -> tuple[bytes, bool]:
+) -> tuple[bytes, bool, int]:
     """Merge a run of a chain (in order) into one blob for an instance owning
-    ``key_groups``: ``(blob, base)``. Starting at a base, the result is a full blob
+    ``key_groups``: ``(blob, base, keys in it)``. Starting at a base, the result is a full blob
     (deletions applied and dropped); else a delta that keeps the deletions (they still
     delete keys of the base before it). Keys outside a ref's ``key_groups`` are dropped.
     """
@@ -157,11 +157,13 @@ def merge_chain(
             if gone:
                 gone.difference_update(state_entries)
     layout: list[Entry] = [(kind, name, values[name]) for name, kind in kinds.items()]
+    count = max((len(state) for state in values.values()), default=0)
     if is_base:
         packed: bytes = msgpack.packb([FORMAT_VERSION, layout], use_bin_type=True)
-        return packed, True
+        return packed, True, count
     removals: list[Deletion] = [(name, list(keys)) for name, keys in deleted.items() if keys]
-    return pack_delta(layout, removals), False
+    tombstones = max((len(keys) for keys in deleted.values()), default=0)
+    return pack_delta(layout, removals), False, count + tombstones
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,3 +162,82 @@ def test_compaction_shortens_the_chain_and_restores_the_same(storage: Checkpoint
     assert shorter[0] == chain[0]
     assert restored(shorter, storage) == dict(keyed.value_state())
     log.close()
+
+
+def files(*sizes: int | None) -> list[changelog_module.PendingFile]:
+    """A chain whose files hold ``sizes`` keys: the first a base."""
+    return [
+        changelog_module.PendingFile(f"f{i}", i == 0, (0, GROUPS), keys=n)
+        for i, n in enumerate(sizes)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "merged"),
+    [
+        ((1000, 5, 5, 5, 5), 4),  # like deltas merge; the base is far larger: it stays
+        ((10, 5, 5, 5), 4),  # the deltas hold as many keys as the base: a new base
+        ((1000, 40, 5, 5), 2),  # an older merged delta far larger than the new ones stays
+        ((1000, 40, 30, 30), 3),  # ... until the new ones add up to it
+        ((1000, 500, 5), 2),  # no two like files: every delta
+        ((10, 50), 2),  # a base and one delta
+    ],
+)
+def test_a_compaction_merges_files_of_like_size_ending_at_the_newest(
+    sizes: tuple[int, ...], merged: int
+) -> None:
+    chain = files(*sizes)
+    run = changelog_module._run_to_merge(chain)
+    assert run == tuple(chain[-merged:])
+
+
+def compacting(log: KeyedChangelog) -> bool:
+    chain = log._chains[OP]
+    if chain.compaction is None:
+        return False
+    assert chain.compaction.result() is not None
+    return True
+
+
+def test_a_growing_state_is_not_rewritten_until_its_chain_is_long(
+    storage: CheckpointStorage,
+) -> None:
+    # New keys at every checkpoint: the deltas share no key, so merging them would rewrite
+    # the state and save a restore nothing; only max_chain deltas start a compaction.
+    log, keyed = KeyedChangelog("count[0]", 0, True, min_keys=1, max_chain=6), backend()
+    put(keyed, range(10), 0)
+    checkpoint(log, 1, keyed, storage)
+    for n in range(2, 7):
+        put(keyed, range(n * 100, n * 100 + 50), n)
+        checkpoint(log, n, keyed, storage)
+        assert not compacting(log), n
+    put(keyed, range(700, 750), 7)
+    chain = checkpoint(log, 7, keyed, storage)
+    assert chain is not None and len(chain) == 7
+    assert compacting(log)  # six deltas: merged with the base they outgrew
+    assert log._chains[OP].covers == tuple(log._chains[OP].files)
+    log.close()
+
+
+def test_deltas_over_the_same_keys_are_merged_before_the_chain_is_long(
+    storage: CheckpointStorage,
+) -> None:
+    # The same 40 keys at every checkpoint: the chain soon holds more than twice the live
+    # keys, and a restore would read each key again and again: the chain is merged (the
+    # deltas hold more keys than the base: into a new base).
+    log, keyed = KeyedChangelog("count[0]", 0, True, min_keys=1, max_chain=50), backend()
+    put(keyed, range(100), 0)
+    checkpoint(log, 1, keyed, storage)
+    n = 1
+    while not compacting(log):
+        n += 1
+        put(keyed, range(40), n)
+        checkpoint(log, n, keyed, storage)
+        assert n < 10, "no compaction"
+    assert n == 4  # 100 + 3 x 40 keys written > 2 x 100 live
+    assert log._chains[OP].covers == tuple(log._chains[OP].files)
+    put(keyed, range(40), 99)
+    shorter = checkpoint(log, n + 1, keyed, storage)
+    assert shorter is not None and [r.base for r in shorter] == [True, False]
+    assert restored(shorter, storage) == dict(keyed.value_state())
+    log.close()

@@ -109,7 +109,7 @@ def test_merging_a_run_of_a_chain_restores_what_the_run_restores(with_base: bool
             write(live, 20 + epoch - 1, 7)
         blobs.append((ref(f"d{epoch}", False), live.snapshot_delta()))
     run = blobs if with_base else blobs[1:]
-    merged, is_base = merge_chain(run, range(GROUPS), group_of)
+    merged, is_base, _ = merge_chain(run, range(GROUPS), group_of)
     assert is_base is with_base
     one = backend()
     one.restore([b for _, b in run] if with_base else [blobs[0][1], *(b for _, b in run)])
