@@ -3,6 +3,7 @@ routing, errors, static files, binding, and clients that cannot block publishing
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -12,7 +13,7 @@ import urllib.request
 import pytest
 
 from jobmanager.metrics import RunMetrics
-from jobmanager.web import Dashboard, close_all, serve
+from jobmanager.web import Dashboard, api, close_all, serve
 from jobmanager.web.server import DashboardServer, UiError
 from runtime.config import JobConfig
 from runtime.errors import GraphError
@@ -108,3 +109,28 @@ def test_a_stuck_client_does_not_block_publishing_or_other_clients(
         stuck.setblocking(False)  # ... and the stuck client is still waiting: no answer yet
         with pytest.raises(BlockingIOError):
             stuck.recv(1)
+
+
+def test_head_answers_headers_only_and_a_failing_route_answers_500_in_json(
+    server: DashboardServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    published(server)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("HEAD", "/api/jobs")
+        res = conn.getresponse()
+        length = int(res.getheader("Content-Length") or 0)
+        assert res.status == 200 and length > 0 and res.read() == b""
+        assert res.getheader("Cache-Control") == "no-store"
+        assert res.getheader("X-Content-Type-Options") == "nosniff"
+    finally:
+        conn.close()
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("a bug in a handler")
+
+    monkeypatch.setattr(api, "answer", broken)
+    status, ctype, body = get(server.url + "api/jobs")
+    assert (status, ctype) == (500, "application/json")
+    assert json.loads(body) == {"error": "internal error; see the job manager's log"}
+    assert get(server.url + "metrics?job=nope")[0] == 404  # /metrics names no such job
