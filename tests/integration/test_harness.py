@@ -20,7 +20,7 @@ from jobmanager.failures import FailureCause
 from jobmanager.faults import Kill, RaiseAt
 from jobmanager.result import JobResult
 from runtime import Dataflow, GraphError, TaskFailedError
-from runtime.api.testing import ABORT, EOF, ListSink, TestingSource, TestingSourceAbort, run_local
+from runtime.api.testing import ListSink, TestingSource, run_local
 from runtime.errors import AbsflowError
 from runtime.sources import GeneratorSource, Source, SourceReader
 from statebackend import CheckpointStorage
@@ -38,46 +38,6 @@ def keyed_sums(n: int, rate: float | None = None, **config: Any) -> Dataflow:
         .collect("sums")
     )
     return flow
-
-
-def test_list_source_to_list_sink() -> None:
-    out: list[int] = []
-    flow = Dataflow("double", parallelism=1)
-    flow.source(TestingSource([1, 2, 3]), name="numbers").map(lambda x: 2 * x, name="dbl").sink(
-        ListSink(out), name="doubled"
-    )
-    result = run_local(flow)
-    assert out == [2, 4, 6] and result.output("doubled") == [2, 4, 6]
-    assert result.records_in == 3 and result.restarts == []
-
-
-def test_eof_ends_the_input_there() -> None:
-    out: list[int] = []
-    flow = Dataflow("eof", parallelism=1)
-    flow.source(TestingSource([1, 2, EOF, 3, 4]), name="numbers").sink(ListSink(out), name="o")
-    run_local(flow)
-    assert out == [1, 2]
-
-
-def test_abort_fails_the_job_naming_the_source_step() -> None:
-    flow = Dataflow("abort", parallelism=1)
-    flow.source(TestingSource([1, 2, ABORT, 3]), name="numbers").map(
-        lambda x: x, name="same"
-    ).collect("o")
-    with pytest.raises(TaskFailedError) as info:
-        run_local(flow)
-    assert info.value.operator == "numbers"
-    message = str(info.value)
-    assert "operator 'numbers'" in message and TestingSourceAbort.__name__ in message
-    assert "after 2 record(s)" in message
-
-
-def test_abort_with_checkpoints_restarts_then_gives_up_as_a_deterministic_failure() -> None:
-    flow = Dataflow("abort-chk", parallelism=1, checkpoint_interval=0.05)
-    flow.source(TestingSource([*range(100), ABORT]), name="numbers").collect("o")
-    with pytest.raises(TaskFailedError) as info:
-        run_local(flow)
-    assert info.value.operator == "numbers" and "failed the same way twice" in str(info.value)
 
 
 def test_a_user_function_raising_names_its_step() -> None:
@@ -239,11 +199,6 @@ def test_unknown_launchers_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(GraphError) as info:
         keyed_sums(10).run()
     assert "ABSFLOW_LAUNCHER='yarn'" in str(info.value)
-
-
-def test_list_sink_needs_a_list() -> None:
-    with pytest.raises(TypeError):
-        ListSink(())  # type: ignore[arg-type]
 
 
 DRIVER = """

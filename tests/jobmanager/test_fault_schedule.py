@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from jobmanager.fault_schedule import FaultSchedule
-from jobmanager.faults import DriverKill, Kill, RandomKills, relative_to_run, resolve_faults
-from runtime.errors import GraphError
-from runtime.task_environment import FaultKind, TaskFault
-from tests.jobmanager.fakes import small_plan
+from jobmanager.faults import DriverKill
 
 
 def kill(
@@ -90,36 +85,6 @@ def test_unfired_kills_say_why() -> None:
     assert "not armed" in notes[2] and "3 checkpoint(s) completed in the run" in notes[2]
 
 
-def test_random_kills_pick_the_same_tasks_for_a_seed() -> None:
-    plan = small_plan()
-    kills, _ = resolve_faults(plan, [RandomKills(5, seed=7)])
-    again, _ = resolve_faults(plan, [RandomKills(5, seed=7)])
-    assert [k.task_index for k in kills] == [k.task_index for k in again]
-    assert [k.after_seconds for k in kills] == [k.after_seconds for k in again]
-    assert all(k.attempt is None for k in kills)
-    assert all(0.0 <= (k.after_seconds or 0) <= 0.5 for k in kills)
-    assert kills[0].label.startswith("random kill 1 of 5 (")
-    with pytest.raises(GraphError):
-        resolve_faults(plan, [RandomKills(1, min_seconds=2.0, max_seconds=1.0)])
-
-
-def test_explicit_kills_are_labelled_as_written() -> None:
-    kills, _ = resolve_faults(small_plan(), [Kill("count[1]", after_checkpoint=3, attempt=1)])
-    assert kills == [
-        DriverKill(3, 1, None, 3, label="Kill('count[1]', after_checkpoint=3, attempt=1)")
-    ]
-
-
-def test_task_faults_count_checkpoints_from_the_runs_first() -> None:
-    faults = [
-        TaskFault(FaultKind.KILL_DURING_SNAPSHOT, 2, 0, 2),
-        TaskFault(FaultKind.RAISE_AT_RECORD, 1, 0),
-    ]
-    assert relative_to_run(faults, 1) == faults
-    shifted = relative_to_run(faults, 41)
-    assert shifted[0].checkpoint_id == 42 and shifted[1].checkpoint_id is None
-
-
 def test_an_attempt_about_to_finish_gets_its_random_kill_at_once() -> None:
     k1, k2, k3 = (kill(i, None, 0.4, None) for i in range(3))
     s = FaultSchedule([k1, k2, k3])
@@ -168,8 +133,3 @@ def test_a_superstep_kill_fires_as_that_superstep_or_a_later_one_starts() -> Non
     assert s.on_superstep(5) == [first]
     s.start_attempt(1)  # restored after superstep 4: superstep 3 never starts again
     assert s.on_superstep(5) == [second] and s.on_superstep(6) == []
-
-
-def test_a_superstep_kill_needs_an_iteration() -> None:
-    with pytest.raises(GraphError, match="is no iteration"):
-        resolve_faults(small_plan(), [Kill("src[0]", after_superstep=2)])

@@ -156,31 +156,6 @@ def test_package_env_without_venv_pack_names_the_extra(
     assert not (tmp_path / "absflow.zip").exists()
 
 
-def test_package_env_outside_a_virtualenv_says_how_to_make_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sys, "prefix", sys.base_prefix)
-    with pytest.raises(PackagingError, match="is not in one") as info:
-        packaging.build_env(tmp_path, pack=lambda **_kw: "")
-    assert "python -m venv env" in str(info.value)
-
-
-def test_package_env_packs_the_virtualenv_and_wraps_venv_pack_errors(tmp_path: Path) -> None:
-    calls: list[dict[str, Any]] = []
-
-    def pack(**kw: Any) -> str:
-        calls.append(kw)
-        if kw["prefix"] == "/editable":
-            raise RuntimeError("Cannot pack an environment with editable packages")
-        return str(kw["output"])
-
-    target = packaging.build_env(tmp_path, prefix="/venv", pack=pack)
-    assert target == tmp_path / "env.tar.gz"
-    assert calls == [{"prefix": "/venv", "output": str(target), "force": True}]
-    with pytest.raises(PackagingError, match=r"editable packages.*not pip install -e"):
-        packaging.build_env(tmp_path, prefix="/editable", pack=pack)
-
-
 def test_submit_dry_run_builds_the_zip_and_only_prints(tmp_path: Path) -> None:
     code, out, err = run_cli(
         "submit",

@@ -124,49 +124,6 @@ def test_an_abort_from_the_job_manager_reaches_the_operators(
     task.close(graceful=False)
 
 
-def assigner(idle_timeout: float | None = None, max_delay: float = 2) -> Any:
-    flow = Dataflow("a")
-    flow.source(CollectionSource([]), name="src").assign_timestamps(
-        ts, max_delay=max_delay, idle_timeout=idle_timeout, name="ts"
-    ).collect("out")
-    step = next(s for s in flow.plan().steps if s.name == "ts")
-    from runtime.operators import build_operator
-
-    return build_operator(step, 0, 128)
-
-
-def test_the_assigner_keeps_a_watermark_per_split_and_goes_idle() -> None:
-    op = assigner(idle_timeout=1.0)
-    now = [0.0]
-    split = ["p0"]
-    ended: list[Any] = []
-    op.clock, op.split_of = (lambda: now[0]), (lambda: split[0])
-    op.ended_splits = lambda: [ended.pop()] if ended else []
-    op.process([("a", 10), ("a", 30)])
-    assert op.poll() == Watermark(28)
-    split[0] = "p1"
-    op.process([("a", 12)])  # a slow split holds the watermark back (never backwards)
-    assert op.poll() is None
-    op.process([("a", 20)])
-    split[0] = "p0"
-    op.process([("a", 40)])
-    assert op.poll() is None  # min(40, 20) - 2 = 18 < 28
-    ended.append("p1")  # the slow split ended: it no longer holds the watermark back
-    assert op.poll() == Watermark(38)
-    now[0] = 5.0  # nothing read for idle_timeout: the subtask is idle
-    assert op.poll() == Watermark(38, idle=True)
-    assert op.poll() is None  # told once
-    op.process([("a", 41)])  # resumes: holds the watermark again
-    assert op.poll() == Watermark(39)
-
-
-def test_a_non_number_timestamp_at_the_source_names_the_step() -> None:
-    from runtime.timestamps import TimestampError
-
-    with pytest.raises(TimestampError, match=r"step 'ts': the timestamp function returned '7'"):
-        assigner().process([("a", 1), ("a", "7")])
-
-
 def test_explain_shows_where_watermarks_are_generated() -> None:
     text = merge_plan().explain()
     assert "'ts_a' assigns timestamps and generates watermarks here (max_delay 0" in text

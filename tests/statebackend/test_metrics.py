@@ -1,4 +1,5 @@
-"""The one metrics schema: round trips, old metadata, unknown keys, bad values."""
+"""The one metrics schema (``statebackend.metrics``): round trips, old metadata, unknown
+keys, bad values, coercion, shares and the checkpoint summary."""
 
 from __future__ import annotations
 
@@ -99,3 +100,40 @@ def test_a_checkpoint_splits_into_queueing_alignment_and_write_at_its_last_task(
     )
     assert s.queueing_ms + s.alignment_ms + s.write_ms <= s.duration_ms
     assert s.max_alignment_ms == 200.0  # the most blocked task is a separate figure
+
+
+def test_values_of_another_plain_type_are_coerced_and_none_means_the_default() -> None:
+    m = decode(
+        TaskMetrics,
+        {
+            "records_in": 7.0,  # a JSON reader's float for an int field
+            "uptime_seconds": 3,  # an int for a float field
+            "watermark_idle": 1,
+            "backpressure_seconds": None,  # a figure with a default: the default
+            "watermark": None,  # an optional figure stays None
+        },
+    )
+    assert (m.records_in, type(m.records_in)) == (7, int)
+    assert (m.uptime_seconds, type(m.uptime_seconds)) == (3.0, float)
+    assert m.watermark_idle is True and m.backpressure_seconds == 0.0 and m.watermark is None
+    assert decode(AckMetrics, {"drained_sent": "12"}).drained_sent == 12  # int | None: an int
+    assert decode(AckMetrics, None) == AckMetrics()
+
+
+def test_shares_are_capped_at_the_whole_uptime() -> None:
+    m = TaskMetrics(uptime_seconds=2.0, backpressure_seconds=5.0, idle_seconds=1.0)
+    assert m.backpressure_share == 1.0 and m.busy_share == 0.0
+
+
+def test_the_summary_of_no_acks_is_empty_and_full_state_falls_back_to_what_was_written() -> None:
+    empty = summarize({}, "at_least_once", 1.0)
+    assert (empty.tasks, empty.mean_alignment_ms, empty.critical_task) == (0, 0.0, "")
+    s = summarize(
+        {
+            "a[0]": AckMetrics(state_bytes=10, full_state_bytes=100, keys=3),  # incremental
+            "a[1]": AckMetrics(state_bytes=20, keys=4, channel_state_bytes=5),  # a full one
+        },
+        "unaligned",
+        2.0,
+    )
+    assert (s.state_bytes, s.full_state_bytes, s.keys, s.channel_state_bytes) == (30, 120, 7, 5)
