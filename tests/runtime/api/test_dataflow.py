@@ -59,7 +59,7 @@ def mypy_errors(body: str, tmp_path: Path) -> list[str]:
     return [line for line in stdout.splitlines() if ": error:" in line]
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SNIPPET_HEAD = textwrap.dedent(
     """
     from runtime import Dataflow
