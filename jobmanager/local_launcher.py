@@ -21,10 +21,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import IO
+from typing import IO, Any, Protocol
 
 import cloudpickle
 
+from jobmanager.fork_server import ForkServerError, fork_server
 from jobmanager.launcher import task_pythonpath
 from runtime.config import JobConfig
 from runtime.errors import GraphError
@@ -40,6 +41,18 @@ POLL_SECONDS = 0.01
 CLOSE_SECONDS = 10.0
 # Settings only a Spark session can honour, with their defaults.
 SPARK_ONLY = {"local_master": None, "executor_wait": JobConfig().executor_wait}
+
+
+class TaskProcess(Protocol):
+    """A task process: a ``subprocess.Popen`` or a `ForkedTask` of the fork server."""
+
+    pid: int
+    stdin: IO[bytes] | None
+    returncode: Any
+
+    def poll(self) -> int | None: ...
+
+    def kill(self) -> None: ...
 
 
 class TaskExited(RuntimeError):
@@ -104,7 +117,7 @@ class LocalStage:
     def __init__(self, plan: JobPlan, env: TaskEnvironment, group: str) -> None:
         self.plan, self.env, self.group = plan, env, group
         self.outcome: queue.Queue[BaseException | None] = queue.Queue()
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[TaskProcess] = []
         self._lock = threading.Lock()
         self._cancelled = False
         self.thread = threading.Thread(
@@ -129,6 +142,7 @@ class LocalStage:
     def _spawn(self) -> list[IO[bytes]]:
         payload = cloudpickle.dumps((self.plan, self.env))
         env = dict(os.environ, PYTHONPATH=task_pythonpath())
+        server = fork_server(env["PYTHONPATH"]) if self.env.config.fork_server else None
         readers: list[IO[bytes]] = []
         for spec in self.plan.tasks:
             r, w = os.pipe()
@@ -136,13 +150,21 @@ class LocalStage:
                 with self._lock:
                     if self._cancelled:
                         raise TaskExited(f"attempt {self.env.attempt} was cancelled")
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "runtime.local_entry", str(spec.index), str(w)],
-                        stdin=subprocess.PIPE,
-                        pass_fds=(w,),
-                        env=env,
-                        start_new_session=True,
-                    )
+                    proc: TaskProcess | None = None
+                    if server is not None:
+                        try:
+                            proc = server.spawn(spec.index, w, env)
+                        except (OSError, ForkServerError) as err:
+                            log.warning("task processes start afresh: %s", err)
+                            server = None
+                    if proc is None:
+                        proc = subprocess.Popen(
+                            [sys.executable, "-m", "runtime.local_entry", str(spec.index), str(w)],
+                            stdin=subprocess.PIPE,
+                            pass_fds=(w,),
+                            env=env,
+                            start_new_session=True,
+                        )
                     self.procs.append(proc)
             finally:
                 os.close(w)
@@ -192,7 +214,7 @@ class LocalStage:
         if report and not failed:
             self.outcome.put(None)
 
-    def _failure_text(self, task_id: str, proc: subprocess.Popen[bytes]) -> str:
+    def _failure_text(self, task_id: str, proc: TaskProcess) -> str:
         if proc.returncode < 0:
             return f"task process {task_id} (pid {proc.pid}) exited unexpectedly: " + (
                 self._exit_words(proc)
@@ -202,7 +224,7 @@ class LocalStage:
         )
 
     @staticmethod
-    def _exit_words(proc: subprocess.Popen[bytes]) -> str:
+    def _exit_words(proc: TaskProcess) -> str:
         code = proc.poll()
         if code is None:
             return "still running"
@@ -211,7 +233,7 @@ class LocalStage:
         return f"exit code {code}"
 
     @staticmethod
-    def _close_stdin(proc: subprocess.Popen[bytes]) -> None:
+    def _close_stdin(proc: TaskProcess) -> None:
         if proc.stdin is not None:
             with contextlib.suppress(OSError):
                 proc.stdin.close()

@@ -391,6 +391,14 @@ class JobConfig:
             "without Spark (runtime.api.testing); None: $ABSFLOW_LAUNCHER, else spark."
         },
     )
+    fork_server: bool = field(
+        default=True,
+        metadata={
+            "help": "local launcher: fork task processes from a process that imported the "
+            "task side once (jobmanager.fork_server; ~0.5 s of CPU less per task process) "
+            "instead of starting each afresh."
+        },
+    )
     secure_channels: bool | None = field(
         default=None,
         metadata={

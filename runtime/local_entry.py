@@ -2,6 +2,8 @@
 
     python -m runtime.local_entry INDEX FD
 
+(or forked by the fork server, ``runtime.fork_entry``, which has imported this already)
+
 The job manager writes the attempt (``cloudpickle`` of ``(plan, env)``, length-prefixed)
 to the process's stdin; the task binds its gates on 127.0.0.1, writes its endpoints as
 one JSON line to FD, reads every task's endpoints (a JSON list, one line) from stdin,
@@ -143,10 +145,12 @@ def main(argv: list[str], watchdog: Watchdog) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    dog = Watchdog(sys.stdin.buffer)
+def run_process(argv: list[str], stdin: BinaryIO) -> None:
+    """The whole life of a task process (``python -m runtime.local_entry``, or a child of
+    the fork server, ``runtime.fork_entry``): never returns."""
+    dog = Watchdog(stdin)
     try:
-        code = main(sys.argv[1:], dog)
+        code = main(argv, dog)
     except BaseException:  # the task reported what it could; the job manager sees the exit
         traceback.print_exc()
         dog.exit_when_released(FAILED_GRACE)
@@ -154,3 +158,7 @@ if __name__ == "__main__":
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # threads of a failed task (zmq, writers) must not hold the exit
+
+
+if __name__ == "__main__":
+    run_process(sys.argv[1:], sys.stdin.buffer)

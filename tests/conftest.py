@@ -74,6 +74,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session", autouse=True)
 def session_tmp() -> Iterator[str]:
     yield SESSION_TMP
+    from jobmanager.fork_server import close_fork_servers
+
+    close_fork_servers()  # the local launcher's, kept for the session
     if _OWN_TMP:
         shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
@@ -205,7 +208,7 @@ class Footprint:
 
     @classmethod
     def take(cls, children: bool) -> Footprint:
-        kids = frozenset(child_processes()) if children else None
+        kids = frozenset(task_processes()) if children else None
         return cls(frozenset(_listening_ports()), frozenset(_absflow_tmp()), kids)
 
     def leftovers(self, timeout: float = 5.0) -> Leftovers:
@@ -243,6 +246,18 @@ def no_leaks(spark: Any) -> Iterator[None]:
     close_dashboards()  # they outlive a job on purpose (until the driver exits)
     problems = before.leftovers().problems()
     assert not problems, "; ".join(problems)
+
+
+def task_processes() -> set[int]:
+    """This process's children, but the local launcher's fork servers (kept for the
+    session) in place of their children (the task processes they forked)."""
+    from jobmanager.fork_server import fork_server_pids
+
+    servers = fork_server_pids()
+    found = child_processes() - servers
+    for server in servers:
+        found |= child_processes(server)
+    return found
 
 
 def child_processes(parent: int | None = None) -> set[int]:

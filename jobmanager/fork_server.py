@@ -1,0 +1,222 @@
+"""The local launcher's side of the fork server (``runtime.fork_entry``): task processes
+forked from a process that imported the task side once, instead of started afresh.
+
+A fresh task process spends ~0.5 s of CPU on imports before it runs; the harness starts
+several per job, and the test suite thousands. `ForkServer.spawn` gives a `ForkedTask`
+that the launcher uses as it uses a ``subprocess.Popen`` (``pid``, ``stdin``,
+``poll``, ``kill``, ``returncode``). One server per driver process and Python
+environment (`fork_server`): a driver whose ``sys.path`` changed gets a new one. A
+server that died or cannot start makes `fork_server` return None, and the launcher starts
+processes afresh. ``JobConfig.fork_server`` turns it off.
+
+The server is the driver's child in a session of its own; its task processes are its
+children. They end themselves when their stdin closes (the driver holds its write end),
+and the server ends when the driver's end of its socket closes: neither outlives a
+SIGKILLed driver.
+
+Threading: `spawn` from any thread (one request at a time); a reader thread records the
+exits the server reports.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import IO, Any
+
+from jobmanager.liveness import pid_alive
+
+log = logging.getLogger("absflow.launcher")
+
+START_SECONDS = 60.0
+
+
+class ForkServerError(RuntimeError):
+    """The fork server could not fork a task process (it says why)."""
+
+
+class ForkedTask:
+    """A task process forked by the server, used like a ``subprocess.Popen``."""
+
+    def __init__(self, server: ForkServer, pid: int, stdin: IO[bytes]) -> None:
+        self.server, self.pid = server, pid
+        self.stdin: IO[bytes] | None = stdin
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(self.pid)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """One running fork server (see the module docstring)."""
+
+    def __init__(self, pythonpath: str) -> None:
+        self.pythonpath = pythonpath
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "runtime.fork_entry", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=dict(os.environ, PYTHONPATH=pythonpath),
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
+        self.sock = mine
+        self._lock = threading.Lock()  # one request at a time
+        self._exits: dict[int, int] = {}
+        self._replies: list[dict[str, Any]] = []
+        self._changed = threading.Condition()
+        self.closed = False
+        mine.settimeout(START_SECONDS)
+        try:
+            ready = json.loads(mine.recv(4096) or b"{}")
+        except (OSError, ValueError):
+            ready = {}
+        mine.settimeout(None)
+        if "ready" not in ready:
+            self.close()
+            raise ForkServerError(
+                f"the fork server did not start (exit {self.proc.poll()}); task processes "
+                "are started afresh"
+            )
+        self.pid = int(ready["ready"])
+        self._reader = threading.Thread(target=self._read, name="absflow-fork-server", daemon=True)
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return not self.closed and self.proc.poll() is None
+
+    def spawn(self, index: int, endpoint_fd: int, env: dict[str, str]) -> ForkedTask:
+        """Fork task process ``index``: it writes its endpoints to ``endpoint_fd`` (the
+        caller closes its copy) and reads the attempt from the returned ``stdin``."""
+        r, w = os.pipe()
+        stdin = os.fdopen(w, "wb")
+        try:
+            request = {"index": index, "env": env, "cwd": os.getcwd()}
+            with self._lock:
+                socket.send_fds(self.sock, [json.dumps(request).encode()], [r, endpoint_fd, 1, 2])
+                reply = self._reply()
+        except BaseException:
+            stdin.close()
+            raise
+        finally:
+            os.close(r)
+        if "pid" not in reply:
+            stdin.close()
+            raise ForkServerError(f"the fork server could not fork: {reply.get('error')}")
+        return ForkedTask(self, int(reply["pid"]), stdin)
+
+    def _reply(self) -> dict[str, Any]:
+        with self._changed:
+            while not self._replies:
+                if self.closed:
+                    return {"error": "the fork server is gone"}
+                self._changed.wait(1.0)
+            return self._replies.pop(0)
+
+    def exit_code(self, pid: int) -> int | None:
+        """``pid``'s exit code (None while it runs). Once the server is gone a child it
+        can no longer report on counts as killed when it no longer lives."""
+        with self._changed:
+            if pid in self._exits:
+                return self._exits[pid]
+            gone = self.closed
+        if gone and not pid_alive(pid):
+            return -signal.SIGKILL
+        return None
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            message = json.loads(data)
+            with self._changed:
+                if "exit" in message:
+                    self._exits[int(message["exit"])] = int(message["code"])
+                else:
+                    if "pid" in message:  # a new process: an old one's pid may be reused
+                        self._exits.pop(int(message["pid"]), None)
+                    self._replies.append(message)
+                self._changed.notify_all()
+        with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """End the server (its running children end when their stdin closes)."""
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        try:
+            self.proc.wait(10.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_servers: dict[str, ForkServer] = {}
+_servers_lock = threading.Lock()
+
+
+def fork_server(pythonpath: str) -> ForkServer | None:
+    """The fork server for task processes with ``pythonpath`` (started on first use; one
+    at a time), or None where it cannot run (the launcher then starts processes afresh)."""
+    with _servers_lock:
+        server = _servers.get(pythonpath)
+        if server is not None and server.alive:
+            return server
+        close_fork_servers_locked()
+        try:
+            server = ForkServer(pythonpath)
+        except (OSError, ForkServerError) as err:
+            log.info("task processes start afresh: %s", err)
+            return None
+        _servers[pythonpath] = server
+        return server
+
+
+def fork_server_pids() -> set[int]:
+    """The pids of the running fork servers (the test suite's leak check looks past them
+    to their children)."""
+    with _servers_lock:
+        return {s.proc.pid for s in _servers.values() if s.alive}
+
+
+def close_fork_servers_locked() -> None:
+    for server in _servers.values():
+        server.close()
+    _servers.clear()
+
+
+def close_fork_servers() -> None:
+    with _servers_lock:
+        close_fork_servers_locked()
+
+
+atexit.register(close_fork_servers)
