@@ -5,7 +5,8 @@ A fresh task process spends ~0.5 s of CPU on imports before it runs; the harness
 several per job, and the test suite thousands. `ForkServer.spawn` gives a `ForkedTask`
 that the launcher uses as it uses a ``subprocess.Popen`` (``pid``, ``stdin``,
 ``poll``, ``kill``, ``returncode``). One server per driver process and Python
-environment (`fork_server`): a driver whose ``sys.path`` changed gets a new one. A
+environment (`fork_server`): a driver whose ``sys.path`` changed gets a new one (the old
+one ends once the processes it forked have). A
 server that died or cannot start makes `fork_server` return None, and the launcher starts
 processes afresh. ``JobConfig.fork_server`` turns it off.
 
@@ -84,6 +85,7 @@ class ForkServer:
         self.sock = mine
         self._lock = threading.Lock()  # one request at a time
         self._exits: dict[int, int] = {}
+        self._spawned: set[int] = set()
         self._replies: list[dict[str, Any]] = []
         self._changed = threading.Condition()
         self.closed = False
@@ -125,7 +127,15 @@ class ForkServer:
         if "pid" not in reply:
             stdin.close()
             raise ForkServerError(f"the fork server could not fork: {reply.get('error')}")
-        return ForkedTask(self, int(reply["pid"]), stdin)
+        pid = int(reply["pid"])
+        with self._changed:
+            self._spawned.add(pid)
+        return ForkedTask(self, pid, stdin)
+
+    def busy(self) -> bool:
+        """Whether a process it forked still runs (its exit is not reported yet)."""
+        with self._changed:
+            return bool(self._spawned - self._exits.keys())
 
     def _reply(self) -> dict[str, Any]:
         with self._changed:
@@ -191,7 +201,10 @@ def fork_server(pythonpath: str) -> ForkServer | None:
         server = _servers.get(pythonpath)
         if server is not None and server.alive:
             return server
-        close_fork_servers_locked()
+        for path, other in list(_servers.items()):  # one for another sys.path: once idle
+            if not other.alive or not other.busy():
+                other.close()
+                del _servers[path]
         try:
             server = ForkServer(pythonpath)
         except (OSError, ForkServerError) as err:
@@ -208,15 +221,12 @@ def fork_server_pids() -> set[int]:
         return {s.proc.pid for s in _servers.values() if s.alive}
 
 
-def close_fork_servers_locked() -> None:
-    for server in _servers.values():
-        server.close()
-    _servers.clear()
-
-
 def close_fork_servers() -> None:
+    """End every fork server (at exit; the test suite at its end)."""
     with _servers_lock:
-        close_fork_servers_locked()
+        for server in _servers.values():
+            server.close()
+        _servers.clear()
 
 
 atexit.register(close_fork_servers)

@@ -127,3 +127,18 @@ def test_the_session_fork_server_is_reused_and_replaced_when_the_path_changes() 
     assert other is not None and other is not first
     assert not first.alive
     assert fork_server_pids() == {other.proc.pid}
+
+
+def test_a_server_whose_tasks_still_run_is_kept_until_they_ended() -> None:
+    path = os.pathsep.join(p for p in sys.path if p)
+    first = fork_server(path)
+    assert first is not None
+    task = spawn_sleeper(first)
+    second = fork_server(path + os.pathsep + os.getcwd() + "/elsewhere")
+    assert second is not None and first.alive  # its task runs: closing it would orphan it
+    task.kill()
+    assert wait_for(lambda: task.poll() is not None)
+    assert task.returncode == -signal.SIGKILL  # reported by the server that forked it
+    assert fork_server(path) is first  # still its path's server
+    third = fork_server(path + os.pathsep + os.getcwd() + "/third")
+    assert third is not None and not first.alive and not second.alive  # idle: ended
