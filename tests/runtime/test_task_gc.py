@@ -6,6 +6,8 @@ processes of a real run (local launcher) report from inside a map function."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,5 +109,12 @@ def test_task_processes_run_with_the_raised_threshold_and_a_frozen_start() -> No
 
 @pytest.mark.harness
 def test_with_none_they_run_with_pythons_own_settings() -> None:
-    # The companion: the check above fails when the mechanism is off.
-    assert _collectors(gc_threshold=None) == {(gc.get_threshold()[0], False)}
+    # The companion: the check above fails when the mechanism is off. Python's own
+    # threshold is a fresh interpreter's (this process's may have been changed).
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import gc; print(gc.get_threshold()[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert _collectors(gc_threshold=None) == {(int(fresh.stdout), False)}
