@@ -81,6 +81,18 @@ def session_tmp() -> Iterator[str]:
         shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
+@pytest.fixture
+def context() -> Iterator[Any]:
+    """A ZeroMQ context for a test's own sockets, destroyed (linger 0) after it."""
+    import zmq
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        yield ctx
+    finally:
+        ctx.destroy(linger=0)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The embedded local SparkSession absflow creates, sized for every test job."""

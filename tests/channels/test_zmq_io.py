@@ -27,15 +27,6 @@ HOST = "127.0.0.1"
 
 
 @pytest.fixture
-def context() -> Iterator[zmq.Context[Any]]:
-    ctx: zmq.Context[Any] = zmq.Context()
-    try:
-        yield ctx
-    finally:
-        ctx.destroy(linger=0)
-
-
-@pytest.fixture
 def gate(context: zmq.Context[Any]) -> Iterator[InputGate]:
     input_gate = InputGate(context, HOST)
     try:

@@ -18,6 +18,7 @@ import pytest
 from channels.zmq_io import local_namespace
 from jobmanager.failures import FailureCause
 from jobmanager.faults import Kill, RaiseAt
+from jobmanager.liveness import pid_alive
 from jobmanager.result import JobResult
 from runtime import Dataflow, GraphError, TaskFailedError
 from runtime.api.testing import ListSink, TestingSource, run_local
@@ -212,14 +213,6 @@ run_local(flow)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_task_processes_end_when_the_driver_is_killed(tmp_path: Any) -> None:
     # A SIGKILLed driver leaves its files (its running-job entry): in its own TMPDIR.
     driver = subprocess.Popen(
@@ -241,10 +234,10 @@ def test_task_processes_end_when_the_driver_is_killed(tmp_path: Any) -> None:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in tasks | servers) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in tasks | servers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(p) for p in tasks), "task processes outlived their driver"
-    assert not any(_alive(p) for p in servers), "the fork server outlived its driver"
+    assert not any(pid_alive(p) for p in tasks), "task processes outlived their driver"
+    assert not any(pid_alive(p) for p in servers), "the fork server outlived its driver"
 
 
 def test_the_leak_check_sees_a_child_process_left_running() -> None:

@@ -17,20 +17,13 @@ import pytest
 
 from jobmanager.faults import Kill
 from jobmanager.fork_server import ForkServer, fork_server, fork_server_pids
+from jobmanager.liveness import pid_alive
 from runtime import Dataflow
 from runtime.api.testing import run_local
 from tests.conftest import child_processes
 from tests.integration.topologies import HeldGenerator
 
 pytestmark = pytest.mark.usefixtures("harness")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_for(condition: Any, seconds: float = 30.0) -> bool:
@@ -87,10 +80,10 @@ def test_the_server_ends_when_its_launcher_closes_it(server: ForkServer) -> None
     task = spawn_sleeper(server)
     pid = server.proc.pid
     server.close()
-    assert not alive(pid)
+    assert not pid_alive(pid)
     assert task.stdin is not None
     task.stdin.close()  # the task ends itself once its stdin closes
-    assert wait_for(lambda: not alive(task.pid))
+    assert wait_for(lambda: not pid_alive(task.pid))
     assert task.poll() == -signal.SIGKILL  # the server is gone: counted as killed
 
 

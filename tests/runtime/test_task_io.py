@@ -21,15 +21,6 @@ HOST = "127.0.0.1"
 
 
 @pytest.fixture
-def context() -> Iterator[zmq.Context[Any]]:
-    ctx: zmq.Context[Any] = zmq.Context()
-    try:
-        yield ctx
-    finally:
-        ctx.destroy(linger=0)
-
-
-@pytest.fixture
 def closing() -> Iterator[ExitStack]:
     with ExitStack() as stack:
         yield stack
