@@ -2,7 +2,13 @@
 forked from a process that imported the task side once, instead of started afresh.
 
 A fresh task process spends ~0.5 s of CPU on imports before it runs; the harness starts
-several per job, and the test suite thousands. `ForkServer.spawn` gives a `ForkedTask`
+several per job, and the test suite thousands. With ``JobConfig.fork_preload`` the server
+also imports, before a job's tasks are forked, the modules the job's pickle refers to
+(`dumps_naming_modules`): each task then unpickles the job without importing them again.
+Module-level state is then made once, in the server, and shared by the tasks forked after
+(as with ``multiprocessing``'s fork start method): that is why it is a setting. A server
+whose preloaded files changed on disk, or whose imports started a thread, is retired
+(no new task, closed once idle) and a new one started. `ForkServer.spawn` gives a `ForkedTask`
 that the launcher uses as it uses a ``subprocess.Popen`` (``pid``, ``stdin``,
 ``poll``, ``kill``, ``returncode``). One server per driver process and Python
 environment (`fork_server`): a driver whose ``sys.path`` changed gets a new one (the old
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import json
 import logging
 import os
@@ -31,13 +38,20 @@ import socket
 import subprocess
 import sys
 import threading
+import types
+from collections.abc import Collection
 from typing import IO, Any
+
+import cloudpickle
 
 from jobmanager.liveness import pid_alive
 
 log = logging.getLogger("absflow.launcher")
 
 START_SECONDS = 60.0
+MAX_MESSAGE = 1 << 16
+STALE = "a file it preloaded changed"
+THREADS = "a preloaded module started a thread"
 
 
 class ForkServerError(RuntimeError):
@@ -89,6 +103,8 @@ class ForkServer:
         self._replies: list[dict[str, Any]] = []
         self._changed = threading.Condition()
         self.closed = False
+        self.retired = False  # no new task: closed once idle
+        self.preloaded: set[str] = set()
         mine.settimeout(START_SECONDS)
         try:
             ready = json.loads(mine.recv(4096) or b"{}")
@@ -132,6 +148,25 @@ class ForkServer:
             self._spawned.add(pid)
         return ForkedTask(self, pid, stdin)
 
+    def preload(self, modules: Collection[str]) -> str | None:
+        """Have the server import ``modules`` before it forks more tasks. Not None: why
+        this server is retired (`STALE`: a file it preloaded changed since; `THREADS`:
+        an import started a thread); the caller asks `fork_server` for another."""
+        with self._lock:
+            socket.send_fds(self.sock, [json.dumps({"preload": sorted(modules)}).encode()], [])
+            reply = self._reply()
+        if "stale" not in reply:
+            raise ForkServerError(f"the fork server could not preload: {reply.get('error')}")
+        for name, error in reply["failed"].items():
+            log.debug("the fork server could not import %s: %s", name, error)
+        self.preloaded.update(modules)
+        if not reply["stale"] and reply["threads"] == 1:
+            return None
+        why = STALE if reply["stale"] else THREADS
+        log.info("fork server %d retired: %s", self.pid, why)
+        self.retired = True
+        return why
+
     def busy(self) -> bool:
         """Whether a process it forked still runs (its exit is not reported yet)."""
         with self._changed:
@@ -159,7 +194,7 @@ class ForkServer:
     def _read(self) -> None:
         while True:
             try:
-                data = self.sock.recv(4096)
+                data = self.sock.recv(MAX_MESSAGE)
             except OSError:
                 data = b""
             if not data:
@@ -190,41 +225,91 @@ class ForkServer:
             self.proc.wait()
 
 
-_servers: dict[str, ForkServer] = {}
+class _Naming(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no types
+    """cloudpickle's pickler, noting the module of every class, function and module it
+    pickles (by reference: unpickling imports it)."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        super().__init__(file)
+        self.modules: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.ModuleType):
+            self.modules.add(obj.__name__)
+        elif isinstance(obj, type | types.FunctionType):
+            self.modules.add(getattr(obj, "__module__", None) or "__main__")
+        return super().reducer_override(obj)
+
+
+def dumps_naming_modules(obj: Any) -> tuple[bytes, set[str]]:
+    """``cloudpickle.dumps(obj)``, and the importable modules it refers to (those this
+    process imported from a file: not ``__main__``, a builtin or a generated one)."""
+    out = io.BytesIO()
+    pickler = _Naming(out)
+    pickler.dump(obj)
+    modules = {
+        name
+        for name in pickler.modules
+        if name != "__main__" and isinstance(getattr(sys.modules.get(name), "__file__", None), str)
+    }
+    return out.getvalue(), modules
+
+
+_servers: list[ForkServer] = []
 _servers_lock = threading.Lock()
+_unsafe: set[str] = set()  # modules whose import started a thread in a server
 
 
-def fork_server(pythonpath: str) -> ForkServer | None:
+def fork_server(pythonpath: str, preload: Collection[str] = ()) -> ForkServer | None:
     """The fork server for task processes with ``pythonpath`` (started on first use; one
-    at a time), or None where it cannot run (the launcher then starts processes afresh)."""
+    at a time) that has imported ``preload`` (but modules whose import started a thread),
+    or None where it cannot run (the launcher then starts processes afresh)."""
     with _servers_lock:
-        server = _servers.get(pythonpath)
-        if server is not None and server.alive:
+        for _ in range(3):  # a retired server is replaced (and its successor, once)
+            server = _current(pythonpath)
+            if server is None or not preload:
+                return server
+            wanted, before = set(preload) - _unsafe, set(server.preloaded)
+            try:
+                why = server.preload(wanted)
+            except (OSError, ForkServerError) as err:
+                log.info("fork server %d retired: %s", server.pid, err)
+                server.retired = True
+                continue
+            if why is None:
+                return server
+            if why == THREADS:
+                _unsafe.update(wanted - before)
+        return None
+
+
+def _current(pythonpath: str) -> ForkServer | None:
+    for server in list(_servers):  # one for another sys.path, or retired: once idle
+        if server.pythonpath == pythonpath and server.alive and not server.retired:
             return server
-        for path, other in list(_servers.items()):  # one for another sys.path: once idle
-            if not other.alive or not other.busy():
-                other.close()
-                del _servers[path]
-        try:
-            server = ForkServer(pythonpath)
-        except (OSError, ForkServerError) as err:
-            log.info("task processes start afresh: %s", err)
-            return None
-        _servers[pythonpath] = server
-        return server
+        if not server.alive or not server.busy():
+            server.close()
+            _servers.remove(server)
+    try:
+        server = ForkServer(pythonpath)
+    except (OSError, ForkServerError) as err:
+        log.info("task processes start afresh: %s", err)
+        return None
+    _servers.append(server)
+    return server
 
 
 def fork_server_pids() -> set[int]:
     """The pids of the running fork servers (the test suite's leak check looks past them
     to their children)."""
     with _servers_lock:
-        return {s.proc.pid for s in _servers.values() if s.alive}
+        return {s.proc.pid for s in _servers if s.alive}
 
 
 def close_fork_servers() -> None:
     """End every fork server (at exit; the test suite at its end)."""
     with _servers_lock:
-        for server in _servers.values():
+        for server in _servers:
             server.close()
         _servers.clear()
 

@@ -25,7 +25,7 @@ from typing import IO, Any, Protocol
 
 import cloudpickle
 
-from jobmanager.fork_server import ForkServerError, fork_server
+from jobmanager.fork_server import ForkServerError, dumps_naming_modules, fork_server
 from jobmanager.launcher import task_pythonpath
 from runtime.config import JobConfig
 from runtime.errors import GraphError
@@ -37,10 +37,18 @@ log = logging.getLogger("absflow.launcher")
 
 __all__ = ["LocalProcessLauncher", "LocalStage", "TaskExited"]
 
+PRELOAD_VAR = "ABSFLOW_FORK_PRELOAD"
 POLL_SECONDS = 0.01
 CLOSE_SECONDS = 10.0
 # Settings only a Spark session can honour, with their defaults.
 SPARK_ONLY = {"local_master": None, "executor_wait": JobConfig().executor_wait}
+
+
+def preloads(config: JobConfig) -> bool:
+    """``config.fork_preload``, else ``$ABSFLOW_FORK_PRELOAD`` is 1."""
+    if config.fork_preload is not None:
+        return config.fork_preload
+    return os.environ.get(PRELOAD_VAR, "").strip().lower() in ("1", "true", "yes")
 
 
 class TaskProcess(Protocol):
@@ -140,9 +148,17 @@ class LocalStage:
             self._reap(report=False)
 
     def _spawn(self) -> list[IO[bytes]]:
-        payload = cloudpickle.dumps((self.plan, self.env))
+        config = self.env.config
         env = dict(os.environ, PYTHONPATH=task_pythonpath())
-        server = fork_server(env["PYTHONPATH"]) if self.env.config.fork_server else None
+        server = None
+        if not config.fork_server:
+            payload = cloudpickle.dumps((self.plan, self.env))
+        elif preloads(config):
+            payload, modules = dumps_naming_modules((self.plan, self.env))
+            server = fork_server(env["PYTHONPATH"], modules)
+        else:
+            payload = cloudpickle.dumps((self.plan, self.env))
+            server = fork_server(env["PYTHONPATH"])
         readers: list[IO[bytes]] = []
         for spec in self.plan.tasks:
             r, w = os.pipe()

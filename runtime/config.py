@@ -399,6 +399,16 @@ class JobConfig:
             "instead of starting each afresh."
         },
     )
+    fork_preload: bool | None = field(
+        default=None,
+        metadata={
+            "help": "local launcher, with fork_server: the server also imports the modules "
+            "the job's pickle refers to before it forks the job's tasks (one import instead "
+            "of one per task). Module-level state is then made once and shared by the tasks "
+            "(as with multiprocessing's fork): leave it off when a module opens a connection "
+            "at import. None: on when $ABSFLOW_FORK_PRELOAD is 1 (the test suite sets it)."
+        },
+    )
     secure_channels: bool | None = field(
         default=None,
         metadata={

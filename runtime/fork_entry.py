@@ -14,6 +14,15 @@ Protocol, over the ``SOCK_SEQPACKET`` Unix socket at FD (one JSON message a pack
   endpoints to, and the stdout and stderr the task writes to (the launcher's own, at
   the moment of the request, as ``subprocess.Popen`` would pass them). The server
   answers ``{"pid": int}`` (or ``{"error": str}``) once it forked.
+* launcher -> server: ``{"preload": [module, ...]}``, no descriptor: import the modules a
+  job's tasks would import when they unpickle it (``JobConfig.fork_preload``), so that
+  every task forked after it starts with them imported. The server answers
+  ``{"stale": bool, "failed": {module: error}, "threads": n}``: ``stale`` when a file
+  an earlier preload loaded has changed since (it imports nothing then; the launcher
+  starts a new server, as a fresh task would import the file as it is now); ``failed``
+  the modules that did not import (each task meets the same error itself); ``threads``
+  the Python threads after the imports: more than one, and a fork would copy another
+  thread's locks, so the server forks no more.
 * server -> launcher, whenever a child exits: ``{"exit": pid, "code": int}`` (negative:
   the signal that ended it, as ``Popen.returncode``).
 
@@ -58,6 +67,8 @@ def preload() -> None:
 def serve(sock: socket.socket) -> None:
     """Answer requests until the launcher closes its end; reap and report children."""
     children: set[int] = set()
+    loaded: dict[str, int | None] = {}  # file -> mtime of what preloads imported
+    forks = True  # until an import started a thread
     while True:
         ready, _, _ = select.select([sock], [], [], REAP_SECONDS)
         if ready:
@@ -67,7 +78,10 @@ def serve(sock: socket.socket) -> None:
                 return
             if not data:
                 return  # the launcher is gone
-            pid = _spawn(sock, data, fds)
+            if not fds and data.startswith(b'{"preload"'):
+                forks = _preload(sock, json.loads(data)["preload"], loaded) and forks
+                continue
+            pid = _spawn(sock, data, fds, forks)
             if pid is not None:
                 children.add(pid)
         while children:
@@ -78,11 +92,41 @@ def serve(sock: socket.socket) -> None:
             _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _spawn(sock: socket.socket, data: bytes, fds: list[int]) -> int | None:
+def _preload(sock: socket.socket, modules: list[str], loaded: dict[str, int | None]) -> bool:
+    """Import ``modules`` (see the protocol); False once an import started a thread."""
+    if any(_mtime(path) != mtime for path, mtime in loaded.items()):
+        _send(sock, {"stale": True, "failed": {}, "threads": threading.active_count()})
+        return threading.active_count() == 1
+    before = set(sys.modules)
+    failed = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as err:  # SystemExit too: the task meets it again itself
+            failed[name] = f"{type(err).__name__}: {err}"
+    for name in set(sys.modules) - before:
+        path = getattr(sys.modules[name], "__file__", None)
+        if isinstance(path, str):
+            loaded[path] = _mtime(path)
+    threads = threading.active_count()
+    _send(sock, {"stale": False, "failed": failed, "threads": threads})
+    return threads == 1
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _spawn(sock: socket.socket, data: bytes, fds: list[int], forks: bool = True) -> int | None:
     try:
         request = json.loads(data)
         if len(fds) != FDS:
             raise ValueError(f"expected {FDS} descriptors with the request, got {len(fds)}")
+        if not forks:
+            raise RuntimeError("a preloaded module started a thread: this server forks no more")
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()

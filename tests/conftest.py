@@ -52,6 +52,12 @@ if _OWN_TMP:  # at exit, after every handler registered later (pgserver's lock f
     atexit.register(shutil.rmtree, SESSION_TMP, ignore_errors=True)
 
 
+# The local launcher's fork server imports the modules a job refers to (the test modules
+# whose functions the tasks unpickle: pytest, networkx...) once, not in each task process
+# (JobConfig.fork_preload): no test module opens a connection or starts a thread at import.
+os.environ.setdefault("ABSFLOW_FORK_PRELOAD", "1")
+
+
 # Fixtures that start a heavy server once per session (per xdist worker): their tests
 # run on one worker (``--dist loadgroup``), so a run starts one Spark JVM (and one
 # standalone cluster) and one PostgreSQL server for the PostgreSQL tests off Spark, not one

@@ -5,6 +5,7 @@ environment, and nothing outlives the server or the job."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -13,13 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import pytest
 
+import jobmanager.fork_server as fork_server_module
 from jobmanager.faults import Kill
-from jobmanager.fork_server import ForkServer, fork_server, fork_server_pids
+from jobmanager.fork_server import ForkServer, dumps_naming_modules, fork_server, fork_server_pids
 from jobmanager.liveness import pid_alive
 from runtime import Dataflow
 from runtime.api.testing import run_local
+from runtime.sources import CollectionSource
 from tests.conftest import child_processes
 from tests.integration.topologies import HeldGenerator
 
@@ -135,3 +139,90 @@ def test_a_server_whose_tasks_still_run_is_kept_until_they_ended() -> None:
     assert fork_server(path) is first  # still its path's server
     third = fork_server(path + os.pathsep + os.getcwd() + "/third")
     assert third is not None and not first.alive and not second.alive  # idle: ended
+
+
+def probe_module(root: Path, name: str, body: str = "def apply(x):\n    return 2 * x\n") -> Any:
+    """A module ``name`` in ``root`` (on sys.path) that notes the pid of every process
+    importing it in ``<name>.imports``; imported here, as a driver has its modules."""
+    path = root / f"{name}.py"
+    path.write_text(
+        "import os\n"
+        f"with open({str(root / (name + '.imports'))!r}, 'a') as fh:\n"
+        "    fh.write(f'{os.getpid()}\\n')\n" + body
+    )
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
+def importers(root: Path, name: str) -> list[int]:
+    return [int(line) for line in (root / f"{name}.imports").read_text().split()]
+
+
+def probe_flow(module: Any) -> Dataflow:
+    f = Dataflow("preload", parallelism=2)
+    f.source(CollectionSource(list(range(20))), name="numbers").map(module.apply).collect("out")
+    return f
+
+
+@pytest.fixture
+def probe_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A directory on sys.path (the tasks' path: a fork server of the test's own)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [
+        n for n, m in sys.modules.items() if str(tmp_path) in str(getattr(m, "__file__", ""))
+    ]:
+        del sys.modules[name]
+
+
+def test_a_job_pickled_names_the_modules_its_tasks_import() -> None:
+    job = (Kill("x", after_checkpoint=1), HeldGenerator, os.getpid)
+    payload, modules = dumps_naming_modules(job)
+    assert payload == cloudpickle.dumps(job)
+    assert {"jobmanager.faults", "tests.integration.topologies"} <= modules
+    assert "__main__" not in modules and "posix" not in modules  # no file to import
+
+
+def test_a_preloaded_module_is_imported_once_by_the_server_not_by_each_task(
+    probe_root: Path,
+) -> None:
+    module = probe_module(probe_root, "probe_once")
+    me = importers(probe_root, "probe_once")
+    result = run_local(probe_flow(module), fork_preload=True)
+    assert sorted(result.output("out")) == [2 * x for x in range(20)]
+    (server,) = importers(probe_root, "probe_once")[len(me) :]  # the server only
+    assert server in fork_server_pids()
+    # Companion: without preloading, every task process that unpickles the job imports it.
+    other = probe_module(probe_root, "probe_each")
+    run_local(probe_flow(other), fork_preload=False)
+    assert len(importers(probe_root, "probe_each")[len(me) :]) >= 2
+
+
+def test_a_module_changed_on_disk_gets_a_new_server_and_the_new_code(probe_root: Path) -> None:
+    module = probe_module(probe_root, "probe_changed")
+    assert sorted(run_local(probe_flow(module), fork_preload=True).output("out"))[-1] == 38
+    first = fork_server_pids()
+    module = probe_module(probe_root, "probe_changed", "def apply(x):\n    return 3 * x\n")
+    path = probe_root / "probe_changed.py"
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))  # surely newer
+    assert sorted(run_local(probe_flow(module), fork_preload=True).output("out"))[-1] == 57
+    servers = importers(probe_root, "probe_changed")
+    assert len(set(servers) - {os.getpid()}) == 2  # one server each, the first retired
+    assert fork_server_pids() - first
+
+
+def test_a_module_that_starts_a_thread_is_not_preloaded_and_the_job_still_runs(
+    probe_root: Path,
+) -> None:
+    body = (
+        "import threading\n"
+        "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+        "def apply(x):\n    return 2 * x\n"
+    )
+    module = probe_module(probe_root, "probe_thread", body)
+    result = run_local(probe_flow(module), fork_preload=True)
+    assert sorted(result.output("out")) == [2 * x for x in range(20)]
+    assert "probe_thread" in fork_server_module._unsafe
+    # The server that imported it forks no more; the tasks came from another, and each
+    # imported the module itself.
+    assert len(importers(probe_root, "probe_thread")) >= 1 + 1 + 2
