@@ -30,6 +30,7 @@ from tests.integration.standalone import ClusterError, wait_for
 ROOT = Path(__file__).resolve().parent.parent.parent
 JOB = str(Path(__file__).resolve().parent / "hosts_job.py")
 DRIVER_TIMEOUT = 300.0
+RECORDS = 15_000  # a job's records, unless the test says otherwise
 
 
 @dataclass
@@ -173,8 +174,8 @@ class Job:
             "files": str(root / "files"),
             "result": str(root / "result.json"),
             "log": str(root / "job.log"),
-            "records": 30_000,
-            "rate": 1_500.0,  # ~20 s: long enough to see checkpoints, then a fault
+            "records": RECORDS,
+            "rate": 1_500.0,  # ~10 s: checkpoints every 0.3 s, then a fault, then the rest
             "heartbeat_timeout": 15.0,
             **spec,
         }

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.hosts.conftest import (
+    RECORDS,
     DriverService,
     HostCluster,
     HostPostgres,
@@ -95,7 +96,7 @@ def assert_exact(result: dict[str, Any], job: Job, clean: dict[str, Any]) -> Non
 def test_the_failure_free_run_spans_the_hosts_and_is_exact(clean: dict[str, Any]) -> None:
     assert clean["restarts"] == [] and clean["checkpoints"] >= 2, clean["restarts"]
     assert len(clean["hosts_with_tasks"]) >= 2, clean["hosts_with_tasks"]
-    assert clean["files"] == expected(30_000) and clean["records_out"] == 30_000
+    assert clean["files"] == expected(RECORDS) and clean["records_out"] == RECORDS
 
 
 def test_a_task_sigkilled_on_host_b(

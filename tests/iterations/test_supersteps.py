@@ -123,7 +123,9 @@ def test_companion_a_restore_that_forgets_its_superstep_is_caught(tmp_path: Path
 
 @pytest.fixture(scope="module")
 def clean_partial() -> IterationRun:
-    return run_on_streaming(bulk_components(max_supersteps=PARTIAL))
+    # On the harness as the module's tests (a module fixture is set up before the test's
+    # own fixtures, the harness among them: it would start Spark otherwise)
+    return run_on_streaming(bulk_components(max_supersteps=PARTIAL), launcher="local")
 
 
 @pytest.mark.parametrize("style", ["blocking", "tail", "head"])
