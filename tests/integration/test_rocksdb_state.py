@@ -356,9 +356,9 @@ def test_a_kill_restores_rocksdb_files_uploaded_to_s3(
     killed = run_local(
         sums(
             N,
-            rate=2_500,  # ~16 s: a task's first checkpoint also builds its S3 client
+            rate=4_000,  # ~10 s: a task's first checkpoint also builds its S3 client
             checkpoint_dir=s3_root,
-            checkpoint_interval=0.1,
+            checkpoint_interval=0.5,  # each uploads the new SST files of both tasks
             storage_options=s3.options,
             retained_checkpoints=100,
             **ROCKSDB,
