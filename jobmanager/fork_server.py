@@ -2,19 +2,21 @@
 forked from a process that imported the task side once, instead of started afresh.
 
 A fresh task process spends ~0.5 s of CPU on imports before it runs; the harness starts
-several per job, and the test suite thousands. With ``JobConfig.fork_preload`` the server
-also imports, before a job's tasks are forked, the modules the job's pickle refers to
-(`dumps_naming_modules`): each task then unpickles the job without importing them again.
-Module-level state is then made once, in the server, and shared by the tasks forked after
-(as with ``multiprocessing``'s fork start method): that is why it is a setting. A server
-whose preloaded files changed on disk, or whose imports started a thread, is retired
-(no new task, closed once idle) and a new one started. `ForkServer.spawn` gives a `ForkedTask`
-that the launcher uses as it uses a ``subprocess.Popen`` (``pid``, ``stdin``,
-``poll``, ``kill``, ``returncode``). One server per driver process and Python
-environment (`fork_server`): a driver whose ``sys.path`` changed gets a new one (the old
-one ends once the processes it forked have). A
-server that died or cannot start makes `fork_server` return None, and the launcher starts
-processes afresh. ``JobConfig.fork_server`` turns it off.
+several per job, and the test suite thousands. `ForkServer.spawn` gives a `ForkedTask`
+that the launcher uses as it uses a ``subprocess.Popen`` (``pid``, ``stdin``, ``poll``,
+``kill``, ``returncode``). One server per driver process, Python environment and kind
+(`fork_server`): a driver whose ``sys.path`` changed gets a new one (the old one ends
+once the processes it forked have). A server that died or cannot start makes
+`fork_server` return None, and the launcher starts processes afresh.
+``JobConfig.fork_server`` turns it off.
+
+Preloading (``JobConfig.fork_preload``; a server of its own kind): before a job's tasks
+are forked, the server also imports the modules the job's pickle refers to
+(`dumps_naming_modules`), so each task unpickles the job without importing them again.
+Module-level state is then made once, in the server, and shared by the tasks forked
+after (as with ``multiprocessing``'s fork start method): that is why it is a setting. A
+preloading server whose preloaded files changed on disk, or whose imports started a
+thread, is retired (no new task, closed once idle) and a new one started.
 
 The server is the driver's child in a session of its own; its task processes are its
 children. They end themselves when their stdin closes (the driver holds its write end),
@@ -83,8 +85,8 @@ class ForkedTask:
 class ForkServer:
     """One running fork server (see the module docstring)."""
 
-    def __init__(self, pythonpath: str) -> None:
-        self.pythonpath = pythonpath
+    def __init__(self, pythonpath: str, preloading: bool = False) -> None:
+        self.pythonpath, self.preloading = pythonpath, preloading
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
@@ -260,14 +262,16 @@ _servers_lock = threading.Lock()
 _unsafe: set[str] = set()  # modules whose import started a thread in a server
 
 
-def fork_server(pythonpath: str, preload: Collection[str] = ()) -> ForkServer | None:
+def fork_server(pythonpath: str, preload: Collection[str] | None = None) -> ForkServer | None:
     """The fork server for task processes with ``pythonpath`` (started on first use; one
-    at a time) that has imported ``preload`` (but modules whose import started a thread),
-    or None where it cannot run (the launcher then starts processes afresh)."""
+    at a time), or None where it cannot run (the launcher then starts processes afresh).
+    With ``preload``, the preloading server, once it has imported those modules (but those
+    whose import started a thread); without, one that never preloads (its tasks hold only
+    what they import themselves)."""
     with _servers_lock:
         for _ in range(3):  # a retired server is replaced (and its successor, once)
-            server = _current(pythonpath)
-            if server is None or not preload:
+            server = _current(pythonpath, preload is not None)
+            if server is None or preload is None:
                 return server
             wanted, before = set(preload) - _unsafe, set(server.preloaded)
             try:
@@ -283,15 +287,19 @@ def fork_server(pythonpath: str, preload: Collection[str] = ()) -> ForkServer | 
         return None
 
 
-def _current(pythonpath: str) -> ForkServer | None:
+def _current(pythonpath: str, preloading: bool) -> ForkServer | None:
+    found = None
     for server in list(_servers):  # one for another sys.path, or retired: once idle
         if server.pythonpath == pythonpath and server.alive and not server.retired:
-            return server
-        if not server.alive or not server.busy():
+            if server.preloading == preloading:
+                found = server
+        elif not server.alive or not server.busy():
             server.close()
             _servers.remove(server)
+    if found is not None:
+        return found
     try:
-        server = ForkServer(pythonpath)
+        server = ForkServer(pythonpath, preloading)
     except (OSError, ForkServerError) as err:
         log.info("task processes start afresh: %s", err)
         return None
