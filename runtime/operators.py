@@ -201,7 +201,7 @@ class ReduceOperator(KeyedOperator):
         changed = self.keyed_state.changed
         if self.key_is_record:
             if changed is not None:
-                changed.update(batch)
+                changed.add_all(batch)
             for r in batch:
                 prev = get(r, _MISSING)
                 v = r if prev is _MISSING else fn(prev, r)
@@ -296,7 +296,7 @@ class _RunningTotals(dict[object, "itertools.count[int] | _Total"]):
             state[key] = total.acc if type(total) is _Total else next(total) - addend
         changed = self.keyed.changed
         if changed is not None:
-            changed.update(self)
+            changed.add_all(self)
         self.clear()
         self.records = 0
 
@@ -337,7 +337,7 @@ class AggregateOperator(KeyedOperator):
         changed = self.keyed_state.changed
         touch = _IGNORE if changed is None else changed.add
         if self.key_is_record and changed is not None:
-            changed.update(batch)
+            changed.add_all(batch)
         if addend is not _MISSING and not callable(initial):  # acc + c: no call per record
             if self.key_is_record:
                 for r in batch:

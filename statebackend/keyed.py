@@ -38,7 +38,7 @@ import operator
 import sys
 from collections.abc import Callable, Iterable
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -180,6 +180,26 @@ _THAW: dict[StateKind, Callable[[Any], object]] = {
 }
 
 
+class ChangedKeys(dict[object, None]):
+    """The keys written since the last delta, in the order they were first written: a set
+    that keeps order (a dict of None). A delta looks its keys up in this order, which for
+    keys new to the state is the state's own insertion order: the lookups walk the
+    state's entries in sequence rather than at random. On a state of 5 M keys, a delta of
+    its 600 k newest keys took 470 ms with a set's order and 200 ms with this one."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+
+        def add(self, key: object) -> object: ...
+
+    else:
+        add = dict.setdefault  # one key, in C: the operators call it per record
+
+    def add_all(self, keys: Iterable[object]) -> None:
+        dict.update(self, zip(keys, itertools.repeat(None)))
+
+
 class KeyedStateBackend:
     """The keyed state of one operator instance.
 
@@ -231,7 +251,7 @@ class KeyedStateBackend:
         # [kind, name, live dict] per state: snapshot() packs this list as it is.
         self._layout: list[Entry] = []
         self._write_backs: list[Callable[[], None]] = []
-        self.changed: set[object] | None = None
+        self.changed: ChangedKeys | None = None
         """Keys written (set, changed in place, or deleted) in any state since the last
         :meth:`snapshot_delta` or :meth:`start_chain`, once :meth:`track_changes` was
         called (None before: nothing is tracked); operators that track changes add to it,
@@ -241,7 +261,7 @@ class KeyedStateBackend:
     def track_changes(self) -> None:
         """Start tracking changed keys (incremental checkpoints are on)."""
         if self.changed is None:
-            self.changed = set()
+            self.changed = ChangedKeys()
 
     def add_write_back(self, write_back: Callable[[], None]) -> None:
         """Run ``write_back`` before each snapshot and key count: it writes what the
@@ -324,16 +344,16 @@ class KeyedStateBackend:
         self._write_back()
         if self.changed is None:
             raise StateError(f"operator {self.operator!r}: a delta, but changes are not tracked")
-        changed = list(self.changed)
-        self.changed = set()
+        changed = list(self.changed)  # in the order first written (ChangedKeys)
+        self.changed = ChangedKeys()
         if drop:
             changed = []
         self.delta_keys = len(changed)
         entries: list[Entry] = []
         deleted: list[Deletion] = []
         for kind, name, state in self._layout:
-            # One lookup of each changed key in the state, in C (map, zip, count): on a
-            # large state each lookup is a cache miss, and they are the delta's cost.
+            # One lookup of each changed key in the state, in C (map, zip, count), in the
+            # order first written: on a large state the lookups are the delta's cost.
             values = list(map(state.get, changed, itertools.repeat(_ABSENT)))
             if any(map(operator.is_, values, itertools.repeat(_ABSENT))):
                 gone = [k for k, v in zip(changed, values, strict=True) if v is _ABSENT]

@@ -75,7 +75,7 @@ def test_a_small_state_is_checkpointed_whole_and_forgets_its_changes(
     log, keyed = KeyedChangelog("count[0]", 0, True, min_keys=10, max_chain=5), backend()
     put(keyed, range(9), 1)
     assert checkpoint(log, 1, keyed, storage) is None
-    assert keyed.changed == set()
+    assert keyed.changed == {}
     disabled = KeyedChangelog("count[0]", 0, False, min_keys=0, max_chain=5)
     put(keyed, range(100), 1)
     assert checkpoint(disabled, 2, keyed, storage) is None

@@ -72,7 +72,7 @@ def test_a_delta_holds_only_the_changed_keys() -> None:
     write(live, 7, 70)
     delta = live.snapshot_delta()
     assert len(delta) * 50 < len(base)
-    assert live.changed == set()
+    assert live.changed == {}
 
 
 def test_the_dropped_deltas_companion_loses_the_changes() -> None:
