@@ -11,7 +11,7 @@ import pytest
 
 from statebackend.errors import CorruptCheckpointError, StateError
 from statebackend.incremental import StateRef, merge_chain
-from statebackend.keyed import KeyedStateBackend
+from statebackend.keyed import KeyedStateBackend, unpack_blob
 from statebackend.metadata import CheckpointMetadata, OperatorLayout, TaskStateHandle
 from statebackend.metrics import CheckpointSummary
 
@@ -173,3 +173,24 @@ def test_chains_round_trip_through_the_metadata_and_count_their_bytes() -> None:
     assert CheckpointMetadata.from_json(metadata.to_json()).tasks["sum[0]"].chains == handle.chains
     with pytest.raises(CorruptCheckpointError, match="chain entry"):
         StateRef.decode(["path", 1])
+
+
+def test_a_delta_holds_its_keys_in_the_order_first_written() -> None:
+    """The changed keys keep the order they were first written in (ChangedKeys): for keys
+    new to the state that is the state's own order, which a delta's lookups then walk in
+    sequence. Written again, or deleted, a key keeps its place."""
+    b = backend()
+    b.start_chain()
+    assert b.changed is not None
+    for key in (9, 3, 7):
+        write(b, key, key)
+    write(b, 3, 30)
+    b.changed.add_all([11, 9, 5])
+    b.value_state().update({11: 11, 5: 5})
+    delete(b, 7)
+    assert list(b.changed) == [9, 3, 7, 11, 5]
+    entries, deleted = unpack_blob(b.snapshot_delta())
+    values = next(state for kind, name, state in entries if name == "value")
+    assert list(values) == [9, 3, 11, 5] and values[3] == 30
+    assert ("value", [7]) in [tuple(d) for d in deleted]
+    assert b.changed == {} and b.delta_keys == 5
