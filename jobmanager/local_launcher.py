@@ -150,15 +150,12 @@ class LocalStage:
     def _spawn(self) -> list[IO[bytes]]:
         config = self.env.config
         env = dict(os.environ, PYTHONPATH=task_pythonpath())
-        server = None
-        if not config.fork_server:
-            payload = cloudpickle.dumps((self.plan, self.env))
-        elif preloads(config):
+        modules: set[str] | None = None  # None: a server that does not preload
+        if config.fork_server and preloads(config):
             payload, modules = dumps_naming_modules((self.plan, self.env))
-            server = fork_server(env["PYTHONPATH"], modules)
         else:
             payload = cloudpickle.dumps((self.plan, self.env))
-            server = fork_server(env["PYTHONPATH"])
+        server = fork_server(env["PYTHONPATH"], modules) if config.fork_server else None
         readers: list[IO[bytes]] = []
         for spec in self.plan.tasks:
             r, w = os.pipe()
