@@ -361,10 +361,10 @@ class OperatorChain:
             if not with_state or (state is None and keyed is None):
                 continue  # an operator without state is not in the checkpoint
             groups = keyed.key_groups if keyed is not None else None
-            stored = isinstance(keyed, RocksDBStateBackend) and not final
-            if stored:  # its own checkpoint of immutable files (a savepoint: canonical)
-                assert isinstance(keyed, RocksDBStateBackend)
-                stores.append(keyed.local_checkpoint(checkpoint_id))
+            stored = isinstance(keyed, RocksDBStateBackend)
+            if stored:  # its own checkpoint of immutable files (a savepoint: canonical,
+                assert isinstance(keyed, RocksDBStateBackend)  # spooled from them)
+                stores.append(keyed.local_checkpoint(checkpoint_id, canonical=final))
             chained = stored or (
                 keyed is not None
                 and keyed.in_memory
@@ -460,10 +460,12 @@ class OperatorChain:
                 for handle in handles:  # no key hashed when the writer's key groups are ours
                     layout = handle.operators.get(op.name)
                     written = layout.key_groups if layout is not None else None
-                    keyed.restore(
-                        storage.read_keyed_state(n, handle, op.name, keyed.key_groups),
-                        written_for=range(*written) if written else None,
-                    )
+                    with storage.keyed_state_streams(
+                        n, handle, op.name, keyed.key_groups
+                    ) as streams:
+                        keyed.restore_streams(
+                            streams, written_for=range(*written) if written else None
+                        )
                 inherited = restore_chains(keyed, op.name, handles, storage)
                 if op.tracks_changes and inherited is not None:
                     self.changelog.inherit(op.name, inherited)

@@ -53,7 +53,7 @@ from runtime.task_io import Output
 from runtime.watermarks import watermark_metric
 from statebackend.metadata import TaskStateHandle
 from statebackend.metrics import AckMetrics
-from statebackend.snapshot import OperatorSnapshot
+from statebackend.snapshot import OperatorSnapshot, SpooledBlob
 from statebackend.spill import SpillBuffer
 from statebackend.storage import CheckpointStorage
 
@@ -368,14 +368,26 @@ class TaskCheckpointer:
         started = time.perf_counter()
         refs, written = chains.write(storage) if chains is not None else ({}, 0)
         stores = {}
-        for store in captured.stores:  # RocksDB: the SST files not uploaded before
-            stores[store.operator], uploaded = store.write(
-                storage, self.task.task_id, checkpoint_id
+        snapshots = dict(captured.snapshots)
+        spooled: list[SpooledBlob] = []
+        try:
+            for store in captured.stores:  # RocksDB: the SST files not uploaded before
+                if store.canonical:  # a savepoint: self-contained, spooled
+                    spooled.append(store.spool())
+                    snapshots[store.operator] = dataclasses.replace(
+                        snapshots[store.operator], keyed_state=spooled[-1]
+                    )
+                    continue
+                stores[store.operator], uploaded = store.write(
+                    storage, self.task.task_id, checkpoint_id
+                )
+                written += uploaded
+            handle = storage.write_task_state(
+                checkpoint_id, self.task.task_id, snapshots, captured.layout
             )
-            written += uploaded
-        handle = storage.write_task_state(
-            checkpoint_id, self.task.task_id, captured.snapshots, captured.layout
-        )
+        finally:
+            for blob in spooled:
+                blob.discard()
         if refs or stores:  # incremental keyed state: its chains, and the bytes of this delta
             handle = dataclasses.replace(handle, chains=refs, stores=stores)
         return handle, _ms(time.perf_counter() - started), written

@@ -38,7 +38,7 @@ import operator
 import sys
 from collections.abc import Callable, Iterable
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgpack
 
@@ -463,6 +463,16 @@ class KeyedStateBackend:
                 for key, value in entries.items():
                     if key_group_of(key) in owned:
                         state[key] = thaw(value)
+
+    def restore_streams(
+        self,
+        streams: Iterable[BinaryIO],
+        key_groups: range | None = None,
+        written_for: range | None = None,
+    ) -> None:
+        """As `restore`, each blob given as a stream (``snapshot.keyed_state_streams``):
+        in memory, each is read whole (the state it holds is held whole anyway)."""
+        self.restore((stream.read() for stream in streams), key_groups, written_for)
 
     def num_keys(self) -> int:
         """Number of distinct keys over all states (a metric; not for the hot path)."""

@@ -41,6 +41,7 @@ reads, so a truncated or bit-flipped file raises :class:`CorruptStateError`.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import struct
 import zlib
@@ -72,10 +73,55 @@ class OperatorSnapshot:
 
     operator_state: bytes | None
     """msgpack blob of the operator's own state (source offsets, sink transactions)."""
-    keyed_state: bytes | None
-    """:meth:`KeyedStateBackend.snapshot` blob, or None."""
+    keyed_state: bytes | SpooledBlob | None
+    """:meth:`KeyedStateBackend.snapshot` blob (or the same bytes spooled to local files:
+    a state larger than memory), or None."""
     key_groups: range | None
     """Key groups this instance owned (None if the operator is not keyed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledBlob:
+    """A blob too large to hold in memory, as local files: the concatenation of
+    ``parts`` (bytes held here, or the path of a local file), ``size`` bytes whose crc32
+    is ``crc32``. A state file copies it in as one section (``statebackend.rocksdb``'s
+    canonical savepoints); `discard` removes the files."""
+
+    parts: tuple[bytes | str, ...]
+    size: int
+    crc32: int
+
+    @classmethod
+    def of(cls, parts: tuple[bytes | str, ...]) -> SpooledBlob:
+        """The blob of ``parts``, its size and crc32 read from them."""
+        size = crc = 0
+        blob = cls(parts, 0, 0)
+        for chunk in blob.chunks():
+            size += len(chunk)
+            crc = zlib.crc32(chunk, crc)
+        return cls(parts, size, crc)
+
+    def chunks(self) -> Iterator[bytes]:
+        for part in self.parts:
+            if isinstance(part, bytes):
+                yield part
+                continue
+            with open(part, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    yield chunk
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self) -> bytes:
+        """The whole blob in memory (small blobs: inline handles, tests)."""
+        return b"".join(self.chunks())
+
+    def discard(self) -> None:
+        for part in self.parts:
+            if isinstance(part, str):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(part)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +162,7 @@ class _Header:
 class EncodedSnapshot:
     """The bytes of one state file, in order, and their total size."""
 
-    chunks: tuple[bytes, ...]
+    chunks: tuple[bytes | SpooledBlob, ...]
     size: int
     sections: int
 
@@ -130,10 +176,11 @@ def encode_task_snapshot(
 
     Keyed state is one whole-range section per operator, unless ``key_group_fns[op]``
     (key -> key group) is given for operator ``op``: then one section per key group.
-    ``compress``: each section an lz4 block; else the blobs as they are (no copy).
+    ``compress``: each section an lz4 block; else the blobs as they are (no copy). A
+    spooled blob is copied in as it is, so a file holding one is not compressed.
     """
     fns = key_group_fns or {}
-    payloads: list[tuple[str, str, int, bytes]] = []  # operator, kind, key group, raw blob
+    payloads: list[tuple[str, str, int, bytes | SpooledBlob]] = []  # op, kind, kg, raw blob
     op_index: dict[str, list[Any]] = {}
     for op, snap in operators.items():
         kgs = snap.key_groups
@@ -143,7 +190,7 @@ def encode_task_snapshot(
             payloads.append((op, OPERATOR_SECTION, -1, snap.operator_state))
         if snap.keyed_state is not None:
             fn = fns.get(op)
-            if fn is None:
+            if fn is None or isinstance(snap.keyed_state, SpooledBlob):
                 # One section for the instance's whole key-group range: no regrouping in
                 # the writer (cheap; it competes with the task loop for the GIL); a restore
                 # filters the keys by key group instead.
@@ -152,10 +199,16 @@ def encode_task_snapshot(
             for kg, blob in KeyedStateBackend.split_by_key_group(snap.keyed_state, fn).items():
                 payloads.append((op, KEYED_SECTION, kg, blob))
 
+    compress = compress and not any(isinstance(raw, SpooledBlob) for *_, raw in payloads)
     sections: list[list[Any]] = []
-    bodies: list[bytes] = []
+    bodies: list[bytes | SpooledBlob] = []
     offset = 0
     for op, kind, kg, raw in payloads:
+        if isinstance(raw, SpooledBlob):
+            sections.append([op, kind, kg, offset, raw.size, raw.crc32, raw.size])
+            bodies.append(raw)
+            offset += raw.size
+            continue
         body = lz4.block.compress(raw, store_size=True) if compress else raw
         sections.append([op, kind, kg, offset, len(body), zlib.crc32(body), len(raw)])
         bodies.append(body)
@@ -171,13 +224,19 @@ def encode_task_snapshot(
     )
 
 
-def write_chunks(out: BinaryIO, chunks: tuple[bytes, ...]) -> int:
+def write_chunks(out: BinaryIO, chunks: tuple[bytes | SpooledBlob, ...]) -> int:
     """Write ``chunks`` to ``out``; return the crc32 of everything written."""
     crc = 0
     for chunk in chunks:
-        out.write(chunk)
-        crc = zlib.crc32(chunk, crc)
+        for piece in chunk.chunks() if isinstance(chunk, SpooledBlob) else (chunk,):
+            out.write(piece)
+            crc = zlib.crc32(piece, crc)
     return crc
+
+
+def joined(chunks: tuple[bytes | SpooledBlob, ...]) -> bytes:
+    """``chunks`` as one bytes object (a small state: an inline handle)."""
+    return b"".join(c.read() if isinstance(c, SpooledBlob) else c for c in chunks)
 
 
 def write_task_snapshot(
@@ -218,22 +277,92 @@ def read_keyed_state(source: StateSource, operator: str, key_groups: range) -> l
     the keys of its own key groups: a whole-range section may hold others)."""
     with _open(source) as (f, path):
         header = _read_header(f, path)
-        owned = header.operators.get(operator)
-        whole = (
-            owned is not None
-            and owned[1] is not None
-            and owned[1] < key_groups.stop
-            and key_groups.start < owned[2]
-        )
-        wanted = [
-            s
-            for s in header.sections
-            if s.operator == operator
-            and s.kind == KEYED_SECTION
-            and (s.key_group in key_groups or (s.key_group == WHOLE_RANGE and whole))
-        ]
-        wanted.sort(key=lambda s: s.key_group)
-        return [_read_section(f, path, header, s) for s in wanted]
+        return [_read_section(f, path, header, s) for s in _keyed(header, operator, key_groups)]
+
+
+def keyed_state_streams(f: BinaryIO, operator: str, key_groups: range) -> Iterator[BinaryIO]:
+    """As `read_keyed_state`, each blob a stream read from the open file ``f`` (a state
+    larger than memory: ``KeyedStateBackend.restore_streams``). Read each stream before
+    taking the next; the last read of a stream checks its crc32 (CorruptStateError).
+    A compressed section is decompressed whole."""
+    path = str(getattr(f, "name", "<state file>"))
+    header = _read_header(f, path)
+    for section in _keyed(header, operator, key_groups):
+        if header.compressed:
+            yield io.BytesIO(_read_section(f, path, header, section))
+        else:
+            yield io.BufferedReader(_SectionStream(f, path, header.data_start, section), _CHUNK)
+
+
+def _keyed(header: _Header, operator: str, key_groups: range) -> list[_Section]:
+    """The keyed sections of ``operator`` overlapping ``key_groups``, by key group."""
+    owned = header.operators.get(operator)
+    whole = (
+        owned is not None
+        and owned[1] is not None
+        and owned[1] < key_groups.stop
+        and key_groups.start < owned[2]
+    )
+    wanted = [
+        s
+        for s in header.sections
+        if s.operator == operator
+        and s.kind == KEYED_SECTION
+        and (s.key_group in key_groups or (s.key_group == WHOLE_RANGE and whole))
+    ]
+    wanted.sort(key=lambda s: s.key_group)
+    return wanted
+
+
+class _SectionStream(io.RawIOBase):
+    """One raw section of a state file as a stream: reads stop at its end, where its
+    crc32 is checked."""
+
+    def __init__(self, f: BinaryIO, path: str, data_start: int, section: _Section) -> None:
+        self._f, self._path, self._section = f, path, section
+        self._at = data_start + section.offset
+        self._left = section.length
+        self._crc = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readall(self) -> bytes:
+        """The rest of the section, in one read."""
+        parts = []
+        while self._left:
+            self._f.seek(self._at)
+            data = self._f.read(self._left)
+            self._take(data)
+            parts.append(data)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if not self._left or not len(view):
+            return 0
+        self._f.seek(self._at)
+        data = self._f.read(min(len(view), self._left))
+        self._take(data)
+        view[: len(data)] = data
+        return len(data)
+
+    def _take(self, data: bytes) -> None:
+        """Count ``data`` read; at the section's end, check its crc32."""
+        section = self._section
+        if not data:
+            raise CorruptStateError(
+                self._path, f"truncated in {section.describe()}: {self._left} bytes missing"
+            )
+        self._at += len(data)
+        self._left -= len(data)
+        self._crc = zlib.crc32(data, self._crc)
+        if not self._left and self._crc != section.crc32:
+            raise CorruptStateError(
+                self._path,
+                f"crc32 mismatch in {section.describe()}: {self._crc:#010x}, expected "
+                f"{section.crc32:#010x}",
+            )
 
 
 def list_operators(source: StateSource) -> dict[str, dict[str, Any]]:

@@ -50,6 +50,8 @@ from statebackend.snapshot import (
     EncodedSnapshot,
     OperatorSnapshot,
     encode_task_snapshot,
+    joined,
+    keyed_state_streams,
     read_keyed_state,
     read_operator_state,
     verify_state_file,
@@ -60,7 +62,7 @@ log = logging.getLogger("absflow.statebackend")
 
 
 def _inline(encoded: EncodedSnapshot, layout: Mapping[str, OperatorLayout]) -> TaskStateHandle:
-    data = b"".join(encoded.chunks)
+    data = joined(encoded.chunks)
     return TaskStateHandle("", encoded.size, zlib.crc32(data), dict(layout), data)
 
 
@@ -192,6 +194,15 @@ class CheckpointStorage:
         """Keyed-state blobs of ``operator`` in a task's state overlapping ``key_groups``."""
         with self._open_state(checkpoint_id, handle) as f:
             return read_keyed_state(f, operator, key_groups)
+
+    @contextlib.contextmanager
+    def keyed_state_streams(
+        self, checkpoint_id: int, handle: TaskStateHandle, operator: str, key_groups: range
+    ) -> Iterator[Iterator[BinaryIO]]:
+        """As `read_keyed_state`, each blob a stream (``snapshot.keyed_state_streams``),
+        while the file is open."""
+        with self._open_state(checkpoint_id, handle) as f:
+            yield keyed_state_streams(f, operator, key_groups)
 
     @contextlib.contextmanager
     def _open_state(self, checkpoint_id: int, handle: TaskStateHandle) -> Iterator[BinaryIO]:

@@ -18,8 +18,10 @@ from runtime.checkpointer import TaskCheckpointer, TaskIdentity
 from runtime.control import CheckpointFailureReason
 from runtime.errors import CheckpointStorageError
 from runtime.task_faults import TaskFaults
+from statebackend.keyed import KeyedStateBackend
 from statebackend.metadata import OperatorLayout
 from statebackend.metrics import AckMetrics
+from statebackend.rocksdb import RocksDBStateBackend
 from statebackend.snapshot import OperatorSnapshot, read_operator_state
 from statebackend.storage import CheckpointStorage
 
@@ -164,3 +166,54 @@ def test_the_final_barrier_finishes_the_chain_and_its_completion_ends_the_task(
     assert not setup.checkpointer.completed_final
     setup.checkpointer.complete(4)
     assert setup.chain.completed == [3, 4] and setup.checkpointer.completed_final
+
+
+def group(key: Any) -> int:
+    return int(key) % 8
+
+
+class StoreChain(Chain):
+    """A chain whose one operator keeps keyed state in RocksDB."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(b"")
+        directory.mkdir()
+        self.keyed = RocksDBStateBackend("op", 8, range(8), group, lambda: str(directory))
+        values = self.keyed.value_state()
+        for i in range(1000):
+            values[i] = -i
+
+    def capture(
+        self, checkpoint_id: int, storage: CheckpointStorage | None, final: bool = False
+    ) -> Capture:
+        store = self.keyed.local_checkpoint(checkpoint_id, canonical=final)
+        snapshot = OperatorSnapshot(None, None, self.keyed.key_groups)
+        return Capture({"op": snapshot}, {"op": OperatorLayout(0, 1, (0, 8))}, 0, None, (store,))
+
+
+def test_a_savepoint_of_rocksdb_state_is_canonical_and_leaves_no_local_file(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint uploads RocksDB's files; a final one (a savepoint) writes the
+    canonical snapshot, spooled on the writer thread, into the state file and removes
+    the spool and the local checkpoint."""
+    s = Setup(tmp_path / "chk")
+    s.chain = chain = StoreChain(tmp_path / "task")
+    s.checkpointer.chain = chain
+    try:
+        s.checkpoint(1)
+        s.checkpoint(2, final=True)
+        s.checkpointer.collect_writes(wait=True)
+        first, final = s.sent
+        assert isinstance(first, P.Ack) and first.state is not None and first.state.stores
+        assert isinstance(final, P.Ack) and final.state is not None and not final.state.stores
+        (blob,) = s.storage.read_keyed_state(2, final.state, "op", range(8))
+        restored = KeyedStateBackend("op", 8, range(8), group)
+        restored.restore([blob])
+        assert restored.value_state() == {i: -i for i in range(1000)}
+        assert [p.name for p in (tmp_path / "task").iterdir()] == [
+            Path(str(chain.keyed._path)).name
+        ]
+    finally:
+        s.checkpointer.close()
+        chain.keyed.close()
