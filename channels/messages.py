@@ -77,11 +77,13 @@ class MalformedFrameError(AbsflowError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Barrier:
-    """Checkpoint barrier; ``final`` marks the last checkpoint before shutdown."""
+    """Checkpoint barrier; ``final`` marks the last checkpoint before shutdown, and
+    ``savepoint`` one kept as a savepoint (the tasks write it self-contained: whole)."""
 
     checkpoint_id: int
     timestamp: float
     final: bool = False
+    savepoint: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +161,7 @@ def encode_data(channel: int, records: list[Any], compress_min_bytes: int = 6553
 def encode_event(channel: int, event: Event) -> bytes:
     """Encode a control event as one frame."""
     if isinstance(event, Barrier):
-        body = (event.checkpoint_id, event.timestamp, event.final)
+        body = (event.checkpoint_id, event.timestamp, event.final, event.savepoint)
         return _header_pack(channel, KIND_BARRIER) + _packb(body, use_bin_type=True)
     if isinstance(event, EndOfInput):
         return _header_pack(channel, KIND_END_OF_INPUT)
@@ -286,9 +288,9 @@ def decode_event(frame: bytes | memoryview) -> Event:
 
 def _decode_event_body(kind: int, view: memoryview) -> Event | None:
     if kind == KIND_BARRIER:
-        checkpoint_id, timestamp, final = _unpackb(view, use_list=False)
-        _check_types(checkpoint_id, int, timestamp, (int, float), final, bool)
-        return Barrier(checkpoint_id, timestamp, final)
+        checkpoint_id, timestamp, final, savepoint = _unpackb(view, use_list=False)
+        _check_types(checkpoint_id, int, timestamp, (int, float), final, bool, savepoint, bool)
+        return Barrier(checkpoint_id, timestamp, final, savepoint)
     if kind == KIND_END_OF_INPUT:
         return EndOfInput()
     if kind == KIND_CANCEL:

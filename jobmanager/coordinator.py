@@ -41,6 +41,7 @@ class PendingCheckpoint:
     drained_mono: float | None = None
     savepoint: bool = False  # the final checkpoint of a stop: kept, never retired
     superstep: int | None = None  # an iteration's checkpoint at this superstep's boundary
+    whole: bool = False  # triggered as a savepoint: the tasks write it self-contained
 
 
 @dataclass
@@ -162,6 +163,7 @@ class CheckpointCoordinator:
             set(self.all_tasks),
             savepoint=savepoint,
             superstep=superstep,
+            whole=savepoint,
         )
         self.pending[n] = cp
         if final:
@@ -170,7 +172,7 @@ class CheckpointCoordinator:
             self._halt(cp)
             return n
         for index in self.sources:
-            self.send(index, P.Trigger(n, now, final, drain))
+            self.send(index, P.Trigger(n, now, final, drain, savepoint))
         return n
 
     def _halt(self, cp: PendingCheckpoint) -> None:
@@ -250,7 +252,7 @@ class CheckpointCoordinator:
         resume), unless ``drain``: the sources send the end-of-time watermark before the
         final barrier, so every window and timer fires and commits with it (Flink's
         ``stop --drain``, for a job that will not resume)."""
-        if self.final_triggered:
+        if self.final_triggered:  # a savepoint if it is self-contained (`_complete` checks)
             for cp in self.pending.values():
                 cp.savepoint = cp.savepoint or cp.final
             return None
@@ -295,6 +297,14 @@ class CheckpointCoordinator:
             per_task[task_id] = ack.metrics
             if ack.state is not None:
                 tasks[task_id] = ack.state
+        if cp.savepoint and not cp.whole and any(t.chains or t.stores for t in tasks.values()):
+            log.warning(
+                "checkpoint %d: the input ended before the stop, and this final checkpoint "
+                "was taken incrementally (it refers to files of earlier checkpoints): it is "
+                "kept as a checkpoint, not as a savepoint; resume from it with restore_from",
+                cp.checkpoint_id,
+            )
+            cp.savepoint = False
         metrics = summarize(per_task, mode_label(self.config), duration_ms)
         if cp.drain is not None:  # synchronous: the sources stayed halted until now
             drained = cp.drained_mono if cp.drained_mono is not None else done

@@ -81,7 +81,8 @@ def begin_stop(
 ) -> int:
     """Act on a stop request in a running attempt (every task registered): trigger the
     final checkpoint kept as a savepoint. Returns its id, or -1 when the input had ended
-    first (that final checkpoint becomes the savepoint).
+    first (that final checkpoint becomes the savepoint, unless it was taken incrementally:
+    the coordinator keeps it as a checkpoint then).
 
     A job with a loop stops the same way (cyclic ABS, docs/loops.md): the final barrier
     ends the sources, each loop head snapshots on it and logs what comes back on its
@@ -98,7 +99,7 @@ def begin_stop(
         f"{stop.reason}{', draining event time' if stop.drain else ''}",
         f"final checkpoint {n} triggered"
         if n is not None
-        else "the input ended first, its final checkpoint is the savepoint",
+        else "the input ended first, its final checkpoint is the savepoint if self-contained",
     )
     return -1 if n is None else n
 

@@ -337,12 +337,13 @@ class OperatorChain:
 
     # -- checkpoints ---------------------------------------------------------------------
     def capture(
-        self, checkpoint_id: int, storage: CheckpointStorage | None, final: bool = False
+        self, checkpoint_id: int, storage: CheckpointStorage | None, savepoint: bool = False
     ) -> Capture:
         """Snapshot every operator (sinks pre-commit, also without ``storage``); with a
         ``storage``, the state of those that hold any, serialized: keyed state of operators
         that track their changes incrementally (`runtime.changelog`), except in a
-        ``final`` checkpoint (a savepoint: self-contained)."""
+        ``savepoint`` (self-contained: whole, canonical). The final checkpoint at the end
+        of the input is a checkpoint like any other (as in Flink): incremental."""
         self.check_memory_budget()
         with_state = storage is not None
         changelog = self.changelog
@@ -364,12 +365,12 @@ class OperatorChain:
             stored = isinstance(keyed, RocksDBStateBackend)
             if stored:  # its own checkpoint of immutable files (a savepoint: canonical,
                 assert isinstance(keyed, RocksDBStateBackend)  # spooled from them)
-                stores.append(keyed.local_checkpoint(checkpoint_id, canonical=final))
+                stores.append(keyed.local_checkpoint(checkpoint_id, canonical=savepoint))
             chained = stored or (
                 keyed is not None
                 and keyed.in_memory
                 and storage is not None
-                and not final
+                and not savepoint
                 and op.tracks_changes
                 and changelog.capture(checkpoint_id, op.name, keyed, storage)
             )

@@ -5,9 +5,9 @@ format and the rules; this is the task's side of them).
 At a barrier (task-loop thread, `KeyedChangelog.capture`), an operator that tracks its
 changed keys and has a chain gets a delta (work proportional to the keys changed in the
 epoch); one without a chain gets a base once its largest state holds
-``incremental_min_keys`` keys, and below that is checkpointed whole, as before. Every
-final checkpoint (a savepoint, the end of a bounded job) is whole, in the checkpoint's
-own directory: self-contained.
+``incremental_min_keys`` keys, and below that is checkpointed whole, as before. A
+savepoint is whole, in the checkpoint's own directory: self-contained; the final
+checkpoint at the end of the input is incremental like any other (as in Flink).
 
 The chain's files are written by the checkpointer's writer thread
 (`ChainWrite.write`), in checkpoint order, one file per task and checkpoint. A file
@@ -170,8 +170,7 @@ class KeyedChangelog:
         if not self.enabled:
             return False
         if chain is None and keyed.key_count() < self.min_keys:
-            if keyed.changed is not None:
-                keyed.changed.clear()
+            keyed.forget_changes()
             return False
         self._apply_compaction(operator)
         if chain is not None:

@@ -64,7 +64,7 @@ class Snapshotted(Protocol):
     """What the checkpointer needs of the task's operators (``OperatorChain``)."""
 
     def capture(
-        self, checkpoint_id: int, storage: CheckpointStorage | None, final: bool = False
+        self, checkpoint_id: int, storage: CheckpointStorage | None, savepoint: bool = False
     ) -> Capture: ...
     def finish(self) -> None: ...
     def notify_complete(self, checkpoint_id: int) -> None: ...
@@ -252,7 +252,9 @@ class TaskCheckpointer:
     # -- sources: the job manager triggers -------------------------------------------------
     def trigger_source(self, trigger: P.Trigger) -> None:
         """A source's checkpoint, between two batches; the final one ends its output."""
-        barrier = Barrier(trigger.checkpoint_id, trigger.timestamp, trigger.final)
+        barrier = Barrier(
+            trigger.checkpoint_id, trigger.timestamp, trigger.final, trigger.savepoint
+        )
         metrics = AckMetrics(start_delay_ms=_ms(self._wall_clock() - trigger.timestamp))
         self.checkpoint(barrier, metrics)
         if trigger.final:
@@ -282,7 +284,7 @@ class TaskCheckpointer:
         if barrier.final:
             self.final_checkpoint = n
             self.chain.finish()
-        captured, metrics = self.capture(n, metrics, barrier.final)
+        captured, metrics = self.capture(n, metrics, barrier.savepoint)
         self.forward(barrier)
         spec = self._in_flight
         if spec is not None:  # written once the log is complete (the handler says when)
@@ -302,11 +304,12 @@ class TaskCheckpointer:
         self.write(n, captured, metrics)
 
     def capture(
-        self, checkpoint_id: int, metrics: AckMetrics, final: bool = False
+        self, checkpoint_id: int, metrics: AckMetrics, savepoint: bool = False
     ) -> tuple[Capture, AckMetrics]:
-        """The chain's state, and ``metrics`` with the capture's figures."""
+        """The chain's state (whole for a ``savepoint``), and ``metrics`` with the
+        capture's figures."""
         started = time.perf_counter()
-        captured = self.chain.capture(checkpoint_id, self.storage, final)
+        captured = self.chain.capture(checkpoint_id, self.storage, savepoint)
         # Counts at the snapshot (a consistent cut): the job's committed record figures.
         records_in, records_out = self._counts()
         return captured, dataclasses.replace(

@@ -158,7 +158,8 @@ class JobConfig:
         metadata={
             "help": "Checkpoint large keyed state incrementally: a base, then per checkpoint "
             "only the keys changed since the last one, chained (statebackend.incremental); "
-            "savepoints and final checkpoints stay whole. False: every checkpoint whole."
+            "savepoints stay whole (the final checkpoint at the end of the input is "
+            "incremental like any other). False: every checkpoint whole."
         },
     )
     incremental_min_keys: int = field(

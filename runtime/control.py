@@ -277,6 +277,7 @@ class Trigger(Message):
     timestamp: float
     final: bool
     drain: bool = False  # a stop with drain: end event time before the final barrier
+    savepoint: bool = False  # kept as a savepoint: written self-contained (whole)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,6 @@ from runtime.watermarks import NO_WATERMARK
 from statebackend.keyed import KeyedStateBackend
 
 _MISSING = object()
-_IGNORE = frozenset().__contains__  # a call in C that does nothing: changes not tracked
 
 
 KeyedStateFactory = Callable[[str, int, range, Callable[[object], int]], KeyedStateBackend]
@@ -73,8 +72,9 @@ class Operator:
     wants_processing_time = False
     """Whether it gets ``on_processing_time`` calls (processing-time timers, windows)."""
     tracks_changes = False
-    """Whether every key it writes in keyed state goes into ``keyed_state.changed``: its
-    keyed state can then be checkpointed incrementally (``runtime.changelog``)."""
+    """Whether every key it writes in keyed state goes into ``keyed_state.changed`` (or its
+    value into ``keyed_state.written_values()``): its keyed state can then be
+    checkpointed incrementally (``runtime.changelog``)."""
 
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         self.step = step
@@ -195,27 +195,18 @@ class ReduceOperator(KeyedOperator):
     def process(self, batch: list[object], side: int = 0) -> list[object]:
         assert self.keyed_state is not None
         state = self.keyed_state.value_state()
-        key_fn, fn, get = self.key_fn, self.step.fn, state.get
+        fn, get = self.step.fn, state.get
         out: list[object] = []
         append = out.append
-        changed = self.keyed_state.changed
-        if self.key_is_record:
-            if changed is not None:
-                changed.add_all(batch)
-            for r in batch:
-                prev = get(r, _MISSING)
-                v = r if prev is _MISSING else fn(prev, r)
-                state[r] = v
-                append(v)
-            return out
-        touch = _IGNORE if changed is None else changed.add
-        for r in batch:
-            k = key_fn(r)
+        written = self.keyed_state.written_values()
+        keys = batch if self.key_is_record else list(map(self.key_fn, batch))
+        for k, r in zip(keys, batch, strict=True):
             prev = get(k, _MISSING)
             v = r if prev is _MISSING else fn(prev, r)
             state[k] = v
-            touch(k)
             append(v)
+        if written is not None:  # the delta's values, one update per batch
+            written.update(zip(keys, out, strict=True))
         return out
 
 
@@ -291,12 +282,12 @@ class _RunningTotals(dict[object, "itertools.count[int] | _Total"]):
         on ints) and forget them."""
         if self and self.records < MIN_RECORDS_PER_KEY * len(self):
             self.enabled = False
-        state, addend = self.state, self.addend
-        for key, total in self.items():
-            state[key] = total.acc if type(total) is _Total else next(total) - addend
-        changed = self.keyed.changed
-        if changed is not None:
-            changed.add_all(self)
+        addend = self.addend
+        values = [t.acc if type(t) is _Total else next(t) - addend for t in self.values()]
+        self.state.update(zip(self, values, strict=True))
+        written = self.keyed.written_values()
+        if written is not None:
+            written.update(zip(self, values, strict=True))
         self.clear()
         self.records = 0
 
@@ -331,13 +322,10 @@ class AggregateOperator(KeyedOperator):
         state = self.keyed_state.value_state()
         key_fn, add, get = self.key_fn, self.step.fn, state.get
         initial = self.step.args["initial"]
-        out: list[object] = []
+        out: list[Any] = []  # (key, value) pairs
         append = out.append
         addend = self.addend
-        changed = self.keyed_state.changed
-        touch = _IGNORE if changed is None else changed.add
-        if self.key_is_record and changed is not None:
-            changed.add_all(batch)
+        written = self.keyed_state.written_values()
         if addend is not _MISSING and not callable(initial):  # acc + c: no call per record
             if self.key_is_record:
                 for r in batch:
@@ -349,7 +337,6 @@ class AggregateOperator(KeyedOperator):
                     k = key_fn(r)
                     acc = get(k, initial) + addend
                     state[k] = acc
-                    touch(k)
                     append((k, acc))
         elif callable(initial):
             for r in batch:
@@ -357,7 +344,6 @@ class AggregateOperator(KeyedOperator):
                 acc = get(k, _MISSING)
                 acc = add(initial() if acc is _MISSING else acc, r)
                 state[k] = acc
-                touch(k)
                 append((k, acc))
         elif self.key_is_record:
             for r in batch:
@@ -369,8 +355,9 @@ class AggregateOperator(KeyedOperator):
                 k = key_fn(r)
                 acc = add(get(k, initial), r)
                 state[k] = acc
-                touch(k)
                 append((k, acc))
+        if written is not None:  # the delta's values: the output's (key, value) pairs
+            written.update(out)
         return out
 
 

@@ -28,9 +28,9 @@ A `StateRef` also says which of its file's keys count (``key_groups``): after a 
 an instance inherits the chains of every old instance whose key groups overlap its own,
 each narrowed to the overlap, so two files never both decide a key.
 
-A **savepoint** (and every final checkpoint) is written whole into its ``chk-<n>``
-directory: self-contained, any chain restores from it, and a user may delete the
-checkpoints behind it.
+A **savepoint** is written whole into its ``chk-<n>`` directory: self-contained, any
+chain restores from it, and a user may delete the checkpoints behind it. The final
+checkpoint at the end of the input is a checkpoint like any other (incremental).
 """
 
 from __future__ import annotations

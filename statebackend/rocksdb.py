@@ -30,9 +30,9 @@ asynchronous part uploads the SST files not uploaded before to the checkpoint ro
 ``shared/<task>/`` and the small metadata files (MANIFEST, CURRENT, OPTIONS) of this
 checkpoint, then removes the local links. The checkpoint's `StoreCheckpoint` lists every
 file it needs; the job manager's ``SharedStateRegistry`` counts them like chain files,
-so retention never deletes a file a retained checkpoint refers to. A **savepoint** (and
-a final checkpoint) is the canonical whole snapshot of ``statebackend.keyed`` instead
-(`snapshot`): either backend restores it.
+so retention never deletes a file a retained checkpoint refers to. A **savepoint** is the
+canonical whole snapshot of ``statebackend.keyed`` instead, spooled from such a local
+checkpoint on the writer thread (`StoreWrite.spool`): either backend restores it.
 
 **Restore.** At the same key groups the task downloads the checkpoint's files and opens
 them as its database (their SST files count as uploaded: the next checkpoint is

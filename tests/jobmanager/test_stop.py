@@ -26,9 +26,12 @@ from jobmanager.stop import (
 )
 from runtime import control as P
 from runtime.control import CheckpointFailureReason
+from statebackend.incremental import StateRef
+from statebackend.metadata import TaskStateHandle
+from statebackend.metrics import AckMetrics
 from tests.jobmanager.fakes import Clock
 from tests.jobmanager.test_attempt import ack, finished, harness, registers
-from tests.jobmanager.test_coordinator import Harness, triggers
+from tests.jobmanager.test_coordinator import ALL, Harness, triggers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -53,6 +56,35 @@ def test_a_stop_after_the_input_ended_makes_the_pending_final_checkpoint_the_sav
     assert len(triggers(h.sent.new())) == 2  # no second final trigger
     done = h.ack(1)
     assert done is not None and done.savepoint and h.storage.read_metadata(1).savepoint
+
+
+def test_only_a_savepoint_is_triggered_whole(tmp_path: Path) -> None:
+    """The final checkpoint at the end of the input is a checkpoint like any other (its
+    keyed state incremental); a stop's is triggered as a savepoint (whole)."""
+    ended, stopped = Harness(tmp_path / "a"), Harness(tmp_path / "b")
+    ended.coord.on_sources_ended()
+    stopped.coord.stop_with_savepoint()
+    for h, whole in ((ended, False), (stopped, True)):
+        sent = [m for _, m in h.sent.new() if isinstance(m, P.Trigger)]
+        assert sent and all(m.final and m.savepoint is whole for m in sent)
+
+
+def test_a_late_stop_keeps_an_incremental_final_checkpoint_as_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A stop after the input ended makes the final checkpoint a savepoint only if it is
+    self-contained: one whose state refers to chain files of earlier checkpoints stays a
+    checkpoint (a savepoint must survive the deletion of the checkpoints behind it)."""
+    h = Harness(tmp_path)
+    h.coord.on_sources_ended()
+    assert h.coord.stop_with_savepoint() is None
+    chain = (StateRef("shared/t0/1.chk", 10, 1, True, (0, 4), (0, 4)),)
+    done = None
+    for index in ALL:
+        state = TaskStateHandle(f"t{index}.state", 10, 1, chains={"count": chain})
+        done = h.coord.on_ack(P.Ack(index, 0, 1, state, AckMetrics())) or done
+    assert done is not None and done.final and not done.savepoint
+    assert not h.storage.read_metadata(1).savepoint
 
 
 def test_a_stop_while_a_synchronous_checkpoint_drains_subsumes_it(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ class Chain:
         self.completed: list[int] = []
 
     def capture(
-        self, checkpoint_id: int, storage: CheckpointStorage | None, final: bool = False
+        self, checkpoint_id: int, storage: CheckpointStorage | None, savepoint: bool = False
     ) -> Capture:
         snapshot = OperatorSnapshot(self.state + str(checkpoint_id).encode(), None, None)
         return Capture({"op": snapshot}, {"op": OperatorLayout(0, 1)}, keys=0)
@@ -78,8 +78,8 @@ class Setup:
             **options,
         )
 
-    def checkpoint(self, n: int, final: bool = False) -> None:
-        self.checkpointer.checkpoint(Barrier(n, 0.0, final), AckMetrics())
+    def checkpoint(self, n: int, final: bool = False, savepoint: bool = False) -> None:
+        self.checkpointer.checkpoint(Barrier(n, 0.0, final, savepoint), AckMetrics())
 
 
 @pytest.fixture
@@ -184,9 +184,9 @@ class StoreChain(Chain):
             values[i] = -i
 
     def capture(
-        self, checkpoint_id: int, storage: CheckpointStorage | None, final: bool = False
+        self, checkpoint_id: int, storage: CheckpointStorage | None, savepoint: bool = False
     ) -> Capture:
-        store = self.keyed.local_checkpoint(checkpoint_id, canonical=final)
+        store = self.keyed.local_checkpoint(checkpoint_id, canonical=savepoint)
         snapshot = OperatorSnapshot(None, None, self.keyed.key_groups)
         return Capture({"op": snapshot}, {"op": OperatorLayout(0, 1, (0, 8))}, 0, None, (store,))
 
@@ -194,15 +194,15 @@ class StoreChain(Chain):
 def test_a_savepoint_of_rocksdb_state_is_canonical_and_leaves_no_local_file(
     tmp_path: Path,
 ) -> None:
-    """A checkpoint uploads RocksDB's files; a final one (a savepoint) writes the
-    canonical snapshot, spooled on the writer thread, into the state file and removes
-    the spool and the local checkpoint."""
+    """A checkpoint uploads RocksDB's files; a savepoint writes the canonical snapshot,
+    spooled on the writer thread, into the state file and removes the spool and the
+    local checkpoint."""
     s = Setup(tmp_path / "chk")
     s.chain = chain = StoreChain(tmp_path / "task")
     s.checkpointer.chain = chain
     try:
         s.checkpoint(1)
-        s.checkpoint(2, final=True)
+        s.checkpoint(2, final=True, savepoint=True)
         s.checkpointer.collect_writes(wait=True)
         first, final = s.sent
         assert isinstance(first, P.Ack) and first.state is not None and first.state.stores

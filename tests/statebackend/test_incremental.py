@@ -194,3 +194,51 @@ def test_a_delta_holds_its_keys_in_the_order_first_written() -> None:
     assert list(values) == [9, 3, 11, 5] and values[3] == 30
     assert ("value", [7]) in [tuple(d) for d in deleted]
     assert b.changed == {} and b.delta_keys == 5
+
+
+def test_written_values_go_into_the_delta_without_a_lookup() -> None:
+    """What an operator puts in ``written_values`` is the delta's value as it is (reduce
+    and aggregate: their output pairs); a key also in ``changed`` is looked up, and its
+    deletion wins over a value written before it."""
+    live = backend()
+    values = live.value_state()
+    for k in range(100):
+        values[k] = k
+    blobs = [live.start_chain()]
+    for epoch in range(1, 4):
+        written = live.written_values()
+        assert written is not None
+        pairs = [(k, k * 10 + epoch) for k in range(epoch, 200, 7)]
+        values.update(pairs)
+        written.update(pairs)
+        acc = values[3] = [epoch]  # a value changed in place after it was written
+        written[3] = acc
+        acc.append(-epoch)
+        blobs.append(live.snapshot_delta())
+        assert live.written_values() == {}
+    written = live.written_values()
+    assert written is not None
+    values[150], written[150] = 1, 1
+    del values[150]
+    assert live.changed is not None
+    live.changed.add(150)  # deleted after it was written: the lookup says so
+    blobs.append(live.snapshot_delta())
+    restored = backend()
+    restored.restore(blobs)
+    expected = contents(live)
+    expected["value"][3] = tuple(expected["value"][3])  # restored sequences are tuples
+    assert contents(restored) == expected
+    assert restored.value_state()[3] == (3, -3) and 150 not in restored.value_state()
+    ((entries, _),) = [unpack_blob(blobs[1])]
+    assert len(entries[0][2]) == len(range(1, 200, 7)) + 1  # only what was written
+
+
+def test_the_dropped_deltas_companion_loses_written_values() -> None:
+    live = backend()
+    live.start_chain()
+    written = live.written_values()
+    assert written is not None
+    live.value_state()[1] = written[1] = 5
+    restored = backend()
+    restored.restore([live.snapshot_delta(drop=True)])
+    assert contents(restored) != contents(live)
