@@ -169,6 +169,7 @@ def test_channel_id_range() -> None:
     [
         (Barrier(1, 1234.5), KIND_BARRIER),
         (Barrier(2**40, 0.0, final=True), KIND_BARRIER),
+        (Barrier(5, 1.0, final=True, savepoint=True), KIND_BARRIER),
         (EndOfInput(), KIND_END_OF_INPUT),
         (CancelBarrier(17), KIND_CANCEL),
         (Watermark(1_700_000_000_123), KIND_WATERMARK),

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 
+from channels.partitioners import key_group_for
 from jobmanager.faults import Kill
 from runtime import Dataflow
 from runtime.api.testing import run_local
+from runtime.changelog import restore_chains
 from statebackend import CheckpointStorage
+from statebackend.keyed import KeyedStateBackend
 from tests.integration.topologies import keyed_sums
 
 pytestmark = [pytest.mark.harness]
@@ -116,3 +119,23 @@ def test_rescaling_from_an_incremental_checkpoint_keeps_every_key(
         # keys the resumed run met again carry their whole sum: checkpointed plus new
         assert got
         assert all(want[k] == v for k, v in got.items()) is not drop
+
+
+def test_the_final_checkpoint_is_incremental_and_restores_every_key(
+    tmp_path: Path, clean: list[Any]
+) -> None:
+    """The final checkpoint at the end of a bounded job's input is a checkpoint like any
+    other: its state is a chain (not a whole copy), and restoring that chain gives every
+    key's final sum."""
+    root = tmp_path / "chk"
+    config = {"checkpoint_dir": str(root), "checkpoint_interval": 0.05, **INCREMENTAL}
+    done = run_local(sums(N, rate=25_000, **config))
+    final = max(c.checkpoint_id for c in done.checkpoints if c.final)
+    assert final in chained(root)
+    storage = CheckpointStorage(str(root))
+    meta = storage.check(final)
+    maxp = meta.max_parallelism
+    keyed = KeyedStateBackend("sum", maxp, range(maxp), lambda k: key_group_for(k, maxp))
+    handles = [h for task, h in meta.tasks.items() if task.startswith("sum")]
+    restore_chains(keyed, "sum", handles, storage)
+    assert keyed.value_state() == finals(clean)
