@@ -198,23 +198,15 @@ class ReduceOperator(KeyedOperator):
         fn, get = self.step.fn, state.get
         out: list[object] = []
         append = out.append
+        written = self.keyed_state.written_values()
         keys = batch if self.key_is_record else list(map(self.key_fn, batch))
-        epoch = self.keyed_state.epoch_values()
-        if epoch is not None:  # incremental: this epoch's values apart (the delta's)
-            recent = epoch.get
-            for k, r in zip(keys, batch, strict=True):
-                prev = recent(k, _MISSING)
-                if prev is _MISSING:
-                    prev = get(k, _MISSING)
-                v = r if prev is _MISSING else fn(prev, r)
-                epoch[k] = v
-                append(v)
-            return out
         for k, r in zip(keys, batch, strict=True):
             prev = get(k, _MISSING)
             v = r if prev is _MISSING else fn(prev, r)
             state[k] = v
             append(v)
+        if written is not None:  # the delta's values, one update per batch
+            written.update(zip(keys, out, strict=True))
         return out
 
 
@@ -333,10 +325,6 @@ class AggregateOperator(KeyedOperator):
         out: list[Any] = []  # (key, value) pairs
         append = out.append
         addend = self.addend
-        epoch = self.keyed_state.epoch_values()
-        if epoch is not None and addend is _MISSING and not callable(initial):
-            self._process_in_epoch(batch, epoch, get, initial, append)
-            return out
         written = self.keyed_state.written_values()
         if addend is not _MISSING and not callable(initial):  # acc + c: no call per record
             if self.key_is_record:
@@ -371,32 +359,6 @@ class AggregateOperator(KeyedOperator):
         if written is not None:  # the delta's values: the output's (key, value) pairs
             written.update(out)
         return out
-
-    def _process_in_epoch(
-        self,
-        batch: list[object],
-        epoch: dict[object, object],
-        get: Callable[[object, object], object],
-        initial: object,
-        append: Callable[[object], None],
-    ) -> None:
-        """Incremental checkpoints: this epoch's values apart (the delta's,
-        ``KeyedStateBackend.epoch_values``): a hot key is read and written in the small
-        epoch dict, and the live dict is read once per key and epoch."""
-        recent, add, key_fn = epoch.get, self.step.fn, self.key_fn
-        if self.key_is_record:
-            for r in batch:
-                acc = recent(r, _MISSING)
-                acc = add(get(r, initial) if acc is _MISSING else acc, r)
-                epoch[r] = acc
-                append((r, acc))
-            return
-        for r in batch:
-            k = key_fn(r)
-            acc = recent(k, _MISSING)
-            acc = add(get(k, initial) if acc is _MISSING else acc, r)
-            epoch[k] = acc
-            append((k, acc))
 
 
 @register(StepKind.SINK)

@@ -257,7 +257,6 @@ class KeyedStateBackend:
         called (None before: nothing is tracked); operators that track changes add to it,
         reading it once per batch."""
         self._written: dict[str, dict[object, object]] = {}
-        self._epochs: dict[str, dict[object, object]] = {}
         self.delta_keys = 0  # the keys the last delta wrote (changed or deleted)
 
     def track_changes(self) -> None:
@@ -280,37 +279,6 @@ class KeyedStateBackend:
             written = self._written[name] = {}
         return written
 
-    def epoch_values(self, name: str = "value") -> dict[object, object] | None:
-        """The values an operator wrote into value state ``name`` in this epoch, held
-        apart from the live dict, once changes are tracked (None before): an operator
-        that uses it reads a key here first, then in the live dict, and writes it here
-        only. Before every snapshot, delta and key count the backend folds it into the
-        live dict, and the delta takes its values as they are. A hot key then costs a
-        lookup in a small dict, not a write into the state and another into a tracker
-        (reduce and aggregate; take it anew per batch)."""
-        if self.changed is None:
-            return None
-        epoch = self._epochs.get(name)
-        if epoch is None:
-            self._state(name, StateKind.VALUE)
-            epoch = self._epochs[name] = {}
-        return epoch
-
-    def _fold_epochs(self) -> None:
-        """Fold each epoch's values into the live dict and into the written values (the
-        epoch itself becomes them when there are none yet: no copy)."""
-        for name, epoch in self._epochs.items():
-            if not epoch:
-                continue
-            self._states[name].update(epoch)
-            written = self._written.get(name)
-            if written:
-                written.update(epoch)
-                epoch.clear()
-            else:
-                self._written[name] = epoch
-                self._epochs[name] = {}
-
     def forget_changes(self) -> None:
         """Forget the changes tracked so far (a whole snapshot, or the start of a chain)."""
         if self.changed is not None:
@@ -323,7 +291,6 @@ class KeyedStateBackend:
         self._write_backs.append(write_back)
 
     def _write_back(self) -> None:
-        self._fold_epochs()
         for write_back in self._write_backs:
             write_back()
 
@@ -456,9 +423,7 @@ class KeyedStateBackend:
         return total
 
     def key_count(self) -> int:
-        """Keys of the largest state (O(states) after folding the epochs' values in; a
-        lower bound of :meth:`num_keys`)."""
-        self._fold_epochs()
+        """Keys of the largest state (O(states); a lower bound of :meth:`num_keys`)."""
         return max((len(state) for state in self._states.values()), default=0)
 
     @staticmethod
@@ -498,7 +463,6 @@ class KeyedStateBackend:
         overwritten. ``written_for``: the key groups of the instance that wrote the blobs;
         when they all count here, no key is hashed (a restore at the same parallelism).
         """
-        self._fold_epochs()  # existing keys, which the blobs overwrite
         owned = self.key_groups
         if key_groups is not None:
             owned = range(max(owned.start, key_groups.start), min(owned.stop, key_groups.stop))

@@ -242,38 +242,3 @@ def test_the_dropped_deltas_companion_loses_written_values() -> None:
     restored = backend()
     restored.restore([live.snapshot_delta(drop=True)])
     assert contents(restored) != contents(live)
-
-
-def test_epoch_values_are_folded_into_the_state_and_make_the_delta() -> None:
-    """Values written in an epoch dict (reduce and aggregate, incremental) reach the live
-    state before every snapshot, delta and key count; the delta holds each key of the
-    epoch once, at its last value, and base plus deltas restore the live state."""
-    live = backend()
-    values = live.value_state()
-    values.update((k, 0) for k in range(1000))
-    blobs = [live.start_chain()]
-    for epoch_no in range(1, 4):
-        epoch = live.epoch_values()
-        assert epoch is not None
-        for i in range(5000):  # a hot key written many times, a new key now and then
-            key = i % 10 if i % 50 else 1000 + epoch_no * 1000 + i
-            epoch[key] = epoch.get(key, values.get(key, 0)) + 1  # type: ignore[operator]
-        assert live.key_count() == len(values) > 1000  # folded in: counted
-        delta = live.snapshot_delta()
-        entries, _ = unpack_blob(delta)
-        assert len(entries[0][2]) == 10 + 100  # each key of the epoch once
-        blobs.append(delta)
-    restored = backend()
-    restored.restore(blobs)
-    assert contents(restored) == contents(live) and restored.value_state()[3] == 3 * 500
-
-
-def test_the_dropped_deltas_companion_loses_epoch_values() -> None:
-    live = backend()
-    live.start_chain()
-    epoch = live.epoch_values()
-    assert epoch is not None
-    epoch[1] = 5
-    restored = backend()
-    restored.restore([live.snapshot_delta(drop=True)])
-    assert live.value_state() == {1: 5} and contents(restored) != contents(live)
