@@ -33,7 +33,9 @@ class Kill:
     ``after_checkpoint`` checkpoints completed in this run (counted over all attempts;
     ids keep increasing across restores), or ``during`` "alignment" (when it starts
     aligning the ``after_checkpoint``-th checkpoint of the run or a later one, default the
-    first) or "snapshot" (half way through writing its state file); in an iteration
+    first) or "snapshot" (half way through writing its state file) or "compaction" (half
+    way through writing the merged file of a compaction of its incremental keyed state,
+    started at that checkpoint or a later one); in an iteration
     (``runtime.superstep``) also ``after_superstep``: as superstep K (or the first one
     after it) starts, before any loop head is told to start it."""
 
@@ -196,6 +198,13 @@ def _kill_during(fault: Kill, plan: JobPlan, t: int) -> FaultKind:
             f"Kill({fault.task!r}, during='backedge_log'): the task has no back-edge "
             f"input (it is no loop head); loop heads: "
             f"{[x.task_id for x in plan.tasks if x.back_edge_inputs]}."
+        )
+    if kind is FaultKind.KILL_DURING_COMPACTION and not any(
+        s.kind.keyed for s in plan.chain_steps(task)
+    ):
+        raise GraphError(
+            f"Kill({fault.task!r}, during='compaction'): the task holds no keyed state, so "
+            "it never compacts a chain; kill a task of a keyed step."
         )
     if kind is FaultKind.KILL_DURING_ALIGNMENT and len(task.inputs) < 2:
         raise GraphError(

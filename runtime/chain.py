@@ -114,6 +114,7 @@ class OperatorChain:
             cfg.incremental_min_keys,
             cfg.incremental_max_chain,
             cfg.debug_drop_deltas,
+            faults,
         )
         """Incremental checkpoints of the chain's keyed operators (`runtime.changelog`)."""
         self._send_sink_output = send_sink_output

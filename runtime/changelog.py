@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.task_faults import TaskFaults
 from statebackend.errors import StateError
 from statebackend.incremental import StateRef, merge_chain, shared_path
 from statebackend.keyed import KeyedStateBackend
@@ -132,10 +133,13 @@ class KeyedChangelog:
         min_keys: int,
         max_chain: int,
         drop_deltas: bool = False,
+        faults: TaskFaults | None = None,
     ) -> None:
         self.task_id, self.attempt = task_id, attempt
         self.enabled, self.min_keys, self.max_chain = enabled, min_keys, max_chain
         self.drop_deltas = drop_deltas
+        self._faults = faults  # fault injection: a kill half way through a compaction
+        self._checkpoint_id = 0  # of the capture under way
         self._chains: dict[str, _Chain] = {}
         self._staged: ChainWrite | None = None
         self._compactor: ThreadPoolExecutor | None = None
@@ -173,6 +177,7 @@ class KeyedChangelog:
             keyed.forget_changes()
             return False
         self._apply_compaction(operator)
+        self._checkpoint_id = checkpoint_id
         if chain is not None:
             _localize(chain, storage.root)
         groups = (keyed.key_groups.start, keyed.key_groups.stop)
@@ -223,8 +228,9 @@ class KeyedChangelog:
         target = shared_path(self.task_id, 0, self.attempt, "merged")
         key_groups, key_group_of = keyed.key_groups, keyed.key_group_of
         chain.covers = covers
+        die = self._faults is not None and self._faults.kill_during_compaction(self._checkpoint_id)
         chain.compaction = self._compactor.submit(
-            self._compact, storage, operator, covers, target, key_groups, key_group_of
+            self._compact, storage, operator, covers, target, key_groups, key_group_of, die
         )
 
     def _compact(
@@ -235,8 +241,10 @@ class KeyedChangelog:
         target: str,
         key_groups: range,
         key_group_of: Callable[[Any], int],
+        die: bool = False,
     ) -> PendingFile | None:
-        """Merge ``covers`` into one file at ``target`` (compaction thread)."""
+        """Merge ``covers`` into one file at ``target`` (compaction thread); ``die``
+        (fault injection): SIGKILL this process half way through writing it."""
         for pending in covers:
             pending.done.wait()
             if pending.failed or pending.ref is None:
@@ -250,6 +258,8 @@ class KeyedChangelog:
         if not blobs:
             return None
         merged, base, keys = merge_chain(blobs, key_groups, key_group_of)
+        if die:
+            TaskFaults.die_writing(storage, 0, self.task_id, target)
         result = PendingFile(target, base, (key_groups.start, key_groups.stop), keys=keys)
         size, crc = write_chain_file(
             storage, target, {operator: OperatorSnapshot(None, merged, key_groups)}

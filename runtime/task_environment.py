@@ -19,6 +19,7 @@ class FaultKind(enum.Enum):
     KILL_DURING_ALIGNMENT = "alignment"  # it starts aligning a checkpoint
     KILL_DURING_SNAPSHOT = "snapshot"  # half way through writing its state file
     KILL_DURING_BACKEDGE_LOG = "backedge_log"  # a loop head, logging its back-edges
+    KILL_DURING_COMPACTION = "compaction"  # half way through writing a chain's merged file
     RAISE_AT_RECORD = "raise_at_record"  # a step raises at record k
 
     @classmethod

@@ -85,6 +85,11 @@ class TaskFaults:
         if self._faults and self._fires(FaultKind.KILL_DURING_BACKEDGE_LOG, checkpoint_id):
             _die()
 
+    def kill_during_compaction(self, checkpoint_id: int) -> bool:
+        """Whether a compaction started at checkpoint ``checkpoint_id`` must die half way
+        through writing its merged file (`die_writing` with its path)."""
+        return self._fires(FaultKind.KILL_DURING_COMPACTION, checkpoint_id)
+
     def kill_during_snapshot(self, checkpoint_id: int) -> bool:
         """Whether writing checkpoint ``checkpoint_id``'s state file must die half way."""
         return self._fires(FaultKind.KILL_DURING_SNAPSHOT, checkpoint_id)

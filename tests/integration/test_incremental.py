@@ -1,5 +1,6 @@
 """Incremental checkpoints of keyed state in real task processes (the harness): a task
-SIGKILLed mid-chain, during a chain file's write, and a restore at another parallelism
+SIGKILLed mid-chain, during a chain file's write, half way through a compaction's merged
+file, and a restore at another parallelism
 from an incremental checkpoint, each compared record for record with a failure-free run;
 their companions drop the deltas and see the check fail."""
 
@@ -60,9 +61,17 @@ def chained(root: Path) -> list[int]:
     [
         (Kill("sum[1]", after_checkpoint=5), False),
         (Kill("sum[0]", during="snapshot", after_checkpoint=4), False),
+        (Kill("sum[0]", during="compaction", after_checkpoint=10), False),
         (Kill("sum[1]", after_checkpoint=5), True),
+        (Kill("sum[0]", during="compaction", after_checkpoint=10), True),
     ],
-    ids=["kill-mid-chain", "kill-writing-a-delta", "companion-drop-deltas"],
+    ids=[
+        "kill-mid-chain",
+        "kill-writing-a-delta",
+        "kill-during-compaction",
+        "companion-drop-deltas",
+        "companion-drop-deltas-compaction",
+    ],
 )
 def test_a_kill_restores_base_and_deltas_exactly(
     tmp_path: Path, clean: list[Any], fault: Kill, drop: bool

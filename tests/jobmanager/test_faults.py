@@ -98,6 +98,7 @@ def test_a_sigstop_kill_keeps_its_signal_and_says_so_in_its_label() -> None:
         (Kill("count[0]", during="lunch"), r"during='lunch'\): use one of 'alignment', 'snapshot'"),
         (Kill("src[0]", during="alignment"), "has 0 input channel.*alignment needs at least 2"),
         (Kill("count[0]", during="backedge_log"), r"no back-edge input \(it is no loop head\)"),
+        (Kill("src[0]", during="compaction"), r"holds no keyed state, so it never compacts"),
         (
             Kill("count[0]", during="snapshot", signal=signal.SIGSTOP),
             "always sends SIGKILL; drop signal=",
