@@ -97,8 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_when,
         default=None,
         help="when: 2s, 500ms, chk3 (right after checkpoint 3), alignment, snapshot, "
-        "backedge_log (a loop head, while it logs its back-edges) or, in iterations, "
-        "superstep:K (as superstep K starts)",
+        "backedge_log (a loop head, while it logs its back-edges), compaction (a keyed "
+        "task, compacting its incremental state) or, in iterations, superstep:K (as "
+        "superstep K starts)",
     )
     group.add_argument(
         "--chaos",

@@ -33,6 +33,7 @@ def test_the_storage_gets_the_jobs_inline_threshold_and_storage_options(tmp_path
         ("alignment", FaultKind.KILL_DURING_ALIGNMENT),
         ("snapshot", FaultKind.KILL_DURING_SNAPSHOT),
         ("backedge_log", FaultKind.KILL_DURING_BACKEDGE_LOG),
+        ("compaction", FaultKind.KILL_DURING_COMPACTION),
         ("raise_at_record", None),  # a raise, not a kill
         ("Alignment", None),
         ("never", None),
@@ -43,7 +44,7 @@ def test_a_kill_is_named_by_its_moment(moment: str, kind: FaultKind | None) -> N
 
 
 def test_the_moments_are_those_of_the_kills() -> None:
-    assert FaultKind.moments() == ("alignment", "snapshot", "backedge_log")
+    assert FaultKind.moments() == ("alignment", "snapshot", "backedge_log", "compaction")
     assert all(FaultKind.kill_during(m) is not None for m in FaultKind.moments())
 
 
