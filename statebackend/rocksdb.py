@@ -451,18 +451,6 @@ class RocksDBStateBackend(KeyedStateBackend):
         self.db.write(batch)
         self._size_caches()
 
-    def _stored_kinds(self) -> dict[str, StateKind]:
-        kinds: dict[str, StateKind] = {}
-        it = self.db.iter()
-        it.seek(META)
-        while it.valid():
-            k = it.key()
-            if not k.startswith(META):
-                break
-            kinds[k[len(META) :].decode()] = StateKind(it.value().decode())
-            it.next()
-        return kinds
-
     def scan_state(self, prefix: bytes, flush: bool = False) -> Iterator[tuple[object, bytes]]:
         """(key, raw value) of one state (``prefix``: its name prefix), by key group."""
         if flush:
@@ -632,7 +620,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         else:
             for chk in checkpoints:
                 self._copy_from(chk, storage, parent)
-        for name, kind in self._stored_kinds().items():
+        for name, kind in _stored_kinds(self.db).items():
             self._state(name, kind)
 
     def _copy_from(self, chk: StoreCheckpoint, storage: CheckpointStorage, parent: str) -> None:
@@ -679,17 +667,23 @@ def _items(db: Rdict, start: bytes) -> Iterator[tuple[bytes, bytes]]:
     return items
 
 
+def _stored_kinds(db: Rdict) -> dict[str, StateKind]:
+    """State name -> kind, as ``db`` records them (the entries under ``META``)."""
+    kinds: dict[str, StateKind] = {}
+    for k, v in _items(db, META):
+        if not k.startswith(META):
+            break
+        kinds[k[len(META) :].decode()] = StateKind(v.decode())
+    return kinds
+
+
 def _canonical(db: Rdict, key_groups: range, spool: str | None, operator: str) -> SpooledBlob:
     """The canonical whole snapshot (``statebackend.keyed``'s format) of the entries of
     ``db`` in ``key_groups``, keys and values copied as stored: one scan, each state's
     entries into a file of its own (``spool.<i>``; in memory when ``spool`` is None),
     then a blob of the heads and those files. A state's map header holds its count,
     known only at the end; the files are joined without copying them."""
-    kinds: dict[bytes, bytes] = {}
-    for k, v in _items(db, META):
-        if not k.startswith(META):
-            break
-        kinds[k[len(META) :]] = v
+    kinds = {name.encode(): kind for name, kind in _stored_kinds(db).items()}
     outs: dict[bytes, Any] = {}
     counts = dict.fromkeys(kinds, 0)
     paths: dict[bytes, str] = {}
@@ -732,7 +726,7 @@ def _canonical(db: Rdict, key_groups: range, spool: str | None, operator: str) -
         parts.append(
             head
             + packer.pack_array_header(3)
-            + packer.pack(kind.decode())
+            + packer.pack(kind.value)
             + packer.pack(name.decode())
             + packer.pack_map_header(counts[name])
         )
