@@ -463,9 +463,7 @@ class KeyedStateBackend:
         overwritten. ``written_for``: the key groups of the instance that wrote the blobs;
         when they all count here, no key is hashed (a restore at the same parallelism).
         """
-        owned = self.key_groups
-        if key_groups is not None:
-            owned = range(max(owned.start, key_groups.start), min(owned.stop, key_groups.stop))
+        owned = self.owned_within(key_groups)
         trusted = written_for is not None and (
             owned.start <= written_for.start and written_for.stop <= owned.stop
         )
@@ -495,6 +493,14 @@ class KeyedStateBackend:
                 for key, value in entries.items():
                     if key_group_of(key) in owned:
                         state[key] = thaw(value)
+
+    def owned_within(self, key_groups: range | None) -> range:
+        """This instance's key groups, within ``key_groups`` if given (a restore keeps
+        only the keys of these)."""
+        own = self.key_groups
+        if key_groups is None:
+            return own
+        return range(max(own.start, key_groups.start), min(own.stop, key_groups.stop))
 
     def restore_streams(
         self,

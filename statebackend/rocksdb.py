@@ -533,9 +533,7 @@ class RocksDBStateBackend(KeyedStateBackend):
     ) -> None:
         """As `restore`, each blob read as a stream, entry by entry: a savepoint of a state
         larger than memory restores within the budget."""
-        owned = self.key_groups
-        if key_groups is not None:
-            owned = range(max(owned.start, key_groups.start), min(owned.stop, key_groups.stop))
+        owned = self.owned_within(key_groups)
         self.flush()
         for state in self._states.values():
             state.drop_cache()  # type: ignore[attr-defined]
