@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,21 +193,52 @@ class ReduceOperator(KeyedOperator):
     tracks_changes = True
 
     def process(self, batch: list[object], side: int = 0) -> list[object]:
-        assert self.keyed_state is not None
-        state = self.keyed_state.value_state()
-        fn, get = self.step.fn, state.get
+        keyed = self.keyed_state
+        assert keyed is not None
+        fn = self.step.fn
         out: list[object] = []
         append = out.append
-        written = self.keyed_state.written_values()
         keys = batch if self.key_is_record else list(map(self.key_fn, batch))
+        epoch = keyed.epoch_values("value", _MISSING)
+        if epoch is not None:  # this epoch's values apart (hot keys): nothing else tracks
+            keyed.written_records += len(batch)
+            for k, r in zip(keys, batch, strict=True):
+                prev = epoch[k]
+                v = r if prev is _MISSING else fn(prev, r)
+                epoch[k] = v
+                append(v)
+            return out
+        state = keyed.value_state()
+        get = state.get
+        before = len(state)
         for k, r in zip(keys, batch, strict=True):
             prev = get(k, _MISSING)
             v = r if prev is _MISSING else fn(prev, r)
             state[k] = v
             append(v)
-        if written is not None:  # the delta's values, one update per batch
-            written.update(zip(keys, out, strict=True))
+        _track(keyed, state, before, batch, lambda: zip(keys, out, strict=True))
         return out
+
+
+def _track(
+    keyed: KeyedStateBackend,
+    state: dict[Any, Any],
+    before: int,
+    batch: list[object],
+    pairs: Callable[[], Iterable[tuple[object, object]]],
+) -> None:
+    """After a batch written into the live dict ``state`` (``before``: its length then),
+    with changes tracked: the batch's (key, value) ``pairs`` go into the delta's written
+    values, one update per batch, unless every record added a new key (the delta then
+    takes the state's newest keys: `KeyedStateBackend.appended`)."""
+    written = keyed.written_values()
+    if written is None:
+        return
+    keyed.written_records += len(batch)
+    if len(state) - before == len(batch):
+        keyed.appended()
+    else:
+        written.update(pairs())
 
 
 def _plus_constant(acc: int, _record: object) -> int:  # the template of constant_addend
@@ -318,46 +349,60 @@ class AggregateOperator(KeyedOperator):
             keys = batch if self.key_is_record else list(map(self.key_fn, batch))
             totals.records += len(keys)
             return list(zip(keys, map(next, map(totals.__getitem__, keys)), strict=True))
-        assert self.keyed_state is not None
-        state = self.keyed_state.value_state()
-        key_fn, add, get = self.key_fn, self.step.fn, state.get
+        keyed = self.keyed_state
+        assert keyed is not None
         initial = self.step.args["initial"]
-        out: list[Any] = []  # (key, value) pairs
+        epoch = keyed.epoch_values("value", _MISSING if callable(initial) else initial)
+        if epoch is not None:  # this epoch's values apart (hot keys): nothing else tracks
+            keyed.written_records += len(batch)
+            return self._accumulate(batch, epoch, initial, None)
+        state = keyed.value_state()
+        before = len(state)
+        out = self._accumulate(batch, state, initial, state.get)
+        _track(keyed, state, before, batch, lambda: out)
+        return out
+
+    def _accumulate(
+        self,
+        batch: list[object],
+        target: dict[Any, Any],
+        initial: Any,
+        get: Callable[[object, object], Any] | None,
+    ) -> list[Any]:
+        """Fold ``batch`` into the accumulators in ``target``: an `EpochValues` (``get``
+        None: ``target[key]`` reads the epoch, then the live dict, else its default), or
+        the live dict (read with its ``get``). The output: the (key, accumulator) pairs."""
+        key_fn, add, addend = self.key_fn, self.step.fn, self.addend
+        keys = batch if self.key_is_record else list(map(key_fn, batch))
+        out: list[Any] = []
         append = out.append
-        addend = self.addend
-        written = self.keyed_state.written_values()
-        if addend is not _MISSING and not callable(initial):  # acc + c: no call per record
-            if self.key_is_record:
-                for r in batch:
-                    acc = get(r, initial) + addend
-                    state[r] = acc
-                    append((r, acc))
-            else:
-                for r in batch:
-                    k = key_fn(r)
-                    acc = get(k, initial) + addend
-                    state[k] = acc
-                    append((k, acc))
-        elif callable(initial):
-            for r in batch:
-                k = key_fn(r)
-                acc = get(k, _MISSING)
+        if callable(initial):  # a new key's accumulator is initial()
+            for k, r in zip(keys, batch, strict=True):
+                acc = target[k] if get is None else get(k, _MISSING)
                 acc = add(initial() if acc is _MISSING else acc, r)
-                state[k] = acc
+                target[k] = acc
                 append((k, acc))
-        elif self.key_is_record:
-            for r in batch:
-                acc = add(get(r, initial), r)
-                state[r] = acc
-                append((r, acc))
+        elif get is None:  # the epoch's values apart: read with a subscript
+            if addend is not _MISSING:  # acc + c: no call per record
+                for k in keys:
+                    acc = target[k] + addend
+                    target[k] = acc
+                    append((k, acc))
+            else:
+                for k, r in zip(keys, batch, strict=True):
+                    acc = add(target[k], r)
+                    target[k] = acc
+                    append((k, acc))
+        elif addend is not _MISSING:
+            for k in keys:
+                acc = get(k, initial) + addend
+                target[k] = acc
+                append((k, acc))
         else:
-            for r in batch:
-                k = key_fn(r)
+            for k, r in zip(keys, batch, strict=True):
                 acc = add(get(k, initial), r)
-                state[k] = acc
+                target[k] = acc
                 append((k, acc))
-        if written is not None:  # the delta's values: the output's (key, value) pairs
-            written.update(out)
         return out
 
 

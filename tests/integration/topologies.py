@@ -189,13 +189,16 @@ def keyed_sums(
     parallelism: int = 2,
     rate: float | None = None,
     keys: int = 3000,
+    hot: int | None = None,
     **config: Any,
 ) -> Dataflow:
     """A running sum per key over ``n`` records, collected as ``sums``: every key once,
-    then a tenth of the keys hot (the state the incremental and RocksDB tests change)."""
+    then ``hot`` of the keys (a tenth by default) hot (the state the incremental and
+    RocksDB tests change)."""
+    hot_keys = keys // 10 if hot is None else hot
 
     def record(i: int) -> tuple[int, int]:
-        key = i % keys if i < keys else (i * 7) % (keys // 10)
+        key = i % keys if i < keys else (i * 7) % hot_keys
         return key, i % 7
 
     flow = Dataflow(name, parallelism=parallelism, ui=False, **config)

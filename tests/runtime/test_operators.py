@@ -215,3 +215,62 @@ def test_running_totals_turn_off_after_an_epoch_of_few_records_a_key() -> None:
     assert fast.process(dense + sparse) == general.process(dense + sparse)
     assert len(fast.totals) == 0  # type: ignore[attr-defined]  # the loop ran
     assert fast.keyed_state.snapshot() == general.keyed_state.snapshot()
+
+
+def test_reduce_and_aggregate_under_incremental_checkpoints_match_untracked_runs() -> None:
+    """With changes tracked, reduce and aggregate write the live dict (a batch of only new
+    keys appended, others into the written values) after a delta of few records a key,
+    and an epoch apart after one of many: every variant emits what an untracked operator
+    emits, both ways are taken, and a base plus the deltas restore the live state."""
+    import random
+
+    from statebackend.keyed import KeyedStateBackend
+
+    rng = random.Random(7)
+    hot = [(f"h{rng.randrange(40)}", rng.randrange(9)) for _ in range(3000)]
+    epochs = [
+        [(f"n{i}", i) for i in range(500)],  # each key new: appended
+        hot,  # many records a key: apart from the next epoch on
+        hot[:1000],
+        [(f"m{i % 700}", i) for i in range(900)] + hot[:100],  # few a key: the live dict
+        hot[:500],
+    ]
+
+    def pairs(records: list[Any]) -> list[Any]:
+        return records
+
+    def words(records: list[Any]) -> list[Any]:
+        return [k for k, _ in records]
+
+    word_count = Step(
+        0,
+        "w",
+        StepKind.AGGREGATE,
+        1,
+        fn=lambda c, w: c + len(w),
+        args={"initial": 0},
+        key_fn=lambda w: w,
+    )  # the record is its key
+    steps = [
+        (keyed_step(StepKind.REDUCE, lambda a, b: (a[0], a[1] + b[1])), pairs),
+        (keyed_step(StepKind.AGGREGATE, lambda c, r: c + r[1], initial=0), pairs),
+        (keyed_step(StepKind.AGGREGATE, lambda a, r: (*a[-2:], r[1]), initial=tuple), pairs),
+        (keyed_step(StepKind.AGGREGATE, lambda c, _r: c + 2, initial=0.5), pairs),  # acc + c
+        (word_count, words),
+    ]
+    for step, shape in steps:
+        tracked, plain = build_operator(step, 0, 128), build_operator(step, 0, 128)
+        keyed = tracked.keyed_state
+        assert keyed is not None
+        keyed.track_changes()
+        blobs, ways = [keyed.start_chain()], []
+        for records in map(shape, epochs):
+            for i in range(0, len(records), 100):
+                ways.append(keyed.epoch_values() is not None)
+                batch: list[object] = records[i : i + 100]
+                assert tracked.process(batch) == plain.process(batch)
+            blobs.append(keyed.snapshot_delta())
+        assert any(ways) and not all(ways), ways
+        restored = KeyedStateBackend("r", 128, keyed.key_groups, keyed.key_group_of)
+        restored.restore(blobs)
+        assert restored.value_state() == keyed.value_state() == plain.keyed_state.value_state()  # type: ignore[union-attr]

@@ -11,7 +11,13 @@ import pytest
 
 from statebackend.errors import CorruptCheckpointError, StateError
 from statebackend.incremental import StateRef, merge_chain
-from statebackend.keyed import KeyedStateBackend, unpack_blob
+from statebackend.keyed import (
+    EPOCH_RECORDS_PER_KEY,
+    Columns,
+    KeyedStateBackend,
+    pack_delta,
+    unpack_blob,
+)
 from statebackend.metadata import CheckpointMetadata, OperatorLayout, TaskStateHandle
 from statebackend.metrics import CheckpointSummary
 
@@ -242,3 +248,118 @@ def test_the_dropped_deltas_companion_loses_written_values() -> None:
     restored = backend()
     restored.restore([live.snapshot_delta(drop=True)])
     assert contents(restored) != contents(live)
+
+
+def test_epoch_values_are_folded_into_the_state_and_make_the_delta() -> None:
+    """Values written in an epoch apart (reduce and aggregate, after a delta of many records
+    a key) reach the live state before every snapshot, delta and key count; a key not
+    written in the epoch reads the live state, else the default; the delta holds each key
+    of the epoch once, at its last value, and base plus deltas restore the live state."""
+    live = backend()
+    values = live.value_state()
+    values.update((k, 0) for k in range(1000))
+    blobs = [live.start_chain()]
+    assert live.epoch_values() is None  # no delta yet: the live dict, and written values
+    live.written_records = EPOCH_RECORDS_PER_KEY * 10
+    live.written_values()[5] = values[5] = 1  # type: ignore[index]
+    blobs.append(live.snapshot_delta())  # 40 records on one key
+    for epoch_no in range(1, 4):
+        epoch = live.epoch_values("value", -1)
+        assert epoch is not None
+        assert epoch[5] == 1 + (epoch_no - 1) * 500 and epoch[99_999] == -1
+        assert 99_999 not in epoch and 99_999 not in values  # a read keeps nothing
+        for i in range(5000):  # a hot key written many times, a new key now and then
+            key = i % 10 if i % 50 else 1000 + epoch_no * 1000 + i
+            prev = epoch[key] if key in epoch else values.get(key, 0)
+            assert isinstance(prev, int)
+            epoch[key] = prev + 1
+        live.written_records += 5000
+        assert live.key_count() == len(values) > 1000  # folded in: counted
+        delta = live.snapshot_delta()
+        entries, _ = unpack_blob(delta)
+        assert len(entries[0][2]) == 10 + 100  # each key of the epoch once
+        blobs.append(delta)
+    restored = backend()
+    restored.restore(blobs)
+    assert contents(restored) == contents(live) and restored.value_state()[3] == 3 * 500
+
+
+def test_a_delta_of_few_records_a_key_goes_back_to_the_live_dict() -> None:
+    live = backend()
+    live.start_chain()
+    live.written_records = EPOCH_RECORDS_PER_KEY
+    live.written_values()[1] = live.value_state()[1] = 1  # type: ignore[index]
+    live.snapshot_delta()
+    assert live.epoch_values() is not None
+    epoch = live.epoch_values()
+    assert epoch is not None
+    for k in range(100):  # one record a key
+        epoch[k] = k
+    live.written_records += 100
+    live.snapshot_delta()
+    assert live.epoch_values() is None and live.value_state()[99] == 99
+
+
+def test_the_dropped_deltas_companion_loses_epoch_values() -> None:
+    live = backend()
+    live.start_chain()
+    live._apart = True
+    epoch = live.epoch_values()
+    assert epoch is not None
+    epoch[1] = 5
+    restored = backend()
+    restored.restore([live.snapshot_delta(drop=True)])
+    assert live.value_state() == {1: 5} and contents(restored) != contents(live)
+
+
+def test_an_appended_state_gives_the_delta_its_newest_keys() -> None:
+    """A batch that only added new keys (reduce and aggregate: the state grew by its
+    length) is not put in the written values: the delta takes the keys added since the
+    last delta in the dict's insertion order, with their values now, and no older key."""
+    live = backend()
+    values = live.value_state()
+    values.update((k, 0) for k in range(500))
+    blobs = [live.start_chain()]
+    for epoch in range(1, 4):
+        new = range(epoch * 1000, epoch * 1000 + 300)
+        values.update((k, epoch) for k in new)
+        live.appended()
+        written = live.written_values()
+        assert written is not None
+        values[7] = written[7] = epoch  # an existing key, written as usual
+        values[new[0]] = written[new[0]] = -epoch  # a new key written again
+        delta = live.snapshot_delta()
+        entries, _ = unpack_blob(delta)
+        newest, others = entries  # the same state twice: its newest keys, then the rest
+        assert newest[1] == others[1] == "value" and set(newest[2]) == set(new)
+        assert others[2] == {7: epoch, new[0]: -epoch}  # written values as they are
+        assert newest[2][new[0]] == -epoch and newest[2][new[1]] == epoch  # values now
+        blobs.append(delta)
+    restored = backend()
+    restored.restore(blobs)
+    assert contents(restored) == contents(live)
+    restored.value_state()[10**6] = 1  # a restore marks the state: nothing is newest
+    restored.appended()
+    assert unpack_blob(restored.snapshot_delta())[0][0][2] == {10**6: 1}
+
+
+def test_without_appended_the_delta_misses_the_new_keys() -> None:
+    """The companion: the same new keys, not said to be appended, are not in the delta."""
+    live = backend()
+    live.start_chain()
+    live.value_state().update((k, 1) for k in range(300))
+    restored = backend()
+    restored.restore([live.snapshot_delta()])
+    assert restored.value_state() == {} != live.value_state()
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 32767, 32768, 40000])
+def test_columns_pack_to_the_same_bytes_as_their_dict(n: int) -> None:
+    """A state given as keys and values packs to the map its dict packs to, on each side
+    of msgpack's array and map header sizes (2n items: fixarray, array 16, array 32)."""
+    keys: list[object] = [(i, "k") if i % 3 else i for i in range(n)]
+    values: list[object] = [i * 0.5 if i % 2 else [i] for i in range(n)]
+    deleted: list[Any] = [["value", [1, 2]]]
+    as_dict = pack_delta([("value", "value", dict(zip(keys, values, strict=True)))], deleted)
+    as_columns = pack_delta([("value", "value", Columns(keys, values))], deleted)
+    assert as_columns == as_dict
