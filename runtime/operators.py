@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,7 +216,7 @@ class ReduceOperator(KeyedOperator):
             v = r if prev is _MISSING else fn(prev, r)
             state[k] = v
             append(v)
-        _track(keyed, state, before, batch, lambda: zip(keys, out, strict=True))
+        _track(keyed, state, before, batch, lambda: list(zip(keys, out, strict=True)))
         return out
 
 
@@ -225,18 +225,18 @@ def _track(
     state: dict[Any, Any],
     before: int,
     batch: list[object],
-    pairs: Callable[[], Iterable[tuple[object, object]]],
+    pairs: Callable[[], list[tuple[object, object]]],
 ) -> None:
     """After a batch written into the live dict ``state`` (``before``: its length then),
     with changes tracked: the batch's (key, value) ``pairs`` go into the delta's written
-    values, one update per batch, unless every record added a new key (the delta then
-    takes the state's newest keys: `KeyedStateBackend.appended`)."""
+    values, one update per batch, or, when every record added a new key, into its log of
+    new keys (`KeyedStateBackend.log_new`: packed once, now)."""
     written = keyed.written_values()
     if written is None:
         return
     keyed.written_records += len(batch)
     if len(state) - before == len(batch):
-        keyed.appended()
+        keyed.log_new(pairs())
     else:
         written.update(pairs())
 

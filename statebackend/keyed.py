@@ -38,7 +38,7 @@ import operator
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgpack
 
@@ -58,7 +58,7 @@ class StateKind(StrEnum):
 
 
 Entry = tuple[str, str, dict[object, object]]
-ColumnsEntry = tuple[str, str, "Columns"]
+PackedEntry = tuple[str, str, "PackedMap"]
 """One state in a blob: ``[kind, name, {key: value}]`` (a msgpack array: a list once
 unpacked). Keys and values are the user's, passed along: the backend never looks inside."""
 Deletion = tuple[str, list[object]]
@@ -160,18 +160,28 @@ def _pack(entries: list[Entry]) -> bytes:
     return packed
 
 
-class Columns(NamedTuple):
-    """A state's entries given as its ``keys`` and their ``values`` (same length, no key
-    twice): packed as the msgpack map they make, without building a dict."""
+class PackedMap:
+    """A msgpack map packed ahead, part by part (`KeyedStateBackend.log_new`): ``count``
+    entries, no key twice, whose pairs are the ``bodies`` in turn (each part's bytes
+    without its map header). `pack_delta` writes one header for them all."""
 
-    keys: list[object]
-    values: list[object]
+    __slots__ = ("bodies", "count")
+
+    def __init__(self) -> None:
+        self.bodies: list[memoryview] = []
+        self.count = 0
+
+    def add(self, packed: bytes, n: int) -> None:
+        """A map of ``n`` entries, as ``Packer.pack_map_pairs`` packs it."""
+        header = 1 if n <= 15 else 3 if n <= 0xFFFF else 5  # fixmap, map 16, map 32
+        self.bodies.append(memoryview(packed)[header:])
+        self.count += n
 
 
-def pack_delta(entries: Sequence[Entry | ColumnsEntry], deleted: list[Deletion]) -> bytes:
-    """A delta blob: ``entries`` as in a full blob (a state's map may be given as
-    `Columns`), ``deleted`` as ``[name, [key, ...]]``."""
-    if not any(type(state) is Columns for _, _, state in entries):
+def pack_delta(entries: Sequence[Entry | PackedEntry], deleted: list[Deletion]) -> bytes:
+    """A delta blob: ``entries`` as in a full blob (a state's map may be a `PackedMap`),
+    ``deleted`` as ``[name, [key, ...]]``."""
+    if not any(type(state) is PackedMap for _, _, state in entries):
         packed: bytes = msgpack.packb([DELTA_VERSION, entries, deleted], use_bin_type=True)
         return packed
     packer = msgpack.Packer(use_bin_type=True)
@@ -179,24 +189,13 @@ def pack_delta(entries: Sequence[Entry | ColumnsEntry], deleted: list[Deletion])
     parts.append(packer.pack_array_header(len(entries)))
     for kind, name, state in entries:
         parts += [packer.pack_array_header(3), packer.pack(kind), packer.pack(name)]
-        if type(state) is Columns:
-            parts += _pack_columns(packer, state)
+        if type(state) is PackedMap:
+            parts.append(packer.pack_map_header(state.count))
+            parts += state.bodies
         else:
             parts.append(packer.pack(state))
     parts.append(packer.pack(deleted))
     return b"".join(parts)
-
-
-def _pack_columns(packer: msgpack.Packer, columns: Columns) -> list[bytes | memoryview]:
-    """The msgpack map of ``columns``: a map's body is its keys and values in turn, as an
-    array of twice as many items is: pack that array (in C), then swap its header."""
-    n = len(columns.keys)
-    flat: list[object] = [None] * (2 * n)
-    flat[0::2] = columns.keys
-    flat[1::2] = columns.values
-    body = memoryview(packer.pack(flat))
-    header = 1 if 2 * n <= 15 else 3 if 2 * n <= 0xFFFF else 5  # fixarray, array 16, 32
-    return [packer.pack_map_header(n), body[header:]]
 
 
 def unpack_blob(blob: bytes) -> tuple[list[Entry], list[Deletion]]:
@@ -257,7 +256,7 @@ had at least this many records written per key it held; else they write the live
 and put each batch's values in the written values. Apart, a record costs what it costs
 without checkpoints (a subscript read and write) and a key ~0.3 µs once per epoch (its
 first read, a Python call, then its fold); in the live dict, a record costs ~0.2 µs more
-(its write into the written values) unless its batch only added new keys (`appended`)."""
+(its write into the written values) unless its batch only added new keys (`log_new`)."""
 
 
 class KeyedStateBackend:
@@ -323,15 +322,14 @@ class KeyedStateBackend:
         """Records the operators wrote into value states since the last delta (reduce and
         aggregate add each batch's length): with :attr:`delta_keys`, whether the next
         epoch's values are held apart (`epoch_values`)."""
-        self._marks: dict[str, int] = {}  # each state's length at the last delta
-        self._appended: set[str] = set()  # states whose newest keys the delta takes
+        self._logs: dict[str, PackedMap] = {}  # new keys' values, packed (log_new)
+        self._packer = msgpack.Packer(use_bin_type=True)
         self.delta_keys = 0  # the keys the last delta wrote (changed or deleted)
 
     def track_changes(self) -> None:
         """Start tracking changed keys (incremental checkpoints are on)."""
         if self.changed is None:
             self.changed = ChangedKeys()
-            self._mark()
 
     def written_values(self, name: str = "value") -> dict[object, object] | None:
         """Where an operator puts ``key -> value`` for what it writes into the value state
@@ -366,14 +364,28 @@ class KeyedStateBackend:
             epoch.default = default
         return epoch
 
-    def appended(self, name: str = "value") -> None:
-        """The operator's last batch only added new keys to value state ``name``, each
-        once (the state grew by the batch's length), and it did not put them in
-        :meth:`written_values`: the next delta takes the state's newest keys, those added
-        since the last delta, in a dict's insertion order. Contract: such a state loses no
-        key between deltas (reduce and aggregate never delete)."""
-        if self.changed is not None:
-            self._appended.add(name)
+    def log_new(self, pairs: list[tuple[object, object]], name: str = "value") -> None:
+        """A batch's ``(key, value)`` pairs, each key new to value state ``name``, none twice
+        and none deleted before the next delta (reduce and aggregate, when the state grew
+        by the batch's length: they never delete), in place of
+        putting them in :meth:`written_values`: they are packed now, once (values as they
+        are now; a later write of a key goes into the written values as usual), and the
+        next delta copies the bytes. A log of the changes, as Flink's changelog state
+        backend keeps: the checkpoint's synchronous part does not pack them again."""
+        if self.changed is None or not pairs:
+            return
+        try:
+            packed = self._packer.pack_map_pairs(pairs)
+        except (TypeError, ValueError, OverflowError):
+            self._packer.reset()  # a failed pack leaves its bytes behind
+            written = self.written_values(name)
+            assert written is not None
+            written.update(pairs)  # the snapshot then names the state and the value
+            return
+        log = self._logs.get(name)
+        if log is None:
+            log = self._logs[name] = PackedMap()
+        log.add(packed, len(pairs))
 
     def _fold_epochs(self) -> None:
         """Fold each epoch's values into the live dict and into the written values (the
@@ -390,35 +402,14 @@ class KeyedStateBackend:
                 self._written[name] = epoch
                 self._epochs[name] = EpochValues(epoch.live, epoch.default)
 
-    def _mark(self) -> None:
-        """The states' lengths now: the next delta's newest keys start here (`appended`)."""
-        self._appended.clear()
-        if self.changed is None:  # nothing tracked (and a store's len() may count)
-            return
-        self._marks = {name: len(state) for name, state in self._states.items()}
-
-    def _newest(self) -> dict[str, Columns]:
-        """Each appended state's keys added since the last delta, with their values now:
-        the dict's newest entries, read backwards in C (no hashing)."""
-        newest: dict[str, Columns] = {}
-        for name in self._appended:
-            state = self._states[name]
-            n = len(state) - self._marks.get(name, 0)
-            if n > 0:
-                newest[name] = Columns(
-                    list(itertools.islice(reversed(state), n)),
-                    list(itertools.islice(reversed(state.values()), n)),
-                )
-        return newest
-
     def forget_changes(self) -> None:
         """Forget the changes tracked so far (a whole snapshot, or the start of a chain)."""
         self._fold_epochs()
         if self.changed is not None:
             self.changed.clear()
         self._written = {}
+        self._logs = {}
         self.written_records = 0
-        self._mark()
 
     def add_write_back(self, write_back: Callable[[], None]) -> None:
         """Run ``write_back`` before each snapshot and key count: it writes what the
@@ -504,14 +495,13 @@ class KeyedStateBackend:
             raise StateError(f"operator {self.operator!r}: a delta, but changes are not tracked")
         changed = list(self.changed)  # in the order first written (ChangedKeys)
         written, self._written = self._written, {}
-        newest = self._newest()
-        self._mark()
+        logs, self._logs = self._logs, {}
         self.changed = ChangedKeys()
         records, self.written_records = self.written_records, 0
         if drop:
-            changed, written, newest = [], {}, {}
+            changed, written, logs = [], {}, {}
         self.delta_keys = 0
-        entries: list[Entry | ColumnsEntry] = []
+        entries: list[Entry | PackedEntry] = []
         deleted: list[Deletion] = []
         for kind, name, state in self._layout:
             # One lookup of each changed key in the state, in C (map, zip, count), in the
@@ -530,17 +520,17 @@ class KeyedStateBackend:
                     own.pop(key, None)
                 own.update(found)
                 found = own
-            added = newest.get(name)
-            if added is None:
+            log = logs.get(name)
+            if log is None:
                 entries.append((kind, name, found))
                 self.delta_keys = max(self.delta_keys, len(found) + len(gone))
                 continue
-            # The newest keys as they are, then (the same state again: a restore applies
-            # both in turn) what else was written; a key in both has its value now in both.
-            entries.append((kind, name, added))
+            # The logged new keys, then (the same state again: a restore applies both in
+            # turn, and a key in both was written after it was logged) what else was written.
+            entries.append((kind, name, log))
             if found:
                 entries.append((kind, name, found))
-            self.delta_keys = max(self.delta_keys, len(added.keys) + len(found) + len(gone))
+            self.delta_keys = max(self.delta_keys, log.count + len(found) + len(gone))
         self._apart = records >= EPOCH_RECORDS_PER_KEY * max(self.delta_keys, 1)
         try:
             return pack_delta(entries, deleted)
@@ -645,7 +635,6 @@ class KeyedStateBackend:
                 for key, value in entries.items():
                     if key_group_of(key) in owned:
                         state[key] = thaw(value)
-        self._mark()  # restored keys are not the next delta's newest
 
     def owned_within(self, key_groups: range | None) -> range:
         """This instance's key groups, within ``key_groups`` if given (a restore keeps

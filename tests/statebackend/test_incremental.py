@@ -13,8 +13,8 @@ from statebackend.errors import CorruptCheckpointError, StateError
 from statebackend.incremental import StateRef, merge_chain
 from statebackend.keyed import (
     EPOCH_RECORDS_PER_KEY,
-    Columns,
     KeyedStateBackend,
+    PackedMap,
     pack_delta,
     unpack_blob,
 )
@@ -312,39 +312,56 @@ def test_the_dropped_deltas_companion_loses_epoch_values() -> None:
     assert live.value_state() == {1: 5} and contents(restored) != contents(live)
 
 
-def test_an_appended_state_gives_the_delta_its_newest_keys() -> None:
+def test_logged_new_keys_are_packed_once_and_make_the_delta() -> None:
     """A batch that only added new keys (reduce and aggregate: the state grew by its
-    length) is not put in the written values: the delta takes the keys added since the
-    last delta in the dict's insertion order, with their values now, and no older key."""
+    length) is logged, packed at once, not put in the written values: the delta copies the
+    log's bytes, then holds what else was written (the same state again), a key written
+    after it was logged with its later value."""
     live = backend()
     values = live.value_state()
     values.update((k, 0) for k in range(500))
     blobs = [live.start_chain()]
     for epoch in range(1, 4):
-        new = range(epoch * 1000, epoch * 1000 + 300)
-        values.update((k, epoch) for k in new)
-        live.appended()
+        for start in range(epoch * 1000, epoch * 1000 + 300, 100):  # three batches
+            pairs: list[tuple[object, object]] = [
+                (k, (epoch, k)) for k in range(start, start + 100)
+            ]
+            values.update(pairs)
+            live.log_new(pairs)
         written = live.written_values()
-        assert written is not None
+        assert written is not None and written == {}
         values[7] = written[7] = epoch  # an existing key, written as usual
-        values[new[0]] = written[new[0]] = -epoch  # a new key written again
+        first = epoch * 1000
+        values[first] = written[first] = -epoch  # a logged key written again
         delta = live.snapshot_delta()
         entries, _ = unpack_blob(delta)
-        newest, others = entries  # the same state twice: its newest keys, then the rest
-        assert newest[1] == others[1] == "value" and set(newest[2]) == set(new)
-        assert others[2] == {7: epoch, new[0]: -epoch}  # written values as they are
-        assert newest[2][new[0]] == -epoch and newest[2][new[1]] == epoch  # values now
+        logged, others = entries  # the same state twice: the log, then the rest
+        assert logged[1] == others[1] == "value"
+        assert logged[2] == {k: [epoch, k] for k in range(first, first + 300)}  # unpacked
+        assert others[2] == {7: epoch, first: -epoch}
         blobs.append(delta)
     restored = backend()
     restored.restore(blobs)
-    assert contents(restored) == contents(live)
-    restored.value_state()[10**6] = 1  # a restore marks the state: nothing is newest
-    restored.appended()
-    assert unpack_blob(restored.snapshot_delta())[0][0][2] == {10**6: 1}
+    assert contents(restored) == contents(live) and restored.value_state()[1000] == -1
 
 
-def test_without_appended_the_delta_misses_the_new_keys() -> None:
-    """The companion: the same new keys, not said to be appended, are not in the delta."""
+def test_a_value_the_log_cannot_pack_is_named_by_the_snapshot() -> None:
+    """log_new of a value msgpack cannot pack puts the batch in the written values (the
+    packer starts clean again): the delta then fails naming the state, as a snapshot does."""
+    live = backend()
+    live.start_chain()
+    live.value_state()[1] = live.value_state()[2] = 0
+    live.log_new([(1, 0), (2, object())])
+    live.log_new([(3, 3)])
+    with pytest.raises(StateError, match="keyed state cannot be snapshotted"):
+        live.snapshot_delta()
+    live.value_state()[4] = 4
+    live.log_new([(4, 4)])
+    assert unpack_blob(live.snapshot_delta())[0][0][2] == {4: 4}
+
+
+def test_without_the_log_the_delta_misses_the_new_keys() -> None:
+    """The companion: the same new keys, not logged, are not in the delta."""
     live = backend()
     live.start_chain()
     live.value_state().update((k, 1) for k in range(300))
@@ -353,13 +370,21 @@ def test_without_appended_the_delta_misses_the_new_keys() -> None:
     assert restored.value_state() == {} != live.value_state()
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 8, 32767, 32768, 40000])
-def test_columns_pack_to_the_same_bytes_as_their_dict(n: int) -> None:
-    """A state given as keys and values packs to the map its dict packs to, on each side
-    of msgpack's array and map header sizes (2n items: fixarray, array 16, array 32)."""
-    keys: list[object] = [(i, "k") if i % 3 else i for i in range(n)]
-    values: list[object] = [i * 0.5 if i % 2 else [i] for i in range(n)]
+@pytest.mark.parametrize("sizes", [[1], [7, 8], [15, 16], [65535, 1], [40000, 40000], [0, 3]])
+def test_a_log_packs_to_the_same_bytes_as_its_dict(sizes: list[int]) -> None:
+    """Parts packed ahead make the map their dict packs to, on each side of msgpack's map
+    header sizes (fixmap, map 16, map 32) for a part and for the whole."""
+    log, start = PackedMap(), 0
+    whole: dict[Any, Any] = {}
+    packer = msgpack.Packer(use_bin_type=True)
+    for n in sizes:
+        pairs = [
+            ((i, "k") if i % 3 else i, i * 0.5 if i % 2 else [i]) for i in range(start, start + n)
+        ]
+        log.add(packer.pack_map_pairs(pairs), n)
+        whole.update(pairs)
+        start += n
     deleted: list[Any] = [["value", [1, 2]]]
-    as_dict = pack_delta([("value", "value", dict(zip(keys, values, strict=True)))], deleted)
-    as_columns = pack_delta([("value", "value", Columns(keys, values))], deleted)
-    assert as_columns == as_dict
+    assert pack_delta([("value", "value", log)], deleted) == pack_delta(
+        [("value", "value", whole)], deleted
+    )
