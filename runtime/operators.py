@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,33 +210,34 @@ class ReduceOperator(KeyedOperator):
             return out
         state = keyed.value_state()
         get = state.get
-        before = len(state)
+        written = keyed.written_values()
+        before = 0 if written is None else len(state)  # (a store's len() is a scan)
         for k, r in zip(keys, batch, strict=True):
             prev = get(k, _MISSING)
             v = r if prev is _MISSING else fn(prev, r)
             state[k] = v
             append(v)
-        _track(keyed, state, before, batch, lambda: list(zip(keys, out, strict=True)))
+        if written is not None:
+            _track(keyed, written, len(state) - before, batch, lambda: zip(keys, out, strict=True))
         return out
 
 
 def _track(
     keyed: KeyedStateBackend,
-    state: dict[Any, Any],
-    before: int,
+    written: dict[object, object],
+    added: int,
     batch: list[object],
-    pairs: Callable[[], list[tuple[object, object]]],
+    pairs: Callable[[], Iterable[tuple[object, object]]],
 ) -> None:
-    """After a batch written into the live dict ``state`` (``before``: its length then),
-    with changes tracked: the batch's (key, value) ``pairs`` go into the delta's written
-    values, one update per batch, or, when every record added a new key, into its log of
-    new keys (`KeyedStateBackend.log_new`: packed once, now)."""
-    written = keyed.written_values()
-    if written is None:
-        return
+    """After a batch written into the live dict, with changes tracked (``written``: the
+    delta's written values; ``added``: the keys the batch added to the state): its
+    (key, value) ``pairs`` go into the written values, one update per batch, or, when
+    every record added a new key, into the log of new keys (`KeyedStateBackend.log_new`:
+    packed once, now)."""
     keyed.written_records += len(batch)
-    if len(state) - before == len(batch):
-        keyed.log_new(pairs())
+    if added == len(batch):
+        logged = pairs()
+        keyed.log_new(logged if type(logged) is list else list(logged))
     else:
         written.update(pairs())
 
@@ -357,9 +358,11 @@ class AggregateOperator(KeyedOperator):
             keyed.written_records += len(batch)
             return self._accumulate(batch, epoch, initial, None)
         state = keyed.value_state()
-        before = len(state)
+        written = keyed.written_values()
+        before = 0 if written is None else len(state)  # (a store's len() is a scan)
         out = self._accumulate(batch, state, initial, state.get)
-        _track(keyed, state, before, batch, lambda: out)
+        if written is not None:
+            _track(keyed, written, len(state) - before, batch, lambda: out)
         return out
 
     def _accumulate(

@@ -274,3 +274,29 @@ def test_reduce_and_aggregate_under_incremental_checkpoints_match_untracked_runs
         restored = KeyedStateBackend("r", 128, keyed.key_groups, keyed.key_group_of)
         restored.restore(blobs)
         assert restored.value_state() == keyed.value_state() == plain.keyed_state.value_state()  # type: ignore[union-attr]
+
+
+def test_untracked_reduce_and_aggregate_never_count_their_state() -> None:
+    """Without changes tracked (no checkpoints, or the rocksdb backend, whose len() is a
+    scan of the store) reduce and aggregate never take their state's length: a batch
+    costs what it did before incremental checkpoints."""
+    from statebackend.keyed import KeyedStateBackend
+
+    class Uncountable(dict[Any, Any]):
+        def __len__(self) -> int:
+            raise AssertionError("len() of the state on the hot path")
+
+    class Store(KeyedStateBackend):
+        def value_state(self, name: str = "value") -> dict[Any, Any]:
+            state = self._states.get(name)
+            if state is None:
+                state = self._states[name] = Uncountable()
+            return state
+
+    for step in (
+        keyed_step(StepKind.REDUCE, lambda a, b: (a[0], a[1] + b[1])),
+        keyed_step(StepKind.AGGREGATE, lambda c, r: c + r[1], initial=0),
+        keyed_step(StepKind.AGGREGATE, lambda acc, r: (*acc, r[1]), initial=tuple),
+    ):
+        op = build_operator(step, 0, 128, keyed_state_factory=Store)
+        assert op.process([("a", 1), ("b", 2), ("a", 3)])[-1] in (("a", 4), ("a", (1, 3)))
