@@ -73,8 +73,8 @@ class Operator:
     """Whether it gets ``on_processing_time`` calls (processing-time timers, windows)."""
     tracks_changes = False
     """Whether every key it writes in keyed state goes into ``keyed_state.changed`` (or its
-    value into ``keyed_state.written_values()``): its keyed state can then be
-    checkpointed incrementally (``runtime.changelog``)."""
+    value into ``written_values()``, ``epoch_values()`` or ``log_new()`` of its keyed
+    state): its keyed state can then be checkpointed incrementally (``runtime.changelog``)."""
 
     def __init__(self, step: Step, ctx: OperatorContext) -> None:
         self.step = step

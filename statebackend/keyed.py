@@ -58,9 +58,9 @@ class StateKind(StrEnum):
 
 
 Entry = tuple[str, str, dict[object, object]]
-PackedEntry = tuple[str, str, "PackedMap"]
 """One state in a blob: ``[kind, name, {key: value}]`` (a msgpack array: a list once
 unpacked). Keys and values are the user's, passed along: the backend never looks inside."""
+PackedEntry = tuple[str, str, "PackedMap"]  # an Entry whose map is packed ahead
 Deletion = tuple[str, list[object]]
 """The keys a delta deletes from one state: ``[name, [key, ...]]``."""
 
@@ -276,7 +276,10 @@ class KeyedStateBackend:
     Incremental checkpoints: an operator whose every write of a key adds the key to
     :attr:`changed` (``tracks_changes`` in ``runtime.operators``) can be snapshotted by
     :meth:`snapshot_delta`, whose cost is proportional to the keys changed since the
-    previous delta, not to the whole state.
+    previous delta, not to the whole state. Reduce and aggregate track cheaper: each
+    batch's values into :meth:`written_values`, a batch of only new keys into
+    :meth:`log_new` (packed at once), or, after a delta of many records a key, the whole
+    epoch in :meth:`epoch_values` (nothing tracked per record).
     """
 
     in_memory = True
@@ -365,13 +368,13 @@ class KeyedStateBackend:
         return epoch
 
     def log_new(self, pairs: list[tuple[object, object]], name: str = "value") -> None:
-        """A batch's ``(key, value)`` pairs, each key new to value state ``name``, none twice
-        and none deleted before the next delta (reduce and aggregate, when the state grew
-        by the batch's length: they never delete), in place of
-        putting them in :meth:`written_values`: they are packed now, once (values as they
-        are now; a later write of a key goes into the written values as usual), and the
-        next delta copies the bytes. A log of the changes, as Flink's changelog state
-        backend keeps: the checkpoint's synchronous part does not pack them again."""
+        """A batch's ``(key, value)`` pairs, put here instead of in :meth:`written_values`
+        when each key is new to value state ``name``, none twice, and none is deleted
+        before the next delta (reduce and aggregate, when the state grew by the batch's
+        length: they never delete). They are packed now, once, with their values as they
+        are now (a later write of a key goes into the written values as usual), and the
+        next delta copies the bytes: a log of changes, as Flink's changelog state backend
+        keeps, so that the checkpoint's synchronous part does not pack them."""
         if self.changed is None or not pairs:
             return
         try:
