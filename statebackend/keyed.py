@@ -181,12 +181,25 @@ class PackedMap:
 def pack_delta(entries: Sequence[Entry | PackedEntry], deleted: list[Deletion]) -> bytes:
     """A delta blob: ``entries`` as in a full blob (a state's map may be a `PackedMap`),
     ``deleted`` as ``[name, [key, ...]]``."""
+    return _pack_entries(DELTA_VERSION, entries, [deleted])
+
+
+def pack_full(entries: Sequence[Entry | PackedEntry]) -> bytes:
+    """A full blob of ``entries`` (a state's map may be a `PackedMap`; a state may come
+    twice, applied in turn)."""
+    return _pack_entries(FORMAT_VERSION, entries, [])
+
+
+def _pack_entries(
+    version: int, entries: Sequence[Entry | PackedEntry], after: list[list[Deletion]]
+) -> bytes:
+    """``[version, entries, *after]``, each `PackedMap` copied in with one map header."""
     if not any(type(state) is PackedMap for _, _, state in entries):
-        packed: bytes = msgpack.packb([DELTA_VERSION, entries, deleted], use_bin_type=True)
+        packed: bytes = msgpack.packb([version, entries, *after], use_bin_type=True)
         return packed
     packer = msgpack.Packer(use_bin_type=True)
-    parts: list[bytes | memoryview] = [packer.pack_array_header(3), packer.pack(DELTA_VERSION)]
-    parts.append(packer.pack_array_header(len(entries)))
+    parts: list[bytes | memoryview] = [packer.pack_array_header(2 + len(after))]
+    parts += [packer.pack(version), packer.pack_array_header(len(entries))]
     for kind, name, state in entries:
         parts += [packer.pack_array_header(3), packer.pack(kind), packer.pack(name)]
         if type(state) is PackedMap:
@@ -194,7 +207,7 @@ def pack_delta(entries: Sequence[Entry | PackedEntry], deleted: list[Deletion]) 
             parts += state.bodies
         else:
             parts.append(packer.pack(state))
-    parts.append(packer.pack(deleted))
+    parts += [packer.pack(item) for item in after]
     return b"".join(parts)
 
 
@@ -327,12 +340,15 @@ class KeyedStateBackend:
         epoch's values are held apart (`epoch_values`)."""
         self._logs: dict[str, PackedMap] = {}  # new keys' values, packed (log_new)
         self._packer = msgpack.Packer(use_bin_type=True)
+        self._since_empty = False  # tracked since the state was empty, nothing forgotten
         self.delta_keys = 0  # the keys the last delta wrote (changed or deleted)
 
     def track_changes(self) -> None:
         """Start tracking changed keys (incremental checkpoints are on)."""
         if self.changed is None:
             self.changed = ChangedKeys()
+            # from an empty state on, what is tracked is the whole state (start_chain)
+            self._since_empty = not any(self._states.values())
 
     def written_values(self, name: str = "value") -> dict[object, object] | None:
         """Where an operator puts ``key -> value`` for what it writes into the value state
@@ -413,6 +429,7 @@ class KeyedStateBackend:
         self._written = {}
         self._logs = {}
         self.written_records = 0
+        self._since_empty = False
 
     def add_write_back(self, write_back: Callable[[], None]) -> None:
         """Run ``write_back`` before each snapshot and key count: it writes what the
@@ -480,8 +497,16 @@ class KeyedStateBackend:
             ) from err
 
     def start_chain(self) -> bytes:
-        """A full snapshot that starts a chain of deltas: :attr:`changed` starts empty."""
-        blob = self.snapshot()
+        """A full snapshot that starts a chain of deltas: :attr:`changed` starts empty.
+        When changes were tracked since the state was empty and none was forgotten (a
+        fresh operator, whose first checkpoint found it large), what was tracked is the
+        whole state: the blob is made as a delta is (the log already packed, no lookup of
+        an unchanged key), with the keys deleted since left out."""
+        if self._since_empty:
+            entries, _ = self._tracked_entries()
+            blob = self._packed(pack_full, entries)
+        else:
+            blob = self.snapshot()
         self.track_changes()
         self.forget_changes()
         return blob
@@ -493,6 +518,14 @@ class KeyedStateBackend:
         both start empty. Cost: the changed keys times the states, plus the written
         values. ``drop`` (tests only: the companion of incremental restore) forgets the
         changes instead of writing them."""
+        entries, deleted = self._tracked_entries(drop)
+        return self._packed(lambda e: pack_delta(e, deleted), entries)
+
+    def _tracked_entries(
+        self, drop: bool = False
+    ) -> tuple[list[Entry | PackedEntry], list[Deletion]]:
+        """What changed since the last delta (see `snapshot_delta`), as entries and
+        deletions; the tracking starts anew."""
         self._write_back()
         if self.changed is None:
             raise StateError(f"operator {self.operator!r}: a delta, but changes are not tracked")
@@ -535,8 +568,13 @@ class KeyedStateBackend:
                 entries.append((kind, name, found))
             self.delta_keys = max(self.delta_keys, log.count + len(found) + len(gone))
         self._apart = records >= EPOCH_RECORDS_PER_KEY * max(self.delta_keys, 1)
+        return entries, deleted
+
+    def _packed(
+        self, pack: Callable[[list[Entry | PackedEntry]], bytes], entries: list[Entry | PackedEntry]
+    ) -> bytes:
         try:
-            return pack_delta(entries, deleted)
+            return pack(entries)
         except (TypeError, ValueError, OverflowError) as err:
             raise StateError(
                 f"operator {self.operator!r}: keyed state cannot be snapshotted: {err}; "
@@ -608,6 +646,7 @@ class KeyedStateBackend:
         when they all count here, no key is hashed (a restore at the same parallelism).
         """
         self._fold_epochs()  # existing keys, which the blobs overwrite
+        self._since_empty = False  # restored keys are not tracked
         owned = self.owned_within(key_groups)
         trusted = written_for is not None and (
             owned.start <= written_for.start and written_for.stop <= owned.stop

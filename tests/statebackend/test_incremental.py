@@ -210,6 +210,7 @@ def test_written_values_go_into_the_delta_without_a_lookup() -> None:
     values = live.value_state()
     for k in range(100):
         values[k] = k
+    live.forget_changes()  # written untracked: the base is a whole snapshot
     blobs = [live.start_chain()]
     for epoch in range(1, 4):
         written = live.written_values()
@@ -258,6 +259,7 @@ def test_epoch_values_are_folded_into_the_state_and_make_the_delta() -> None:
     live = backend()
     values = live.value_state()
     values.update((k, 0) for k in range(1000))
+    live.forget_changes()  # written untracked: the base is a whole snapshot
     blobs = [live.start_chain()]
     assert live.epoch_values() is None  # no delta yet: the live dict, and written values
     live.written_records = EPOCH_RECORDS_PER_KEY * 10
@@ -320,6 +322,7 @@ def test_logged_new_keys_are_packed_once_and_make_the_delta() -> None:
     live = backend()
     values = live.value_state()
     values.update((k, 0) for k in range(500))
+    live.forget_changes()  # written untracked: the base is a whole snapshot
     blobs = [live.start_chain()]
     for epoch in range(1, 4):
         for start in range(epoch * 1000, epoch * 1000 + 300, 100):  # three batches
@@ -388,3 +391,55 @@ def test_a_log_packs_to_the_same_bytes_as_its_dict(sizes: list[int]) -> None:
     assert pack_delta([("value", "value", log)], deleted) == pack_delta(
         [("value", "value", whole)], deleted
     )
+
+
+def test_a_base_tracked_since_the_state_was_empty_is_the_whole_state() -> None:
+    """A fresh operator's first base is made from what was tracked since its state was
+    empty (logged new keys, written values, an epoch apart, changed keys, deletions left
+    out), without packing the state again: it restores what a whole snapshot restores."""
+    live = backend()
+    values = live.value_state()
+    for k in range(20):
+        write(live, k, k)  # changed keys, in three states
+    delete(live, 3)
+    new: list[tuple[object, object]] = [(k, k) for k in range(100, 200)]
+    values.update(new)
+    live.log_new(new)
+    written = live.written_values()
+    assert written is not None
+    values[150] = written[150] = -1  # a logged key written again
+    live._apart = True
+    epoch = live.epoch_values()
+    assert epoch is not None
+    epoch[7] = 70  # held apart until the fold
+    whole = KeyedStateBackend("op", GROUPS, range(GROUPS), group_of)
+    whole.restore([live.snapshot()])
+    base = live.start_chain()
+    entries, deletions = unpack_blob(base)
+    assert deletions == [] and any(type(e[2]) is dict and 150 in e[2] for e in entries)
+    restored = backend()
+    restored.restore([base])
+    assert contents(restored) == contents(whole) == contents(live)
+    assert restored.value_state()[7] == 70 and 3 not in restored.value_state()
+
+
+def test_after_a_forget_or_a_restore_the_base_is_a_whole_snapshot() -> None:
+    """The companion: what was tracked is the whole state only from an empty state on,
+    with nothing forgotten; after a forget (a checkpoint below incremental_min_keys) or a
+    restore the base is a whole snapshot, and keeps what was not tracked since."""
+    for reset in ("forget", "restore"):
+        live = backend()
+        values = live.value_state()
+        if reset == "restore":
+            live.restore([backend().snapshot()])
+        values[1] = 1  # untracked
+        if reset == "forget":
+            live.forget_changes()
+        restored = backend()
+        restored.restore([live.start_chain()])
+        assert restored.value_state() == {1: 1}, reset
+    untracked = backend()
+    untracked.value_state()[1] = 1  # with neither, a base from tracking misses it
+    restored = backend()
+    restored.restore([untracked.start_chain()])
+    assert restored.value_state() == {}
